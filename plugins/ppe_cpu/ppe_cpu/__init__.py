@@ -1,0 +1,7 @@
+"""ppe-cpu: the CPU runtime plugin for ppe-core."""
+
+from __future__ import annotations
+
+from ppe_cpu._runtime import CPURuntime
+
+__all__ = ["CPURuntime"]

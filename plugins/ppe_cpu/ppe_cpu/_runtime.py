@@ -1,0 +1,23 @@
+"""``CPURuntime``: the runtime for ``device="cpu"``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ppe_core.runtime import DeviceLike, PyTorchRuntime, device_type_of
+
+__all__ = ["CPURuntime"]
+
+
+class CPURuntime(PyTorchRuntime):
+    """Runs models on the host CPU.
+
+    A thin specialisation of the generic runtime today; CPU-specific features (bf16 autocast,
+    thread settings) attach here, never in the core.
+    """
+
+    def __init__(self, device_spec: DeviceLike, options: Mapping[str, Any] | None = None) -> None:
+        if device_type_of(device_spec) != "cpu":
+            raise ValueError(f"CPURuntime serves 'cpu' devices, got {device_spec!r}")
+        super().__init__(device_spec, options)

@@ -1,0 +1,102 @@
+"""``python -m ppe_core plugins|info``: what is installed and the environment it sees."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from ppe_core._plugins import PluginHost, get_plugin_host
+from ppe_core._registry import Registry, _describe
+from ppe_core._version import __version__
+
+
+def _registry_rows(registry: Registry[Any]) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": name,
+            "object": _describe(e.obj),
+            "plugin": e.registrant.plugin,
+            "distribution": e.registrant.distribution,
+            "version": e.registrant.version,
+        }
+        for name, e in sorted(registry.entries().items())
+    ]
+
+
+def plugins_report(host: PluginHost) -> dict[str, Any]:
+    """Everything ``plugins`` prints, as JSON-ready data."""
+    return {
+        "ppe_core": __version__,
+        "plugins": [r.as_dict() for r in host.records.values()],
+        "runtimes": _registry_rows(host.runtimes),
+        "logics": _registry_rows(host.logics),
+        "extensions": _registry_rows(host.extensions),
+    }
+
+
+def _print_plugins(report: dict[str, Any]) -> None:
+    print(f"ppe-core {report['ppe_core']}")
+    print("\nplugins:")
+    for p in report["plugins"]:
+        kind = "built-in" if p["builtin"] else p["source"]
+        dist = f"{p['distribution']} {p['version']}" if p["distribution"] else "-"
+        print(f"  {p['name']:<24} {p['status']:<8} {kind:<12} {dist:<24} {p['module'] or '-'}")
+        if p["error"]:
+            print(f"      error: {p['error']}")
+    for section in ("runtimes", "logics", "extensions"):
+        print(f"\n{section}:")
+        if not report[section]:
+            print("  (none)")
+        for row in report[section]:
+            dist = f", {row['distribution']} {row['version']}" if row["distribution"] else ""
+            print(f"  {row['name']:<24} {row['object']}  [{row['plugin']}{dist}]")
+
+
+def info_lines(host: PluginHost) -> list[str]:
+    """Versions and every plugin's ``ppe_environment_info`` lines."""
+    import pluggy
+    import torch
+
+    lines = [
+        f"ppe-core: {__version__}",
+        f"python: {platform.python_version()} ({sys.executable})",
+        f"platform: {platform.platform()}",
+        f"torch: {torch.__version__}",
+        f"pluggy: {pluggy.__version__}",
+    ]
+    loaded = [r for r in host.records.values() if r.status == "loaded" and not r.builtin]
+    lines += [
+        f"plugin {r.name}: {r.distribution or r.module} {r.version or ''}".rstrip() for r in loaded
+    ]
+    lines += [f"plugin {r.name}: FAILED {r.error}" for r in host.failures]
+    return lines + host.environment_info()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m ppe_core`` and the ``ppe-core`` script."""
+    parser = argparse.ArgumentParser(prog="python -m ppe_core", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    plugins = sub.add_parser("plugins", help="list plugins, runtimes, logics and extensions")
+    plugins.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    sub.add_parser("info", help="print versions and each plugin's environment info")
+    args = parser.parse_args(argv)
+
+    host = get_plugin_host()
+    if args.command == "plugins":
+        report = plugins_report(host)
+        if args.json:
+            json.dump(report, sys.stdout, indent=2)
+            print()
+        else:
+            _print_plugins(report)
+    else:
+        print("\n".join(info_lines(host)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,19 @@
+"""Built-in plugin registering the core's training logics by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ppe_core.hookspecs import hookimpl
+
+#: Logic name -> "module:attribute"; imported when the registry is first filled.
+BUILTIN_LOGICS: dict[str, str] = {"default": "ppe_core.handler:Logic"}
+
+
+@hookimpl
+def ppe_register_logics(registry: Any) -> None:
+    """Register every built-in logic under its public name."""
+    from ppe_core._builtin import _resolve
+
+    for name, target in BUILTIN_LOGICS.items():
+        registry.register(name, _resolve(target))

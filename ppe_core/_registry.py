@@ -1,0 +1,164 @@
+"""Named registries of runtimes, logics and extensions that remember who registered what."""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Generic, TypeVar
+
+from ppe_core.errors import DuplicateRegistrationError, RegistryLookupError
+
+__all__ = ["Registrant", "Registry", "RegistryEntry"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Registrant:
+    """Who made a registration: a plugin (with its distribution) or user code."""
+
+    plugin: str
+    distribution: str | None = None
+    version: str | None = None
+
+    def __str__(self) -> str:
+        if self.distribution is None:
+            return f"plugin {self.plugin!r}"
+        return f"plugin {self.plugin!r} ({self.distribution} {self.version or '?'})"
+
+
+@dataclass(frozen=True)
+class RegistryEntry(Generic[T]):
+    """One registered object, who registered it, and what it replaced (if anything)."""
+
+    name: str
+    obj: T
+    registrant: Registrant
+    replaced: RegistryEntry[T] | None = None
+
+
+def _caller_registrant(depth: int) -> Registrant:
+    """Attribute a registration made outside any plugin to the calling module."""
+    try:
+        module = sys._getframe(depth + 1).f_globals.get("__name__", "?")
+    except ValueError:  # pragma: no cover - stack shallower than expected
+        module = "?"
+    return Registrant(plugin=f"<code in module {module}>")
+
+
+class Registry(Generic[T]):
+    """A name -> object mapping where duplicates raise and each entry keeps its registrant.
+
+    Plugins receive a registry through a ``ppe_register_*`` hook. Users read it through
+    :meth:`entries` (a read-only view) or :meth:`get`.
+
+    Args:
+        kind: What the registry holds, used in messages ("runtime", "logic", "extension").
+        describe_failures: Returns text about plugins that failed to load, appended to lookup
+            errors so a missing name can be traced to its cause.
+    """
+
+    def __init__(self, kind: str, describe_failures: Callable[[], str] | None = None) -> None:
+        self.kind = kind
+        self._entries: dict[str, RegistryEntry[T]] = {}
+        self._describe_failures = describe_failures
+        # Set by the plugin host while a plugin's hooks run, so entries name their plugin.
+        self._current_registrant: Registrant | None = None
+
+    def register(self, name: str, obj: T, *, replace: bool = False) -> T:
+        """Register ``obj`` under ``name`` and return it.
+
+        Raises:
+            DuplicateRegistrationError: ``name`` is taken and ``replace`` is false.
+            TypeError: ``name`` is not a non-empty string or ``obj`` is unsuitable.
+        """
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"{self.kind} names must be non-empty strings, got {name!r}")
+        self._validate(name, obj)
+        registrant = self._current_registrant or _caller_registrant(1)
+        previous = self._entries.get(name)
+        if previous is not None and not replace:
+            raise DuplicateRegistrationError(
+                f"{self.kind} {name!r} is already registered by {previous.registrant} "
+                f"as {_describe(previous.obj)}; {registrant} tried to register "
+                f"{_describe(obj)} under the same name. Use another name, or pass "
+                f"replace=True to override it on purpose."
+            )
+        self._entries[name] = RegistryEntry(name, obj, registrant, previous)
+        return obj
+
+    def unregister(self, name: str) -> T:
+        """Remove ``name``, restoring whatever it had replaced, and return its object."""
+        entry = self._entries.pop(name, None)
+        if entry is None:
+            raise self._not_found(name)
+        if entry.replaced is not None:
+            self._entries[name] = entry.replaced
+        return entry.obj
+
+    def get(self, name: str) -> T:
+        """Return the object registered under ``name``.
+
+        Raises:
+            RegistryLookupError: nothing is registered under ``name``; the message lists what
+                is registered and any plugin that failed to load.
+        """
+        entry = self._entries.get(name)
+        if entry is None:
+            raise self._not_found(name)
+        return entry.obj
+
+    def entries(self) -> Mapping[str, RegistryEntry[T]]:
+        """A read-only view of every entry, by name."""
+        return MappingProxyType(self._entries)
+
+    def names(self) -> list[str]:
+        """Registered names, sorted."""
+        return sorted(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._entries))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} of {self.kind}s: {', '.join(self.names()) or 'empty'}>"
+
+    def _remove_registrant(self, plugin: str) -> None:
+        """Undo every registration ``plugin`` made (used when a plugin fails half-way)."""
+        for name in [n for n, e in self._entries.items() if e.registrant.plugin == plugin]:
+            self.unregister(name)
+
+    def _validate(self, name: str, obj: T) -> None:
+        """Reject objects this kind of registry cannot hold; subclasses tighten it."""
+
+    def _not_found(self, name: str, hint: str = "") -> RegistryLookupError:
+        return RegistryLookupError(self._not_found_message(name, hint))
+
+    def _not_found_message(self, name: str, hint: str = "") -> str:
+        lines = [f"No {self.kind} is registered under {name!r}."]
+        close = difflib.get_close_matches(name, list(self._entries), n=3)
+        if close:
+            lines.append(f"Did you mean: {', '.join(close)}?")
+        lines.append(f"Registered {self.kind}s: {', '.join(self.names()) or '(none)'}.")
+        failures = self._describe_failures() if self._describe_failures else ""
+        if failures:
+            lines.append(failures)
+        if hint:
+            lines.append(hint)
+        return "\n".join(lines)
+
+
+def _describe(obj: object) -> str:
+    qualname = getattr(obj, "__qualname__", None)
+    module = getattr(obj, "__module__", None)
+    if qualname and module:
+        return f"{module}.{qualname}"
+    return repr(obj)

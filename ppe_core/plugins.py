@@ -1,0 +1,37 @@
+"""Plugin discovery, the plugin host and its registries (public facade)."""
+
+from __future__ import annotations
+
+from ppe_core._plugins import (
+    BUILTIN_PLUGINS,
+    ENTRY_POINT_GROUP,
+    ENV_DISABLE_PLUGIN_AUTOLOAD,
+    ENV_DISABLED_PLUGINS,
+    ENV_PLUGINS,
+    ENV_STRICT_PLUGINS,
+    ENV_TRACE_PLUGINS,
+    PluginHost,
+    PluginRecord,
+    PluginSettings,
+    get_plugin_host,
+    set_plugin_host,
+)
+from ppe_core._registry import Registrant, Registry, RegistryEntry
+
+__all__ = [
+    "BUILTIN_PLUGINS",
+    "ENTRY_POINT_GROUP",
+    "ENV_DISABLED_PLUGINS",
+    "ENV_DISABLE_PLUGIN_AUTOLOAD",
+    "ENV_PLUGINS",
+    "ENV_STRICT_PLUGINS",
+    "ENV_TRACE_PLUGINS",
+    "PluginHost",
+    "PluginRecord",
+    "PluginSettings",
+    "Registrant",
+    "Registry",
+    "RegistryEntry",
+    "get_plugin_host",
+    "set_plugin_host",
+]

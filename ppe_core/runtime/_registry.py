@@ -1,0 +1,99 @@
+"""The runtime registry: device type -> runtime class, with torch-native fallback."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+
+from ppe_core._registry import Registry
+from ppe_core.errors import RuntimeNotFoundError
+from ppe_core.runtime._runtime import BaseRuntime, DeviceLike, PyTorchRuntime
+
+__all__ = ["RuntimeRegistry", "device_type_of"]
+
+#: Device types whose runtime ships as a first-party plugin, for install hints.
+FIRST_PARTY_PROVIDERS = {"cpu": "ppe-cpu", "cuda": "ppe-cuda"}
+
+
+def device_type_of(device: DeviceLike) -> str:
+    """The device type of ``"cuda:1"``, ``torch.device("cuda", 1)`` or ``"cpu"``."""
+    if isinstance(device, torch.device):
+        return device.type
+    if isinstance(device, str):
+        if not device:
+            raise ValueError("device must be a non-empty string such as 'cpu' or 'cuda:0'")
+        return device.split(":", 1)[0]
+    raise TypeError(
+        f"device must be a str such as 'cuda:0' or a torch.device, got {type(device).__name__}"
+    )
+
+
+@functools.cache
+def _is_torch_device_type(device_type: str) -> bool:
+    try:
+        torch.device(device_type)
+    except (RuntimeError, ValueError):
+        return False
+    return True
+
+
+class RuntimeRegistry(Registry[type[BaseRuntime]]):
+    """Maps device types to :class:`BaseRuntime` subclasses.
+
+    Keeps PPE's calls: ``register(device_type, runtime_class)`` and
+    ``get_runtime_class_for_device_spec(device)``.
+    """
+
+    def __init__(
+        self,
+        describe_failures: Callable[[], str] | None = None,
+        provider_failure: Callable[[str], str | None] | None = None,
+    ) -> None:
+        super().__init__("runtime", describe_failures)
+        # Returns why a device type's known provider is unavailable (failed or blocked).
+        self._provider_failure = provider_failure
+
+    def _validate(self, name: str, obj: type[BaseRuntime]) -> None:
+        if not (isinstance(obj, type) and issubclass(obj, BaseRuntime)):
+            raise TypeError(
+                f"runtime for {name!r} must be a subclass of ppe_core.runtime.BaseRuntime, "
+                f"got {obj!r}"
+            )
+        if ":" in name:
+            raise ValueError(
+                f"register runtimes for a device type such as 'cuda', not a device ({name!r})"
+            )
+
+    def get_runtime_class_for_device_spec(self, device: DeviceLike) -> type[BaseRuntime]:
+        """The runtime class for ``device``.
+
+        Lookup order: a registered runtime for the device type; otherwise, for a device type
+        PyTorch knows, the generic :class:`PyTorchRuntime`, unless the plugin that provides it
+        failed to load or was blocked.
+
+        Raises:
+            RuntimeNotFoundError: no runtime can serve ``device``; the message lists registered
+                runtimes, plugins that failed to load and what to install.
+        """
+        device_type = device_type_of(device)
+        entry = self._entries.get(device_type)
+        if entry is not None:
+            return entry.obj
+        provider = FIRST_PARTY_PROVIDERS.get(device_type)
+        problem = self._provider_failure(device_type) if self._provider_failure else None
+        if problem is None and _is_torch_device_type(device_type):
+            return PyTorchRuntime
+        if problem is not None:
+            hint = problem
+        elif provider is not None:
+            hint = f"Install its plugin: pip install {provider}"
+        else:
+            hint = (
+                f"{device_type!r} is not a PyTorch device type either. Install the plugin that "
+                "provides it (first-party plugins: pip install ppe-cpu / pip install ppe-cuda), "
+                "or register one with ppe_core.runtime.runtime_registry.register"
+                f"({device_type!r}, MyRuntime)."
+            )
+        raise RuntimeNotFoundError(self._not_found_message(device_type, hint))

@@ -1,0 +1,76 @@
+"""``ppe.to``: move a module or tensor through its device's runtime and tag it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeVar, overload
+
+import torch
+
+from ppe_core.runtime._runtime import BaseRuntime, DeviceLike, _tag
+
+__all__ = ["to"]
+
+_M = TypeVar("_M", bound=torch.nn.Module)
+
+
+@overload
+def to(
+    module_or_tensor: _M,
+    device: DeviceLike,
+    *,
+    options: Mapping[str, Any] | None = None,
+    runtime_class: type[BaseRuntime] | None = None,
+) -> _M: ...
+
+
+@overload
+def to(
+    module_or_tensor: torch.Tensor,
+    device: DeviceLike,
+    *,
+    options: Mapping[str, Any] | None = None,
+    runtime_class: type[BaseRuntime] | None = None,
+) -> torch.Tensor: ...
+
+
+def to(
+    module_or_tensor: torch.nn.Module | torch.Tensor,
+    device: DeviceLike,
+    *,
+    options: Mapping[str, Any] | None = None,
+    runtime_class: type[BaseRuntime] | None = None,
+) -> torch.nn.Module | torch.Tensor:
+    """Move a module or tensor to ``device`` with the runtime registered for it.
+
+    A module, and each of its submodules, is tagged with the runtime so the Handler can drive
+    the device callbacks later; a later ``ppe.to`` on a submodule re-tags that branch.
+
+    Args:
+        module_or_tensor: What to move.
+        device: ``"cpu"``, ``"cuda:1"``, ``torch.device(...)`` or any registered device type.
+        options: Runtime options, passed to the runtime's constructor.
+        runtime_class: Use this runtime instead of looking the device type up.
+
+    Returns:
+        The moved module (the object ``move_module`` returned) or tensor.
+
+    Raises:
+        RuntimeNotFoundError: no runtime is available for the device type.
+        TypeError: ``module_or_tensor`` is neither a module nor a tensor.
+    """
+    if not isinstance(module_or_tensor, (torch.nn.Module, torch.Tensor)):
+        raise TypeError(
+            "ppe.to expects a torch.nn.Module or torch.Tensor, got "
+            f"{type(module_or_tensor).__name__}; move batches with runtime.convert_batch"
+        )
+    if runtime_class is None:
+        from ppe_core.runtime import runtime_registry
+
+        runtime_class = runtime_registry.get_runtime_class_for_device_spec(device)
+    runtime = runtime_class(device, options)
+    if isinstance(module_or_tensor, torch.Tensor):
+        return runtime.move_tensor(module_or_tensor)
+    moved = runtime.move_module(module_or_tensor)
+    _tag(moved, runtime)
+    return moved

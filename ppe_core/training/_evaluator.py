@@ -1,0 +1,136 @@
+"""The Evaluator: one pass over a loader in eval mode, reporting the mean of every output."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ppe_core._reporting import DictSummary, Reporter
+from ppe_core.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from ppe_core.handler import BaseHandler
+
+__all__ = ["Evaluator", "Metric"]
+
+#: ``metric(batch, outputs) -> {name: value}``; values are reported as ``val/<name>``.
+Metric = Callable[[Any, Any], Mapping[str, Any]]
+
+
+def loader_length(loader: Iterable[Any], given: int | None, argument: str) -> int:
+    """The number of batches to take from ``loader``, with a clear error when unknowable."""
+    if given is not None:
+        if not isinstance(given, int) or isinstance(given, bool) or given < 1:
+            raise ConfigurationError(f"{argument} must be a positive int, got {given!r}")
+        return given
+    try:
+        return len(loader)  # type: ignore[arg-type]
+    except TypeError:
+        raise ConfigurationError(
+            f"the loader ({type(loader).__name__}) has no len(), so the number of batches is "
+            f"unknown; pass {argument}=<batches per epoch>."
+        ) from None
+
+
+class Evaluator:
+    """Runs the models over a loader under ``torch.no_grad`` and reports mean outputs.
+
+    Usable standalone (``evaluator.run(loader)``) or from a Trainer on a trigger. Training
+    modes are restored afterwards. Each run reports the means over the whole loader into the
+    current reporter (the trainer's observation) and returns them.
+
+    Args:
+        handler: Drives runtimes and the logic's ``eval_step``.
+        models: The models, by name.
+        progress_bar: Show a tqdm bar with the real number of batches.
+        metrics: Callables ``metric(batch, outputs) -> dict`` whose values are averaged too.
+        profile: A ``torch.profiler.profile`` stepped after each batch.
+        distributed: Average the means over all ``torch.distributed`` ranks.
+    """
+
+    def __init__(
+        self,
+        handler: BaseHandler,
+        models: Mapping[str, torch.nn.Module],
+        *,
+        progress_bar: bool = False,
+        metrics: list[Metric] | None = None,
+        profile: Any = None,
+        distributed: bool = False,
+    ) -> None:
+        self.handler = handler
+        self.models = dict(models)
+        self._progress_bar = progress_bar
+        self._metrics = list(metrics or [])
+        self._profile = profile
+        self._distributed = distributed
+        self.summary = DictSummary()
+
+    def run(self, loader: Iterable[Any], *, eval_len: int | None = None) -> dict[str, float]:
+        """Evaluate over ``loader`` (``eval_len`` batches when it has no ``len``)."""
+        from ppe_core._plugins import get_plugin_host
+
+        length = loader_length(loader, eval_len, "eval_len")
+        handler: Any = self.handler
+        hook = get_plugin_host().pm.hook
+        modes = {name: model.training for name, model in self.models.items()}
+        handler.eval_setup(self, loader)
+        hook.ppe_evaluator_setup(evaluator=self)
+        error: BaseException | None = None
+        bar = _make_bar(length) if self._progress_bar else None
+        self.summary = summary = DictSummary()
+        reporter = Reporter()
+        try:
+            handler.eval_loop_begin(self)
+            with torch.no_grad(), reporter:
+                for batch_idx, batch in zip(range(length), loader, strict=False):
+                    observation: dict[str, Any] = {}
+                    with reporter.scope(observation):
+                        outputs = handler.eval_step(self, batch_idx, batch)
+                    for metric in self._metrics:
+                        observation.update({f"val/{k}": v for k, v in metric(batch, outputs).items()})
+                    summary.add(observation)
+                    if bar is not None:
+                        bar.update(1)
+                    if self._profile is not None:
+                        self._profile.step()
+            handler.eval_loop_end(self)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+            for name, model in self.models.items():
+                model.train(modes[name])
+            hook.ppe_evaluator_teardown(evaluator=self, exception=error)
+        means = summary.compute_mean()
+        if self._distributed:
+            means = _all_reduce_mean(means)
+        from ppe_core._reporting import report
+
+        report(means)
+        return means
+
+
+def _make_bar(total: int) -> Any:
+    from tqdm.auto import tqdm  # imported when used: keeps ``import ppe_core`` cheap
+
+    return tqdm(total=total, desc="validation", unit="it", leave=False)
+
+
+def _all_reduce_mean(means: dict[str, float]) -> dict[str, float]:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ConfigurationError(
+            "create_evaluator(distributed=True) needs torch.distributed to be initialised "
+            "(run under torchrun and call torch.distributed.init_process_group first)."
+        )
+    keys = sorted(means)
+    values = torch.tensor([means[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(values)
+    world = dist.get_world_size()
+    return {k: float(v) / world for k, v in zip(keys, values.tolist(), strict=True)}

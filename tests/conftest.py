@@ -1,0 +1,73 @@
+"""Shared fixtures: an isolated plugin host per test and the installed fixture plugins."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import ppe_core.testing
+from ppe_core.plugins import PluginHost
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(autouse=True)
+def plugin_host() -> Iterator[PluginHost]:
+    """A fresh plugin host with autoload off: built-ins plus the first-party plugins."""
+    import ppe_cpu.plugin
+    import ppe_cuda.plugin
+
+    with ppe_core.testing.plugin_host() as host:
+        host.register(ppe_cpu.plugin, name="ppe_cpu")
+        host.register(ppe_cuda.plugin, name="ppe_cuda")
+        yield host
+
+
+@pytest.fixture(scope="session")
+def installed_plugins(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """pip-install the fixture plugin distributions into a private ``--target`` directory.
+
+    They are installed from a copy outside the repository, the way a user installs a
+    third-party package, and never into the developer's environment.
+    """
+    root = tmp_path_factory.mktemp("third_party")
+    target = root / "site"
+    sources = []
+    for name in ("ppe_testdevice", "ppe_brokenplugin"):
+        shutil.copytree(FIXTURES / name, root / name)
+        sources.append(str(root / name))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "--target",
+            str(target),
+            *sources,
+        ],
+        check=True,
+    )
+    return target
+
+
+def run_python(
+    code: str, *, path: Path | None = None, env: dict[str, str] | None = None, module: str = ""
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` (or ``-m module``) in a fresh interpreter with ``path`` on PYTHONPATH."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PPE_")}
+    if path is not None:
+        full_env["PYTHONPATH"] = os.pathsep.join([str(path), full_env.get("PYTHONPATH", "")])
+    full_env.update(env or {})
+    args = [sys.executable, "-m", *module.split()] if module else [sys.executable, "-c", code]
+    return subprocess.run(args, env=full_env, capture_output=True, text=True, timeout=120)
