@@ -351,3 +351,108 @@ def test_blocking_a_failing_plugin_silences_it(
     host = PluginHost(PluginSettings(disabled=("ppe-brokenplugin",)))
     assert host.records["brokenplugin"].status == "blocked"
     assert host.failures == []
+
+
+def test_third_party_runtime_and_logic_drive_a_training_run(
+    installed_plugins: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(installed_plugins))
+    with ppe.testing.plugin_host(settings=PluginSettings(disabled=("brokenplugin",))):
+        from ppe_testdevice import _impl, _logic
+
+        _impl.CALLS.clear()
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+
+        class Wrapped(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.net = model
+
+            def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+                return {"loss": self.net(x).pow(2).mean()}
+
+        wrapped = ppe.to(Wrapped(), "testdev")
+        assert ("move_module", "Wrapped") in _impl.CALLS
+        counter = ppe.training.extensions.CountIterations()
+        trainer = ppe.engine.create_trainer(
+            wrapped,
+            torch.optim.SGD(wrapped.parameters(), lr=0.1),
+            2,
+            device="testdev",
+            logic="testdev-logic",
+            extensions=[counter],
+            evaluator=ppe.engine.create_evaluator(wrapped, device="testdev"),
+        )
+        batches = [{"x": torch.randn(4, 4)} for _ in range(3)]
+        trainer.run(batches, batches[:2])
+        names = [name for name, _ in _impl.CALLS]
+        assert names.count("train_pre_step") == names.count("train_post_step") == 6
+        assert names.count("eval_pre_step") == names.count("eval_post_step") == 4
+        assert _logic.TestDeviceLogic.steps == 6
+        assert counter.iterations == [1, 2, 3, 4, 5, 6]
+
+
+def test_cli_lists_installed_plugins_with_versions_and_failures(installed_plugins: Path) -> None:
+    from conftest import run_python
+
+    result = run_python("", path=installed_plugins, module="ppe_core plugins --json")
+    assert result.returncode == 0, result.stderr
+    import json
+
+    report = json.loads(result.stdout)
+    plugins = {p["name"]: p for p in report["plugins"]}
+    assert plugins["testdevice"]["status"] == "loaded"
+    assert (plugins["testdevice"]["distribution"], plugins["testdevice"]["version"]) == (
+        "ppe-testdevice",
+        "1.2.3",
+    )
+    assert plugins["brokenplugin"]["status"] == "failed"
+    assert "libbroken" in plugins["brokenplugin"]["error"]
+    assert plugins["ppe_core.extensions"]["builtin"] is True
+    rows = {(section, row["name"]): row for section in ("runtimes", "logics", "extensions")
+            for row in report[section]}
+    for key in (("runtimes", "testdev"), ("logics", "testdev-logic"),
+                ("extensions", "CountIterations")):
+        assert rows[key]["distribution"] == "ppe-testdevice" and rows[key]["version"] == "1.2.3"
+    assert rows[("runtimes", "cpu")]["plugin"] == "ppe_cpu"
+    # One warning for the broken plugin, on stderr, naming it.
+    assert result.stderr.count("PluginLoadWarning") == 1
+    assert "ppe-brokenplugin 0.0.1" in result.stderr
+
+    table = run_python("", path=installed_plugins, module="ppe_core plugins")
+    assert "testdev-logic" in table.stdout and "failed" in table.stdout
+
+
+def test_import_survives_a_broken_plugin_and_autoload_switch(installed_plugins: Path) -> None:
+    from conftest import run_python
+
+    code = (
+        "import warnings, ppe_core as ppe\n"
+        "warnings.simplefilter('always')\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    names = ppe.runtime.runtime_registry.names()\n"
+        "print(sorted(names), len([x for x in w if 'brokenplugin' in str(x.message)]))\n"
+    )
+    result = run_python(code, path=installed_plugins)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("]")[1].strip() == "1"
+    assert "testdev" in result.stdout
+    off = run_python(code, path=installed_plugins, env={"PPE_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert off.returncode == 0, off.stderr
+    assert off.stdout.strip() == "[] 0"
+    strict = run_python(code, path=installed_plugins, env={"PPE_STRICT_PLUGINS": "1"})
+    assert strict.returncode != 0 and "PluginLoadError" in strict.stderr
+    assert "brokenplugin" in strict.stderr
+
+
+def test_cli_info_prints_versions_and_plugin_lines(installed_plugins: Path) -> None:
+    from conftest import run_python
+
+    result = run_python("", path=installed_plugins, module="ppe_core info",
+                        env={"PPE_DISABLED_PLUGINS": "brokenplugin"})
+    assert result.returncode == 0, result.stderr
+    assert "torch: " in result.stdout and "ppe-core: 0.1.0" in result.stdout
+    assert "testdev: simulated device, always available" in result.stdout
+    assert "cuda: " in result.stdout
