@@ -21,13 +21,17 @@ print(t1 - t0, t2 - t1)
 def main(repeats: int = 7) -> None:
     torch_s, ppe_s = [], []
     for _ in range(repeats):
-        out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", CODE], capture_output=True, text=True, check=True
+        )
         a, b = map(float, out.stdout.split())
         torch_s.append(a)
         ppe_s.append(b)
     print(f"import torch:                 median {statistics.median(torch_s) * 1e3:7.1f} ms")
-    print(f"import ppe_core + discovery:  median {statistics.median(ppe_s) * 1e3:7.1f} ms "
-          f"(min {min(ppe_s) * 1e3:.1f} ms) over torch")
+    print(
+        f"import ppe_core + discovery:  median {statistics.median(ppe_s) * 1e3:7.1f} ms "
+        f"(min {min(ppe_s) * 1e3:.1f} ms) over torch"
+    )
 
 
 if __name__ == "__main__":

@@ -60,8 +60,11 @@ def trainer(data: list[dict[str, torch.Tensor]], extensions: bool) -> float:
     ext: list[Any] = []
     if extensions:
         E = ppe.training.extensions
-        ext = [E.LogReport(), E.PrintReport(["epoch", "iteration", "train/loss"], out=out),
-               E.ProgressBar(out=out)]
+        ext = [
+            E.LogReport(),
+            E.PrintReport(["epoch", "iteration", "train/loss"], out=out),
+            E.ProgressBar(out=out),
+        ]
     with tempfile.TemporaryDirectory() as tmp:
         t = ppe.engine.create_trainer(model, opt, STEPS // BATCHES, extensions=ext, out_dir=tmp)
         start = time.perf_counter()
@@ -81,8 +84,10 @@ def main(rounds: int = 7) -> None:
     base = statistics.median(results["raw"])
     for name, values in results.items():
         med = statistics.median(values)
-        print(f"{name:12s} {med * 1e6:8.1f} us/step  ratio {med / base:5.3f}  "
-              f"overhead {(med - base) * 1e6:+6.1f} us/step")
+        print(
+            f"{name:12s} {med * 1e6:8.1f} us/step  ratio {med / base:5.3f}  "
+            f"overhead {(med - base) * 1e6:+6.1f} us/step"
+        )
 
 
 if __name__ == "__main__":

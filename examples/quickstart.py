@@ -20,7 +20,9 @@ class Model(torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.LazyLinear(32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+        self.net = torch.nn.Sequential(
+            torch.nn.LazyLinear(32), torch.nn.ReLU(), torch.nn.Linear(32, 2)
+        )
 
     def forward(self, x: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
         y = self.net(x)
@@ -61,7 +63,9 @@ def main() -> None:
         extensions=[
             extensions.LogReport(),
             extensions.ProgressBar(),
-            extensions.PrintReport(["epoch", "iteration", "train/loss", "val/loss", "val/accuracy"]),
+            extensions.PrintReport(
+                ["epoch", "iteration", "train/loss", "val/loss", "val/accuracy"]
+            ),
         ],
     )
     trainer.run(make_loader(1024, seed=0, shuffle=True), make_loader(256, seed=1, shuffle=False))

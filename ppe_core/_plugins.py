@@ -180,7 +180,8 @@ class PluginHost:
         """Register built-ins, then entry points (unless autoload is off), then ``PPE_PLUGINS``."""
         if builtins:
             for name, module in BUILTIN_PLUGINS:
-                self._load(PluginRecord(name, module, "builtin"), functools.partial(_import, module))
+                record = PluginRecord(name, module, "builtin")
+                self._load(record, functools.partial(_import, module))
         eps = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
         if self.settings.autoload:
             for ep in eps.values():
@@ -191,7 +192,8 @@ class PluginHost:
             if item in eps:
                 self._load_entry_point(eps[item], "PPE_PLUGINS")
             else:
-                self._load(PluginRecord(item, item, "PPE_PLUGINS"), functools.partial(_import, item))
+                record = PluginRecord(item, item, "PPE_PLUGINS")
+                self._load(record, functools.partial(_import, item))
 
     def register(self, plugin: object, name: str | None = None) -> PluginRecord:
         """Register an in-process plugin object (a module, class instance or namespace).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -27,7 +27,7 @@ from ppe_core.runtime import PyTorchRuntime
 class RecordingRuntime(PyTorchRuntime):
     """A real runtime (moves to CPU) that records the modules it moved."""
 
-    moved: list[torch.nn.Module] = []
+    moved: ClassVar[list[torch.nn.Module]] = []
 
     def __init__(self, device_spec: Any, options: Any = None) -> None:
         super().__init__("cpu", options)
@@ -135,7 +135,7 @@ def test_registry_views_are_read_only(plugin_host: PluginHost) -> None:
 
 
 def test_registry_rejects_non_runtime_and_bad_names(plugin_host: PluginHost) -> None:
-    with pytest.raises(TypeError, match="subclass of ppe_core.runtime.BaseRuntime"):
+    with pytest.raises(TypeError, match=r"subclass of ppe_core\.runtime\.BaseRuntime"):
         plugin_host.runtimes.register("x", dict)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="device type"):
         plugin_host.runtimes.register("x:0", PyTorchRuntime)
@@ -410,10 +410,16 @@ def test_cli_lists_installed_plugins_with_versions_and_failures(installed_plugin
     assert plugins["brokenplugin"]["status"] == "failed"
     assert "libbroken" in plugins["brokenplugin"]["error"]
     assert plugins["ppe_core.extensions"]["builtin"] is True
-    rows = {(section, row["name"]): row for section in ("runtimes", "logics", "extensions")
-            for row in report[section]}
-    for key in (("runtimes", "testdev"), ("logics", "testdev-logic"),
-                ("extensions", "CountIterations")):
+    rows = {
+        (section, row["name"]): row
+        for section in ("runtimes", "logics", "extensions")
+        for row in report[section]
+    }
+    for key in (
+        ("runtimes", "testdev"),
+        ("logics", "testdev-logic"),
+        ("extensions", "CountIterations"),
+    ):
         assert rows[key]["distribution"] == "ppe-testdevice" and rows[key]["version"] == "1.2.3"
     assert rows[("runtimes", "cpu")]["plugin"] == "ppe_cpu"
     # One warning for the broken plugin, on stderr, naming it.
@@ -450,8 +456,12 @@ def test_import_survives_a_broken_plugin_and_autoload_switch(installed_plugins: 
 def test_cli_info_prints_versions_and_plugin_lines(installed_plugins: Path) -> None:
     from conftest import run_python
 
-    result = run_python("", path=installed_plugins, module="ppe_core info",
-                        env={"PPE_DISABLED_PLUGINS": "brokenplugin"})
+    result = run_python(
+        "",
+        path=installed_plugins,
+        module="ppe_core info",
+        env={"PPE_DISABLED_PLUGINS": "brokenplugin"},
+    )
     assert result.returncode == 0, result.stderr
     assert "torch: " in result.stdout and "ppe-core: 0.1.0" in result.stdout
     assert "testdev: simulated device, always available" in result.stdout

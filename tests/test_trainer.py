@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -30,7 +30,9 @@ class Classifier(torch.nn.Module):
         return {"loss": loss, "accuracy": (y.argmax(1) == t).float().mean()}
 
 
-def make_loader(n: int = 64, batch_size: int = 8, shuffle: bool = False, seed: int = 0) -> DataLoader[Any]:
+def make_loader(
+    n: int = 64, batch_size: int = 8, shuffle: bool = False, seed: int = 0
+) -> DataLoader[Any]:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 4, generator=g)
     t = (x[:, 0] > 0).long()
@@ -47,8 +49,7 @@ def observe(trainer_or_list: list[dict[str, float]]) -> Any:
     @ppe.training.make_extension(trigger=(1, "epoch"), priority=ppe.training.PRIORITY_READER)
     def record(manager: Any) -> None:
         trainer_or_list.append(
-            {k: float(v) for k, v in manager.observation.items()}
-            | {"iteration": manager.iteration}
+            {k: float(v) for k, v in manager.observation.items()} | {"iteration": manager.iteration}
         )
 
     return record
@@ -59,7 +60,11 @@ def test_trainer_reduces_loss_and_reports_train_and_val() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     seen: list[dict[str, float]] = []
     trainer = ppe.engine.create_trainer(
-        model, optimizer, 5, evaluator=ppe.engine.create_evaluator(model), extensions=[observe(seen)]
+        model,
+        optimizer,
+        5,
+        evaluator=ppe.engine.create_evaluator(model),
+        extensions=[observe(seen)],
     )
     trainer.run(make_loader(), make_loader(seed=1))
     assert [s["iteration"] for s in seen] == [8, 16, 24, 32, 40]
@@ -84,7 +89,9 @@ def test_evaluator_reports_mean_over_whole_loader_and_restores_mode() -> None:
 def test_evaluator_metrics_add_keys() -> None:
     model = make_model()
 
-    def error_rate(batch: Mapping[str, torch.Tensor], outs: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    def error_rate(
+        batch: Mapping[str, torch.Tensor], outs: Mapping[str, torch.Tensor]
+    ) -> dict[str, Any]:
         return {"error": 1 - outs["accuracy"]}
 
     means = ppe.engine.create_evaluator(model, metrics=[error_rate]).run(make_loader())
@@ -102,9 +109,7 @@ def test_gradient_accumulation_equals_one_large_batch_step() -> None:
     big_loader = [{"x": x, "t": t}]
     small_loader = [{"x": x[i : i + 8], "t": t[i : i + 8]} for i in range(0, 32, 8)]
     ppe.engine.create_trainer(big, opt_big, 1).run(big_loader)
-    trainer = ppe.engine.create_trainer(
-        small, opt_small, 1, options={"grad_accumulation_steps": 4}
-    )
+    trainer = ppe.engine.create_trainer(small, opt_small, 1, options={"grad_accumulation_steps": 4})
     trainer.run(small_loader)
     for a, b in zip(big.parameters(), small.parameters(), strict=True):
         torch.testing.assert_close(a, b)
@@ -118,7 +123,9 @@ def test_accumulation_window_is_cut_at_epoch_end() -> None:
     steps: list[int] = []
     optimizer.register_step_post_hook(lambda *a: steps.append(1))
     loader = make_loader(n=24, batch_size=8)
-    ppe.engine.create_trainer(model, optimizer, 2, options={"grad_accumulation_steps": 2}).run(loader)
+    ppe.engine.create_trainer(model, optimizer, 2, options={"grad_accumulation_steps": 2}).run(
+        loader
+    )
     assert len(steps) == 4
 
 
@@ -178,7 +185,7 @@ class CountingLogic(Logic):
 
 
 class CountingRuntime(ppe.runtime.PyTorchRuntime):
-    events: list[tuple[str, int]] = []
+    events: ClassVar[list[tuple[str, int]]] = []
 
     def __init__(self, device_spec: Any, options: Any = None) -> None:
         super().__init__("cpu", options)
@@ -186,13 +193,17 @@ class CountingRuntime(ppe.runtime.PyTorchRuntime):
     def train_pre_step(self, trainer: Any, module: Any, batch_idx: int, batch: Any) -> None:
         self.events.append(("train_pre_step", batch_idx))
 
-    def train_post_step(self, trainer: Any, module: Any, batch_idx: int, batch: Any, outs: Any) -> None:
+    def train_post_step(
+        self, trainer: Any, module: Any, batch_idx: int, batch: Any, outs: Any
+    ) -> None:
         self.events.append(("train_post_step", batch_idx))
 
     def eval_pre_step(self, evaluator: Any, module: Any, batch_idx: int, batch: Any) -> None:
         self.events.append(("eval_pre_step", batch_idx))
 
-    def eval_post_step(self, evaluator: Any, module: Any, batch_idx: int, batch: Any, outs: Any) -> None:
+    def eval_post_step(
+        self, evaluator: Any, module: Any, batch_idx: int, batch: Any, outs: Any
+    ) -> None:
         self.events.append(("eval_post_step", batch_idx))
 
 
@@ -223,8 +234,12 @@ def test_plugin_runtime_and_named_logic_drive_every_step(plugin_host: PluginHost
     trainer.run(make_loader(n=24), make_loader(n=16))
     train = [e for e in CountingRuntime.events if e[0].startswith("train")]
     evals = [e for e in CountingRuntime.events if e[0].startswith("eval")]
-    assert train == [(k, i) for _ in range(2) for i in range(3) for k in ("train_pre_step", "train_post_step")]
-    assert evals == [(k, i) for _ in range(2) for i in range(2) for k in ("eval_pre_step", "eval_post_step")]
+    assert train == [
+        (k, i) for _ in range(2) for i in range(3) for k in ("train_pre_step", "train_post_step")
+    ]
+    assert evals == [
+        (k, i) for _ in range(2) for i in range(2) for k in ("eval_pre_step", "eval_post_step")
+    ]
     assert CountingLogic.calls == 6
 
 
@@ -251,7 +266,9 @@ def test_lifecycle_hooks_are_called_once_per_run(plugin_host: PluginHost) -> Non
     plugin_host.register(Lifecycle())
     model = make_model()
     trainer = ppe.engine.create_trainer(
-        model, torch.optim.SGD(model.parameters(), lr=0.1), 2,
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        2,
         evaluator=ppe.engine.create_evaluator(model),
     )
     trainer.run(make_loader(n=16), make_loader(n=8))
@@ -322,7 +339,10 @@ def test_resume_mid_epoch_keeps_epoch_boundaries() -> None:
 
     model2 = make_model(seed=99)
     resumed = ppe.engine.create_trainer(
-        model2, torch.optim.SGD(model2.parameters(), lr=0.1), 3, logic=Probe(),
+        model2,
+        torch.optim.SGD(model2.parameters(), lr=0.1),
+        3,
+        logic=Probe(),
         extensions=[observe(seen)],
     )
     resumed.load_state_dict(state)  # before run(): applied when the manager is built
@@ -341,14 +361,18 @@ def test_resume_mid_epoch_keeps_epoch_boundaries() -> None:
 def test_load_state_dict_before_run_with_an_evaluator() -> None:
     model = make_model()
     trainer = ppe.engine.create_trainer(
-        model, torch.optim.SGD(model.parameters(), lr=0.1), 1,
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        1,
         evaluator=ppe.engine.create_evaluator(model),
     )
     trainer.run(make_loader(n=16), make_loader(n=8))
     state = trainer.state_dict()
     model2 = make_model(seed=5)
     again = ppe.engine.create_trainer(
-        model2, torch.optim.SGD(model2.parameters(), lr=0.1), 2,
+        model2,
+        torch.optim.SGD(model2.parameters(), lr=0.1),
+        2,
         evaluator=ppe.engine.create_evaluator(model2),
     )
     again.load_state_dict(state)
@@ -392,7 +416,9 @@ def test_val_loader_and_evaluator_must_come_together() -> None:
     with pytest.raises(ConfigurationError, match="no evaluator"):
         plain.run(make_loader(), make_loader())
     with_eval = ppe.engine.create_trainer(
-        model, torch.optim.SGD(model.parameters(), lr=0.1), 1,
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        1,
         evaluator=ppe.engine.create_evaluator(model),
     )
     with pytest.raises(ConfigurationError, match="no val_loader"):
@@ -421,7 +447,9 @@ def test_model_output_errors_name_the_fix() -> None:
         trainer.run(make_loader())
     classifier = make_model()
     trainer = ppe.engine.create_trainer(
-        classifier, torch.optim.SGD(classifier.parameters(), lr=0.1), 1,
+        classifier,
+        torch.optim.SGD(classifier.parameters(), lr=0.1),
+        1,
         options={"backward_outputs": ["los"]},
     )
     with pytest.raises(ModelOutputError, match="'los'"):
@@ -447,7 +475,9 @@ def test_autocast_uses_the_runtime_device_type() -> None:
     torch.manual_seed(0)
     model = ppe.to(Probe(), "cpu")
     ppe.engine.create_trainer(
-        model, torch.optim.SGD(model.parameters(), lr=0.1), 1,
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        1,
         options={"autocast": {"dtype": torch.bfloat16}},
     ).run(make_loader(n=8))
     assert dtypes == [torch.bfloat16]
@@ -466,7 +496,9 @@ def test_grad_scaler_option_is_device_neutral() -> None:
 
 def test_device_auto_resolves_through_the_hook() -> None:
     model = make_model()
-    trainer = ppe.engine.create_trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), 1, device="auto")
+    trainer = ppe.engine.create_trainer(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), 1, device="auto"
+    )
     assert type(trainer.handler._entry_runtime).__name__ == "CPURuntime"
 
 
@@ -474,7 +506,10 @@ def test_report_keys_select_reported_outputs() -> None:
     model = make_model()
     seen: list[dict[str, float]] = []
     ppe.engine.create_trainer(
-        model, torch.optim.SGD(model.parameters(), lr=0.1), 1,
-        options={"train_report_keys": ["accuracy"]}, extensions=[observe(seen)],
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        1,
+        options={"train_report_keys": ["accuracy"]},
+        extensions=[observe(seen)],
     ).run(make_loader(n=16))
     assert "train/accuracy" in seen[0] and "train/loss" not in seen[0]

@@ -227,11 +227,18 @@ class Logic(BaseLogic):
         batch: Any,
     ) -> Any:
         model = models[self.model_name]
-        window, _ = self._window(batch_idx)
-        if batch_idx % self.grad_accumulation_steps == 0:
+        if self.grad_accumulation_steps == 1:
+            window = 1
             optimizers[self.model_name].zero_grad()
-        with self._autocast(model):
+        else:
+            window = self._window(batch_idx)[0]
+            if batch_idx % self.grad_accumulation_steps == 0:
+                optimizers[self.model_name].zero_grad()
+        if self._autocast_kwargs is None:  # the common case: no context object per step
             outputs = self._forward(model, batch)
+        else:
+            with self._autocast(model):
+                outputs = self._forward(model, batch)
         self._backward(outputs, window)
         return outputs
 
@@ -258,6 +265,8 @@ class Logic(BaseLogic):
 
     def eval_step(self, models: Mapping[str, torch.nn.Module], batch_idx: int, batch: Any) -> Any:
         model = models[self.model_name]
+        if self._autocast_kwargs is None:
+            return self._forward(model, batch)
         with self._autocast(model):
             return self._forward(model, batch)
 

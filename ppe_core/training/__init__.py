@@ -14,6 +14,7 @@ _EXPORTS: dict[str, str] = {
     "PRIORITY_WRITER": "ppe_core.training.extension",
     "PRIORITY_EDITOR": "ppe_core.training.extension",
     "PRIORITY_READER": "ppe_core.training.extension",
+    "PRIORITY_SNAPSHOT": "ppe_core.training.extension",
     "Trainer": "ppe_core.training._trainer",
     "Evaluator": "ppe_core.training._evaluator",
 }

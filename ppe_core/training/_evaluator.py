@@ -90,7 +90,9 @@ class Evaluator:
                     with reporter.scope(observation):
                         outputs = handler.eval_step(self, batch_idx, batch)
                     for metric in self._metrics:
-                        observation.update({f"val/{k}": v for k, v in metric(batch, outputs).items()})
+                        observation.update(
+                            {f"val/{k}": v for k, v in metric(batch, outputs).items()}
+                        )
                     summary.add(observation)
                     if bar is not None:
                         bar.update(1)

@@ -21,6 +21,12 @@ __all__ = ["Trainer"]
 EvaluatorSpec = Evaluator | tuple[Evaluator, Any] | Mapping[str, Evaluator | tuple[Evaluator, Any]]
 
 
+def _should_stop(manager: ExtensionsManager) -> bool:
+    # A function, not an inline property read: the answer changes as iterations run, and
+    # type checkers would otherwise narrow ``manager.stop_trigger`` across the loop.
+    return manager.stop_trigger
+
+
 class _EvaluatorExtension(Extension):
     """Runs an evaluator on its trigger, before every other extension of that iteration."""
 
@@ -33,9 +39,12 @@ class _EvaluatorExtension(Extension):
 
     def __call__(self, manager: Any) -> None:
         trainer = self._trainer
+        loader = trainer._val_loader
+        if loader is None:  # run() checks this; the extension may also be called by hand
+            raise ConfigurationError("the evaluator extension needs run(train_loader, val_loader)")
         trainer.handler.train_validation_begin(trainer, self._evaluator)
         try:
-            means = self._evaluator.run(trainer._val_loader, eval_len=trainer._eval_len)
+            means = self._evaluator.run(loader, eval_len=trainer._eval_len)
         finally:
             trainer.handler.train_validation_end(trainer, self._evaluator)
         if self._prefix is not None:
@@ -46,10 +55,7 @@ class _EvaluatorExtension(Extension):
 def _normalize_evaluators(spec: EvaluatorSpec | None) -> dict[str, tuple[Evaluator, Any]]:
     if spec is None:
         return {}
-    if isinstance(spec, Mapping):
-        items = dict(spec)
-    else:
-        items = {"main": spec}
+    items = dict(spec) if isinstance(spec, Mapping) else {"main": spec}
     result: dict[str, tuple[Evaluator, Any]] = {}
     for name, value in items.items():
         evaluator, trigger = value if isinstance(value, tuple) else (value, (1, "epoch"))
@@ -243,7 +249,7 @@ class Trainer:
         hook.ppe_trainer_setup(trainer=self)
         error: BaseException | None = None
         try:
-            while not manager.stop_trigger:
+            while not _should_stop(manager):
                 start = manager.iteration % iters_per_epoch  # > 0 when resuming mid-epoch
                 handler.train_epoch_begin(self, train_loader)
                 batches = iter(train_loader)
@@ -255,7 +261,7 @@ class Trainer:
                     manager._end_iteration()
                     if self._profile is not None:
                         self._profile.step()
-                    if manager.stop_trigger:
+                    if _should_stop(manager):
                         break
                 else:
                     if manager.iteration % iters_per_epoch != 0:

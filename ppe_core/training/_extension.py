@@ -1,0 +1,322 @@
+"""The Extension base class, the make_extension decorator and ExtensionEntry."""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ppe_core.errors import ConfigurationError, DuplicateRegistrationError
+from ppe_core.training.triggers import get_trigger
+
+if TYPE_CHECKING:
+    from ppe_core.training._protocols import ManagerView
+    from ppe_core.training.triggers import Trigger, TriggerLike
+
+__all__ = [
+    "PRIORITY_EDITOR",
+    "PRIORITY_READER",
+    "PRIORITY_SNAPSHOT",
+    "PRIORITY_WRITER",
+    "DuplicateExtensionError",
+    "Extension",
+    "ExtensionEntry",
+    "ExtensionLike",
+    "ExtensionNameError",
+    "make_extension",
+]
+
+#: Priority of extensions that write the observation (e.g. evaluators); they run first.
+PRIORITY_WRITER = 300
+#: Priority of extensions that edit the observation another extension wrote.
+PRIORITY_EDITOR = 200
+#: Priority of extensions that only read the observation (logging, printing); the default.
+PRIORITY_READER = 100
+#: Priority of snapshot writers: they run after every other trigger of the iteration was
+#: evaluated, so the trigger states they save are the post-iteration ones.
+PRIORITY_SNAPSHOT = -100
+
+#: Anything the manager accepts as an extension: an :class:`Extension` or a plain callable
+#: taking the manager.
+ExtensionLike = Callable[["ManagerView"], object]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+# PPE reserves this name (Chainer's trainer used it); keeping the rule keeps names portable.
+_RESERVED_NAMES = frozenset({"training"})
+
+
+class ExtensionNameError(ConfigurationError):
+    """An extension name is invalid or no extension is registered under the requested name."""
+
+
+class DuplicateExtensionError(ExtensionNameError, DuplicateRegistrationError):
+    """An extension was registered under an explicit name that is already taken."""
+
+
+class Extension:
+    """Base class of extensions: callables the manager runs when their trigger fires.
+
+    An extension receives the manager after an iteration finished (``manager.iteration`` is
+    already incremented). The class attributes are defaults that ``ExtensionsManager.extend``
+    and :class:`ExtensionEntry` arguments override.
+
+    Attributes:
+        trigger: When to run; ``(1, 'iteration')`` (every iteration) by default.
+        priority: Extensions due at the same iteration run in descending priority.
+        name: Registered name; ``None`` until the manager assigns one.
+        needs_model_state: Whether the extension reads model or optimizer state, so runtimes
+            that defer work must make that state current before it runs.
+        is_async: Whether the extension may run on a schedule decoupled from the model state.
+    """
+
+    trigger: TriggerLike = (1, "iteration")
+    priority: int = PRIORITY_READER
+    name: str | None = None
+    needs_model_state: bool = False
+    is_async: bool = False
+
+    @property
+    def default_name(self) -> str:
+        """The name used when none is given: the class name unless a subclass overrides it."""
+        return type(self).__name__
+
+    def __call__(self, manager: ManagerView) -> object:
+        """Runs the extension; called at the iterations its trigger accepts.
+
+        Args:
+            manager: The manager that owns the extension.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must override __call__.")
+
+    def initialize(self, manager: ManagerView) -> None:
+        """Prepares the extension (and possibly the manager) before the first iteration.
+
+        Called once, when the manager starts its extensions. An extension that restores
+        state (a snapshot loader) does it here, so it runs before any trigger is consulted.
+
+        Args:
+            manager: The manager that owns the extension.
+        """
+
+    def finalize(self, manager: ManagerView) -> None:
+        """Releases resources at the end of training (normal end or after an error).
+
+        Args:
+            manager: The manager that owns the extension.
+        """
+
+    def on_error(
+        self, manager: ManagerView, exc: BaseException, tb: types.TracebackType | None
+    ) -> None:
+        """Reacts to an exception raised during training, before :meth:`finalize` runs.
+
+        Args:
+            manager: The manager that owns the extension.
+            exc: The exception that stopped training; it is re-raised afterwards.
+            tb: Its traceback.
+        """
+
+    def state_dict(self) -> dict[str, Any]:
+        """Returns the state to store in a snapshot; nothing by default."""
+        return {}
+
+    def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
+        """Restores the state :meth:`state_dict` returned.
+
+        Args:
+            to_load: A dictionary produced by :meth:`state_dict`.
+        """
+
+
+class _WrappedExtension(Extension):
+    """Adapts a plain callable (e.g. one decorated by :func:`make_extension`) to Extension.
+
+    Every attribute the callable carries is honoured: the standard ones are copied at wrap
+    time, and any other (``needs_sync``, ...) is forwarded on lookup.
+    """
+
+    def __init__(self, ext: ExtensionLike) -> None:
+        self._ext = ext
+        self.trigger = getattr(ext, "trigger", Extension.trigger)
+        self.priority = getattr(ext, "priority", Extension.priority)
+        self.needs_model_state = bool(getattr(ext, "needs_model_state", False))
+        self.is_async = bool(getattr(ext, "is_async", False))
+        name = getattr(ext, "name", None)
+        self.name = name if isinstance(name, str) else None
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for attributes missing on the wrapper; guard against recursion while
+        # the instance is half-built (copy, pickle).
+        if name.startswith("__") or "_ext" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["_ext"], name)
+
+    @property
+    def default_name(self) -> str:
+        name = getattr(self._ext, "default_name", None)
+        if isinstance(name, str) and name:
+            return name
+        name = getattr(self._ext, "__name__", None)
+        return name if isinstance(name, str) else type(self._ext).__name__
+
+    def __call__(self, manager: ManagerView) -> object:
+        return self._ext(manager)
+
+    def initialize(self, manager: ManagerView) -> None:
+        initializer = getattr(self._ext, "initialize", None)
+        if initializer is not None:
+            initializer(manager)
+
+    def finalize(self, manager: ManagerView) -> None:
+        finalizer = getattr(self._ext, "finalize", None)
+        if finalizer is not None:
+            finalizer(manager)
+
+    def on_error(
+        self, manager: ManagerView, exc: BaseException, tb: types.TracebackType | None
+    ) -> None:
+        handler = getattr(self._ext, "on_error", None)
+        if handler is not None:
+            handler(manager, exc, tb)
+
+    def state_dict(self) -> dict[str, Any]:
+        getter = getattr(self._ext, "state_dict", None)
+        return {} if getter is None else dict(getter())
+
+    def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
+        loader = getattr(self._ext, "load_state_dict", None)
+        if loader is not None:
+            loader(to_load)
+
+
+def _as_extension(ext: ExtensionLike | Extension) -> Extension:
+    return ext if isinstance(ext, Extension) else _WrappedExtension(ext)
+
+
+def make_extension(
+    trigger: TriggerLike = None,
+    default_name: str | None = None,
+    priority: int | None = None,
+    finalizer: Callable[[ManagerView], object] | None = None,
+    initializer: Callable[[ManagerView], object] | None = None,
+    on_error: Callable[[ManagerView, BaseException, types.TracebackType | None], object]
+    | None = None,
+    **kwargs: Any,
+) -> Callable[[_F], _F]:
+    """Decorator that turns a function of the manager into an extension.
+
+    It only sets attributes on the function; the manager reads them when the function is
+    registered. Extra keyword arguments become attributes too and are honoured, for
+    example ``needs_model_state=True`` or ``is_async=True``.
+
+    Args:
+        trigger: Default trigger; ``(1, 'iteration')`` when None.
+        default_name: Default name; the function's ``__name__`` when None.
+        priority: Default priority; :data:`PRIORITY_READER` when None.
+        finalizer: Called with the manager at the end of training.
+        initializer: Called with the manager before the first iteration.
+        on_error: Called with ``(manager, exc, tb)`` when training raises.
+        **kwargs: Further attributes to set on the function.
+
+    Returns:
+        The decorator, which returns the function itself.
+
+    Example::
+
+        @make_extension(trigger=(1, "epoch"), needs_model_state=True)
+        def log_norm(manager):
+            ...
+    """
+
+    def decorator(ext: _F) -> _F:
+        attributes: dict[str, Any] = {
+            "trigger": Extension.trigger if trigger is None else trigger,
+            "default_name": default_name or getattr(ext, "__name__", type(ext).__name__),
+            "priority": Extension.priority if priority is None else priority,
+        }
+        if finalizer is not None:
+            attributes["finalize"] = finalizer
+        if initializer is not None:
+            attributes["initialize"] = initializer
+        if on_error is not None:
+            attributes["on_error"] = on_error
+        attributes.update(kwargs)
+        for key, value in attributes.items():
+            setattr(ext, key, value)
+        return ext
+
+    return decorator
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str) or not name:
+        raise ExtensionNameError(f"An extension name must be a non-empty string, got {name!r}.")
+    if name in _RESERVED_NAMES:
+        raise ExtensionNameError(
+            f"The extension name {name!r} is reserved by the manager; pass another name=..."
+        )
+    return name
+
+
+class ExtensionEntry:
+    """An extension with the options it was registered with.
+
+    Options left as None are taken from the extension's own attributes.
+
+    Args:
+        extension: An :class:`Extension` or a callable taking the manager.
+        name: Name to register under. Given explicitly, a clash with another extension is
+            an error; otherwise the manager makes the name unique with a ``_N`` suffix.
+        priority: Invocation priority; higher runs first.
+        trigger: When to run (anything ``get_trigger`` accepts).
+        call_before_training: Whether to also run once before the first iteration.
+    """
+
+    def __init__(
+        self,
+        extension: ExtensionLike | Extension,
+        *,
+        name: str | None = None,
+        priority: int | None = None,
+        trigger: TriggerLike = None,
+        call_before_training: bool = False,
+    ) -> None:
+        self.extension: Extension = _as_extension(extension)
+        self.priority: int = int(self.extension.priority if priority is None else priority)
+        self.call_before_training = call_before_training
+        self.trigger: Trigger = get_trigger(self.extension.trigger if trigger is None else trigger)
+        self._explicit_name = name is not None
+        self.name: str = ""
+        self._update_name(
+            name if name is not None else (self.extension.name or self.extension.default_name)
+        )
+
+    def _update_trigger(self, trigger: TriggerLike) -> None:
+        self.trigger = get_trigger(trigger)
+
+    def _update_name(self, name: str) -> None:
+        self.name = _check_name(name)
+        self.extension.name = self.name
+
+    @property
+    def needs_model_state(self) -> bool:
+        """Whether the extension declared that it reads model state."""
+        return bool(getattr(self.extension, "needs_model_state", False))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Returns ``{'extension': ..., 'trigger': ...}``, the states of both parts."""
+        return {"extension": self.extension.state_dict(), "trigger": self.trigger.state_dict()}
+
+    def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
+        """Restores the parts :meth:`state_dict` saved; a missing or None part is skipped.
+
+        Args:
+            to_load: A dictionary produced by :meth:`state_dict`.
+        """
+        extension_state = to_load.get("extension")
+        if extension_state is not None:
+            self.extension.load_state_dict(extension_state)
+        trigger_state = to_load.get("trigger")
+        if trigger_state is not None:
+            self.trigger.load_state_dict(trigger_state)

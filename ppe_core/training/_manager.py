@@ -1,0 +1,860 @@
+"""The ExtensionsManager: runs extensions on their triggers around a training loop."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import time
+import types
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+import torch
+
+from ppe_core.errors import ConfigurationError, PPEError, PPEWarning
+from ppe_core.reporting import Observation, Reporter
+from ppe_core.training._extension import (
+    PRIORITY_SNAPSHOT,
+    DuplicateExtensionError,
+    Extension,
+    ExtensionEntry,
+    ExtensionLike,
+    ExtensionNameError,
+)
+from ppe_core.training.triggers import NEVER, Trigger, TriggerLike, get_trigger
+
+__all__ = [
+    "ExtensionErrorHandlerWarning",
+    "ExtensionsManager",
+    "IgnoredArgumentWarning",
+    "ManagerStateError",
+    "MissingExtensionStateWarning",
+    "ModelStateUnavailableError",
+    "StateDictKeyError",
+    "TransformModel",
+    "default_transform_model",
+    "identity_transform_model",
+]
+
+#: ``transform_model(name, model)`` returns the module whose state is saved and observed.
+TransformModel = Callable[[str, torch.nn.Module], torch.nn.Module]
+
+# A due iteration no count reaches: the trigger will not fire again.
+_NEVER_DUE = NEVER
+
+
+class ManagerStateError(PPEError, RuntimeError):
+    """The manager was used in a state that does not allow it (finalized, nested iteration)."""
+
+
+class ModelStateUnavailableError(PPEError, RuntimeError):
+    """An extension read ``manager.models`` in an iteration where model state is not current.
+
+    Only extensions declaring ``needs_model_state = True`` may read models while extensions run,
+    because runtimes that defer work only make the model state current for them.
+    """
+
+
+class StateDictKeyError(PPEError, KeyError):
+    """A state dictionary passed to ``load_state_dict`` lacks a required entry."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class MissingExtensionStateWarning(PPEWarning):
+    """A loaded state holds nothing for a registered extension, which keeps its current state."""
+
+
+class ExtensionErrorHandlerWarning(PPEWarning):
+    """An ``on_error`` or ``finalize`` handler raised while training was failing.
+
+    The handler's exception is reported by this warning so that the original training error,
+    which is re-raised, is not masked.
+    """
+
+
+class IgnoredArgumentWarning(PPEWarning):
+    """A keyword argument PPE accepts for compatibility was passed and has no effect."""
+
+
+class _Writer(Protocol):
+    """What the manager needs of a writer (``ppe_core.writing.Writer`` satisfies it)."""
+
+    def initialize(self, out_dir: str) -> None: ...
+
+    def finalize(self) -> None: ...
+
+
+def identity_transform_model(name: str, model: torch.nn.Module) -> torch.nn.Module:
+    """Returns ``model`` unchanged: PPE's ``ExtensionsManager`` default."""
+    return model
+
+
+def default_transform_model(name: str, model: torch.nn.Module) -> torch.nn.Module:
+    """Unwraps ``DataParallel``/``DistributedDataParallel`` so state keys lack ``module.``.
+
+    Args:
+        name: The model's name in the manager (unused).
+        model: The registered module.
+
+    Returns:
+        The wrapped module for a data-parallel wrapper, ``model`` otherwise.
+    """
+    parallel = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
+    if isinstance(model, parallel):
+        inner = model.module
+        assert isinstance(inner, torch.nn.Module)
+        return inner
+    return model
+
+
+def _make_default_writer(out_dir: str) -> _Writer | None:
+    # Imported by name: the writing module loads only when a manager is created without a writer.
+    try:
+        writing = importlib.import_module("ppe_core.writing")
+    except ModuleNotFoundError as exc:
+        if exc.name != "ppe_core.writing":
+            raise
+        return None
+    writer: _Writer = writing.SimpleWriter(out_dir=out_dir)
+    return writer
+
+
+class _Scheduled:
+    """An entry with the first iteration at which its trigger may fire (the schedule cache)."""
+
+    __slots__ = ("due", "entry", "name", "needs_state")
+
+    def __init__(self, name: str, entry: ExtensionEntry) -> None:
+        self.name = name
+        self.entry = entry
+        self.due = -1
+        self.needs_state = entry.needs_model_state
+
+
+class _IterationContext:
+    """What ``run_iteration()`` returns: a reusable, allocation-free context manager."""
+
+    __slots__ = ("_manager", "_step_optimizers")
+
+    def __init__(self, manager: ExtensionsManager, step_optimizers: tuple[str, ...]) -> None:
+        self._manager = manager
+        self._step_optimizers = step_optimizers
+
+    def __enter__(self) -> None:
+        self._manager._begin_iteration(self._step_optimizers)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        # Returning None lets the block's exception (if any) propagate unchanged.
+        if exc is None:
+            self._manager._end_iteration(self._step_optimizers)
+        else:
+            self._manager._abort_iteration(exc)
+
+
+class ExtensionsManager:
+    """Keeps the training state and runs extensions when their triggers fire.
+
+    Use it around your own loop; each ``with manager.run_iteration():`` block is one iteration.
+    On leaving the block the iteration count grows by one, the named optimizers step, and every
+    extension whose trigger fires runs (descending priority, ties in registration order)::
+
+        manager = ExtensionsManager(model, optimizer, 10, iters_per_epoch=len(loader))
+        while not manager.stop_trigger:
+            for x, t in loader:
+                with manager.run_iteration(step_optimizers=["main"]):
+                    loss = F.mse_loss(model(x), t)
+                    ppe_core.reporting.report({"loss": loss}, model)  # -> "main/loss"
+                    loss.backward()
+
+    A step at which no extension is due costs one integer comparison: each trigger tells (via
+    ``next_check``) the next iteration at which it could fire, and the manager only consults
+    triggers at those iterations.
+
+    Args:
+        models: A module (named ``"main"``) or a mapping of names to modules.
+        optimizers: An optimizer (named ``"main"``) or a mapping of names to optimizers.
+        max_epochs: Length of training; ignored when ``stop_trigger`` is given.
+        iters_per_epoch: Iterations in one epoch (an integer >= 1).
+        extensions: Extensions to register right away.
+        out_dir: Output directory, used when ``writer`` is None.
+        stop_trigger: When training ends; ``(max_epochs, 'epoch')`` by default.
+        writer: Writer that extensions write files through; a ``SimpleWriter`` on ``out_dir``
+            by default.
+        transform_model: ``(name, module) -> module`` applied to each model for
+            :attr:`models`, observation names and state dictionaries; identity by default
+            (pass :func:`default_transform_model` to unwrap data-parallel wrappers).
+        enable_profile: Whether to wrap each extension call in a profiler ``record_function``.
+
+    Raises:
+        ConfigurationError: A model is not a module, or ``iters_per_epoch`` is not >= 1.
+    """
+
+    def __init__(
+        self,
+        models: torch.nn.Module | Mapping[str, torch.nn.Module],
+        optimizers: torch.optim.Optimizer | Mapping[str, torch.optim.Optimizer],
+        max_epochs: int,
+        *,
+        iters_per_epoch: int,
+        extensions: Sequence[ExtensionLike | Extension | ExtensionEntry] | None = None,
+        out_dir: str = "result",
+        stop_trigger: TriggerLike = None,
+        writer: _Writer | None = None,
+        transform_model: TransformModel = identity_transform_model,
+        enable_profile: bool = False,
+    ) -> None:
+        if isinstance(iters_per_epoch, bool) or not isinstance(iters_per_epoch, int):
+            raise ConfigurationError(
+                f"iters_per_epoch must be an integer >= 1, got {iters_per_epoch!r}"
+            )
+        if iters_per_epoch < 1:
+            raise ConfigurationError(f"iters_per_epoch must be >= 1, got {iters_per_epoch}")
+        self._models = self._as_named_models(models)
+        self._optimizers: dict[str, torch.optim.Optimizer] = (
+            dict(optimizers) if isinstance(optimizers, Mapping) else {"main": optimizers}
+        )
+        self._transform_model = transform_model
+        self._transformed = {name: transform_model(name, m) for name, m in self._models.items()}
+        self._models_view: Mapping[str, torch.nn.Module] = types.MappingProxyType(self._transformed)
+        self._raw_models_view: Mapping[str, torch.nn.Module] = types.MappingProxyType(self._models)
+        self._optimizers_view: Mapping[str, torch.optim.Optimizer] = types.MappingProxyType(
+            self._optimizers
+        )
+        self.max_epochs = max_epochs
+        self._iters_per_epoch = iters_per_epoch
+        self._enable_profile = enable_profile
+
+        self.observation: Observation = {}
+        self.reporter = Reporter()
+        for name, model in self._transformed.items():
+            self.reporter.add_observer(name, model)
+            self.reporter.add_observers(name, model.named_modules())
+        for name, optimizer in self._optimizers.items():
+            self.reporter.add_observer(name, optimizer)
+
+        self._stop_trigger: Trigger = get_trigger(
+            (max_epochs, "epoch") if stop_trigger is None else stop_trigger
+        )
+        # Triggers may be stateful: the copy the manager consults to finalize must not disturb
+        # the one behind the public ``stop_trigger`` property.
+        self._internal_stop_trigger: Trigger = copy.deepcopy(self._stop_trigger)
+
+        self._iteration = 0
+        #: Iterations run by this process since the (possibly restored) start; PPE's name.
+        self.execution = 0
+        self._start_time: float | None = None
+        self._started = False
+        self._finalized = False
+        # True once started and until finalized: the one check on the hot path.
+        self._ready = False
+        self._on_error_called = False
+        self._model_available = True
+        self._scope: AbstractContextManager[Observation] | None = None
+
+        self._entries: dict[str, ExtensionEntry] = {}
+        self._schedule: list[_Scheduled] = []
+        # Schedule cache: -1 forces the next step through the slow path, which rebuilds it.
+        self._dirty = True
+        self._next_due = -1
+        self._state_due = -1
+        self._internal_stop_due = -1
+        self._stop_reached = False
+        self._public_stop_due = -1
+        self._public_stop_checked_at = -1
+        self._public_stop_value = False
+
+        self._plain_context = _IterationContext(self, ())
+        self._contexts: dict[tuple[str, ...], _IterationContext] = {}
+
+        self._out = out_dir
+        if writer is None:
+            writer = _make_default_writer(out_dir)
+        self.writer: _Writer | None = writer
+        if self.writer is not None:
+            self.writer.initialize(self.out)
+
+        for extension in extensions or ():
+            self.extend(extension)
+
+    @staticmethod
+    def _as_named_models(
+        models: torch.nn.Module | Mapping[str, torch.nn.Module],
+    ) -> dict[str, torch.nn.Module]:
+        named = dict(models) if isinstance(models, Mapping) else {"main": models}
+        for name, model in named.items():
+            if not isinstance(model, torch.nn.Module):
+                raise ConfigurationError(
+                    f"model {name!r} must be a torch.nn.Module, got {type(model).__name__}; pass "
+                    "a module or a mapping of names to modules"
+                )
+        return named
+
+    # ----------------------------------------------------------------- state (ManagerView)
+
+    @property
+    def iteration(self) -> int:
+        """Completed iterations; already incremented while extensions run.
+
+        Reading it starts the extensions first (as in PPE) so that an extension restoring a
+        snapshot in ``initialize`` has run.
+        """
+        if not self._started:
+            self.start_extensions()
+        return self._iteration
+
+    @iteration.setter
+    def iteration(self, value: int) -> None:
+        self._iteration = value
+        self._invalidate_schedule()
+
+    @property
+    def epoch(self) -> int:
+        """Completed epochs."""
+        return self.iteration // self._iters_per_epoch
+
+    @property
+    def epoch_detail(self) -> float:
+        """Completed epochs as a fraction, e.g. 1.5 halfway through the second epoch."""
+        return self.iteration / self._iters_per_epoch
+
+    @property
+    def iters_per_epoch(self) -> int:
+        """Iterations in one epoch."""
+        return self._iters_per_epoch
+
+    @property
+    def is_before_training(self) -> bool:
+        """Whether no iteration has completed yet."""
+        return self.iteration == 0
+
+    @property
+    def elapsed_time(self) -> float:
+        """Seconds since the extensions started (0.0 before that)."""
+        start = self._start_time
+        return 0.0 if start is None else time.perf_counter() - start
+
+    @property
+    def models(self) -> Mapping[str, torch.nn.Module]:
+        """The models after ``transform_model``, by name (read-only mapping).
+
+        Raises:
+            ModelStateUnavailableError: Read by an extension that did not declare
+                ``needs_model_state`` in an iteration where no such extension runs.
+        """
+        if not self._model_available:
+            self._raise_model_unavailable()
+        return self._models_view
+
+    @property
+    def raw_models(self) -> Mapping[str, torch.nn.Module]:
+        """The models as registered, without ``transform_model`` (read-only mapping)."""
+        if not self._model_available:
+            self._raise_model_unavailable()
+        return self._raw_models_view
+
+    @property
+    def optimizers(self) -> Mapping[str, torch.optim.Optimizer]:
+        """The optimizers by name (read-only mapping)."""
+        return self._optimizers_view
+
+    @property
+    def out(self) -> str:
+        """The output directory: the writer's when it has one, else ``out_dir``."""
+        out_dir = getattr(self.writer, "out_dir", None)
+        return out_dir if isinstance(out_dir, str) and out_dir else self._out
+
+    @property
+    def stop_trigger(self) -> bool:
+        """Whether training should stop now (the stop trigger fires at this iteration).
+
+        Repeated reads at the same iteration agree; the trigger itself is only consulted at
+        the iterations its ``next_check`` announces.
+        """
+        if not self._started:
+            self.start_extensions()
+        iteration = self._iteration
+        if iteration == self._public_stop_checked_at:
+            return self._public_stop_value
+        if iteration < self._public_stop_due:
+            return False
+        value = bool(self._stop_trigger(self))
+        self._public_stop_due = self._due_after(self._stop_trigger, iteration)
+        self._public_stop_checked_at = iteration
+        self._public_stop_value = value
+        return value
+
+    def _raise_model_unavailable(self) -> None:
+        raise ModelStateUnavailableError(
+            f"models cannot be read by extensions at iteration {self._iteration}: no extension "
+            "declaring needs_model_state runs in this iteration. Set `needs_model_state = True` "
+            "on the extension (or make_extension(needs_model_state=True)) that reads them."
+        )
+
+    # ----------------------------------------------------------------- registration
+
+    def extend(
+        self,
+        extension: ExtensionLike | Extension | ExtensionEntry,
+        name: str | None = None,
+        trigger: TriggerLike = None,
+        priority: int | None = None,
+        *,
+        call_before_training: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        """Registers an extension.
+
+        Options left as None come from the extension's attributes (see :class:`Extension`).
+        Names are unique: an extension registered without an explicit name under a taken name
+        is renamed ``<name>_1``, ``<name>_2``, ... (the first free ordinal, as PPE does); an
+        explicit name that is taken raises instead of silently renaming.
+
+        An extension added after the extensions started is initialized right away.
+
+        Args:
+            extension: An :class:`Extension`, a callable taking the manager, or an
+                :class:`ExtensionEntry`.
+            name: Name to register under (explicit).
+            trigger: When to run; anything ``get_trigger`` accepts.
+            priority: Invocation priority; higher runs first within an iteration.
+            call_before_training: Also run once when the extensions start.
+            **kwargs: Accepted for PPE compatibility; ignored with a warning.
+
+        Raises:
+            DuplicateExtensionError: ``name`` (or the entry's explicit name) is already taken.
+            ExtensionNameError: The name is empty or reserved (``"training"``).
+        """
+        if kwargs:
+            warnings.warn(
+                IgnoredArgumentWarning(
+                    f"extend() ignores the keyword arguments {sorted(kwargs)} (accepted for PPE "
+                    "compatibility only)"
+                ),
+                stacklevel=2,
+            )
+        entry = extension if isinstance(extension, ExtensionEntry) else ExtensionEntry(extension)
+        if trigger is not None:
+            entry._update_trigger(trigger)
+        if priority is not None:
+            entry.priority = int(priority)
+        if call_before_training:
+            entry.call_before_training = True
+
+        explicit = name is not None or entry._explicit_name
+        base = name if name is not None else entry.name
+        if explicit and base in self._entries:
+            raise DuplicateExtensionError(
+                f"an extension named {base!r} is already registered "
+                f"({type(self._entries[base].extension).__name__}); pass a different "
+                "name=... to register both"
+            )
+        unique = base
+        ordinal = 0
+        while unique in self._entries:
+            ordinal += 1
+            unique = f"{base}_{ordinal}"
+        entry._update_name(unique)
+        self._entries[unique] = entry
+        slot = _Scheduled(unique, entry)
+        # sorted() is stable: equal priorities keep registration order.
+        self._schedule = sorted([*self._schedule, slot], key=lambda s: -s.entry.priority)
+        self._invalidate_schedule()
+        if self._started and not getattr(entry.trigger, "finished", False):
+            entry.extension.initialize(self)
+
+    def get_extension(self, name: str) -> Extension:
+        """Returns the extension registered under ``name``.
+
+        Raises:
+            ExtensionNameError: No extension has that name (a ``ValueError``, as in PPE).
+        """
+        entry = self._entries.get(name)
+        if entry is None:
+            raise ExtensionNameError(
+                f"no extension named {name!r}; registered: {sorted(self._entries) or 'none'}"
+            )
+        return entry.extension
+
+    @property
+    def extensions(self) -> list[tuple[str, ExtensionEntry]]:
+        """``(name, entry)`` pairs in invocation order (descending priority)."""
+        return [(slot.name, slot.entry) for slot in self._schedule]
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def start_extensions(self) -> None:
+        """Initializes every extension, then runs those registered ``call_before_training``.
+
+        Called implicitly by the first iteration (and by reading ``iteration`` or
+        ``stop_trigger``); later calls do nothing. Extensions whose trigger reports
+        ``finished`` are not initialized.
+        """
+        if self._started:
+            return
+        self._started = True
+        if self._start_time is None:
+            self._start_time = time.perf_counter()
+        for slot in list(self._schedule):
+            if not getattr(slot.entry.trigger, "finished", False):
+                slot.entry.extension.initialize(self)
+        self.observation = {}
+        with self.reporter.scope(self.observation):
+            for slot in list(self._schedule):
+                if slot.entry.call_before_training:
+                    self._call_extension(slot)
+        self._invalidate_schedule()
+
+    def run_iteration(
+        self, *, step_optimizers: Sequence[str] | None = None
+    ) -> AbstractContextManager[None]:
+        """Returns the context manager that runs one iteration of the user's loop.
+
+        On entry the named optimizers' gradients are zeroed and a fresh observation becomes the
+        reporter's target; on normal exit the optimizers step, the iteration count grows, and
+        due extensions run. If the block or an extension raises, every extension's
+        ``on_error`` runs once, the extensions and the writer are finalized, and the original
+        exception propagates unchanged. The returned object is cached and reusable.
+
+        Args:
+            step_optimizers: Names of optimizers to ``zero_grad`` before and ``step`` after
+                the block.
+
+        Raises:
+            ConfigurationError: A name in ``step_optimizers`` is not a registered optimizer.
+        """
+        if step_optimizers is None:
+            return self._plain_context
+        names = (step_optimizers,) if isinstance(step_optimizers, str) else tuple(step_optimizers)
+        context = self._contexts.get(names)
+        if context is None:
+            unknown = [name for name in names if name not in self._optimizers]
+            if unknown:
+                raise ConfigurationError(
+                    f"step_optimizers names unknown optimizers {unknown}; registered: "
+                    f"{sorted(self._optimizers)}"
+                )
+            context = self._contexts[names] = _IterationContext(self, names)
+        return context
+
+    def _begin_iteration(self, step_optimizers: Sequence[str] = ()) -> None:
+        """Opens an iteration: the fast-path entry point for trainers (no context manager).
+
+        Starts the extensions on first use, points the reporter at a fresh observation and
+        zeroes the named optimizers' gradients. Pair with :meth:`_end_iteration` on success
+        or :meth:`_abort_iteration` on an exception.
+        """
+        if not self._ready:
+            self._prepare_first_iteration()
+        if self._scope is not None:
+            raise ManagerStateError("iterations cannot be nested: the previous one is still open")
+        observation: Observation = {}
+        self.observation = observation
+        scope = self.reporter.scope(observation)
+        scope.__enter__()
+        self._scope = scope
+        if step_optimizers:
+            try:
+                for name in step_optimizers:
+                    self._optimizers[name].zero_grad()
+            except BaseException as exc:
+                self._abort_iteration(exc)
+                raise
+
+    def _end_iteration(self, step_optimizers: Sequence[str] = ()) -> None:
+        """Closes an iteration that succeeded: the fast-path exit point for trainers.
+
+        Steps the named optimizers, increments the iteration, runs the extensions that are due
+        (a single comparison when none is) and finalizes when the stop trigger fired. On an
+        exception it runs the error handling of :meth:`_abort_iteration` and re-raises.
+        """
+        try:
+            for name in step_optimizers:
+                self._optimizers[name].step()
+            iteration = self._iteration = self._iteration + 1
+            self.execution += 1
+            if iteration >= self._next_due:
+                self._run_due_extensions(iteration)
+        except BaseException as exc:
+            self._abort_iteration(exc)
+            raise
+        scope = self._scope
+        self._scope = None
+        if scope is not None:
+            scope.__exit__(None, None, None)
+        if self._stop_reached:
+            self.finalize()
+
+    def _abort_iteration(self, exc: BaseException) -> None:
+        """Handles an exception raised inside an iteration; the caller re-raises ``exc``.
+
+        Runs every extension's ``on_error`` (once per manager), closes the reporter scope, and
+        finalizes the extensions and the writer. Failures of those handlers are reported as
+        :class:`ExtensionErrorHandlerWarning` so they never mask ``exc``.
+        """
+        self._model_available = True
+        try:
+            self._run_on_error(exc)
+        finally:
+            scope = self._scope
+            self._scope = None
+            if scope is not None:
+                scope.__exit__(type(exc), exc, exc.__traceback__)
+            self._finalize(exc)
+
+    # The name a trainer's ``except`` clause calls (the error may arise outside an iteration).
+    _on_error = _abort_iteration
+
+    def finalize(self) -> None:
+        """Finalizes the extensions (if started) and the writer; later calls do nothing.
+
+        Every finalizer runs even if one raises; the first exception is re-raised afterwards.
+        Called automatically when the stop trigger fires.
+        """
+        self._finalize(None)
+
+    def _prepare_first_iteration(self) -> None:
+        if self._finalized:
+            raise ManagerStateError(
+                "the manager is finalized (training ended or failed); create a new manager "
+                "(and load_state_dict) to train further"
+            )
+        self.start_extensions()
+        self._ready = True
+
+    def _run_on_error(self, exc: BaseException) -> None:
+        if self._on_error_called:
+            return
+        self._on_error_called = True
+        tb = exc.__traceback__
+        for slot in list(self._schedule):
+            try:
+                slot.entry.extension.on_error(self, exc, tb)
+            except Exception as handler_exc:
+                self._warn_handler_failure("on_error", slot.name, handler_exc, exc)
+
+    def _finalize(self, original: BaseException | None) -> None:
+        if self._finalized:
+            return
+        self._finalized = True
+        self._ready = False
+        failures: list[tuple[str, Exception]] = []
+        if self._started:
+            for slot in list(self._schedule):
+                try:
+                    slot.entry.extension.finalize(self)
+                except Exception as failure:
+                    failures.append((slot.name, failure))
+        if self.writer is not None:
+            try:
+                self.writer.finalize()
+            except Exception as failure:
+                failures.append(("<writer>", failure))
+        if not failures:
+            return
+        if original is None:
+            raise failures[0][1]
+        for name, error in failures:
+            self._warn_handler_failure("finalize", name, error, original)
+
+    @staticmethod
+    def _warn_handler_failure(
+        kind: str, name: str, handler_exc: Exception, original: BaseException | None
+    ) -> None:
+        during = "" if original is None else f" while handling {type(original).__name__}"
+        warnings.warn(
+            ExtensionErrorHandlerWarning(
+                f"{kind} of {name!r} raised {type(handler_exc).__name__}: {handler_exc}{during}"
+            ),
+            stacklevel=4,
+        )
+
+    # ----------------------------------------------------------------- scheduling
+
+    def _invalidate_schedule(self) -> None:
+        """Forces the next step through the slow path, which recomputes every due iteration."""
+        self._dirty = True
+        self._next_due = -1
+        self._state_due = -1
+        self._public_stop_due = -1
+        self._public_stop_checked_at = -1
+
+    def _due_after(self, trigger: Trigger, iteration: int) -> int:
+        """The first iteration after ``iteration`` at which ``trigger`` may fire."""
+        next_check = getattr(trigger, "next_check", None)
+        if next_check is None:
+            return iteration + 1
+        due = next_check(iteration, self._iters_per_epoch)
+        if due is None:
+            return iteration + 1
+        # A due at or before ``iteration`` breaks the contract; checking next step stays safe.
+        return min(int(due), _NEVER_DUE) if due > iteration else iteration + 1
+
+    def _rebuild_schedule(self, iteration: int) -> None:
+        state_due = _NEVER_DUE
+        next_due = _NEVER_DUE
+        for slot in self._schedule:
+            slot.needs_state = slot.entry.needs_model_state
+            due = slot.due = self._due_after(slot.entry.trigger, iteration)
+            next_due = min(next_due, due)
+            if slot.needs_state:
+                state_due = min(state_due, due)
+        self._internal_stop_due = self._due_after(self._internal_stop_trigger, iteration)
+        self._state_due = state_due
+        self._next_due = min(next_due, self._internal_stop_due)
+        self._dirty = False
+
+    def _run_due_extensions(self, iteration: int) -> None:
+        if self._dirty:
+            self._rebuild_schedule(iteration - 1)
+            if iteration < self._next_due:
+                return
+        self._model_available = iteration >= self._state_due
+        next_due = _NEVER_DUE
+        state_due = _NEVER_DUE
+        deferred: list[_Scheduled] = []
+        try:
+            for slot in self._schedule:
+                due = slot.due
+                if due <= iteration:
+                    trigger = slot.entry.trigger
+                    if trigger(self):
+                        # Snapshots run after every trigger of this iteration was evaluated,
+                        # so the trigger states they save already account for this iteration.
+                        if slot.entry.priority == PRIORITY_SNAPSHOT:
+                            deferred.append(slot)
+                        else:
+                            self._call_extension(slot)
+                    due = slot.due = self._due_after(trigger, iteration)
+                if due < next_due:
+                    next_due = due
+                if slot.needs_state and due < state_due:
+                    state_due = due
+            for slot in deferred:
+                self._call_extension(slot)
+        finally:
+            self._model_available = True
+        if self._internal_stop_due <= iteration:
+            if self._internal_stop_trigger(self):
+                self._stop_reached = True
+            self._internal_stop_due = self._due_after(self._internal_stop_trigger, iteration)
+        if self._dirty:
+            # An extension changed the registrations or the state: rebuild on the next step.
+            self._next_due = -1
+        else:
+            self._state_due = state_due
+            self._next_due = min(next_due, self._internal_stop_due)
+
+    def _call_extension(self, slot: _Scheduled) -> None:
+        if self._enable_profile:
+            with torch.profiler.record_function(f"ppe_core.ExtensionsManager:{slot.name}"):
+                slot.entry.extension(self)
+        else:
+            slot.entry.extension(self)
+
+    def needs_model_state(self, iteration: int | None = None) -> bool:
+        """Whether an extension declaring ``needs_model_state`` may run at ``iteration``.
+
+        Runtimes that defer work use it to make model state current only when needed.
+
+        Args:
+            iteration: Completed-iteration count to ask about; the next one by default.
+        """
+        current = self._iteration
+        if iteration is None:
+            iteration = current + 1
+        if not self._dirty and iteration == current + 1:
+            return iteration >= self._state_due
+        return any(
+            entry.needs_model_state and self._due_after(entry.trigger, iteration - 1) <= iteration
+            for entry in self._entries.values()
+        )
+
+    # ----------------------------------------------------------------- state dict
+
+    def state_dict(self, *, transform_models: TransformModel | None = None) -> dict[str, Any]:
+        """Returns the training state in PPE's layout.
+
+        The layout is ``{'_start_iteration': int, '_start_execution': int, 'models': {name:
+        state}, 'optimizers': {name: state}, 'extensions': {name: {'extension': ...,
+        'trigger': ...}}}``; it holds only tensors, numbers, strings and containers, so
+        ``torch.load(..., weights_only=True)`` reads it.
+
+        Args:
+            transform_models: ``(name, module) -> module`` whose result's state is saved;
+                the manager's ``transform_model`` by default.
+        """
+        transform = self._transform_model if transform_models is None else transform_models
+        return {
+            "_start_iteration": self._iteration,
+            "_start_execution": self.execution,
+            "models": {name: transform(name, m).state_dict() for name, m in self._models.items()},
+            "optimizers": {name: opt.state_dict() for name, opt in self._optimizers.items()},
+            "extensions": {name: entry.state_dict() for name, entry in self._entries.items()},
+        }
+
+    def load_state_dict(
+        self, to_load: Mapping[str, Any], *, transform_models: TransformModel | None = None
+    ) -> None:
+        """Restores a state from :meth:`state_dict`; works before the extensions start.
+
+        A registered extension the state has nothing for keeps its state and is reported by
+        a :class:`MissingExtensionStateWarning`; states of unregistered extensions are ignored.
+
+        Args:
+            to_load: A dictionary produced by :meth:`state_dict` (or by PPE's manager).
+            transform_models: ``(name, module) -> module`` whose result loads the state; the
+                manager's ``transform_model`` by default.
+
+        Raises:
+            StateDictKeyError: The state lacks the iteration or a registered model/optimizer.
+        """
+        transform = self._transform_model if transform_models is None else transform_models
+        model_states = self._require(to_load, "models", self._models)
+        optimizer_states = self._require(to_load, "optimizers", self._optimizers)
+        if "_start_iteration" not in to_load:
+            raise StateDictKeyError("the state has no '_start_iteration' entry")
+        for name, model in self._models.items():
+            transform(name, model).load_state_dict(model_states[name])
+        for name, optimizer in self._optimizers.items():
+            optimizer.load_state_dict(optimizer_states[name])
+        extension_states: Mapping[str, Any] = to_load.get("extensions") or {}
+        missing = []
+        for name, entry in self._entries.items():
+            if name in extension_states:
+                entry.load_state_dict(extension_states[name])
+            else:
+                missing.append(name)
+        self._iteration = int(to_load["_start_iteration"])
+        self.execution = int(to_load.get("_start_execution", self._iteration))
+        self._invalidate_schedule()
+        if missing:
+            warnings.warn(
+                MissingExtensionStateWarning(
+                    f"the loaded state has no entry for the extensions {missing}; they keep their "
+                    "current state (the state was saved without them, or under other names)"
+                ),
+                stacklevel=2,
+            )
+
+    @staticmethod
+    def _require(
+        to_load: Mapping[str, Any], key: str, registered: Iterable[str]
+    ) -> Mapping[str, Any]:
+        states = to_load.get(key)
+        if not isinstance(states, Mapping):
+            raise StateDictKeyError(f"the state has no {key!r} mapping")
+        missing = [name for name in registered if name not in states]
+        if missing:
+            raise StateDictKeyError(
+                f"the state's {key!r} lacks {missing} (it holds {sorted(states)})"
+            )
+        return states

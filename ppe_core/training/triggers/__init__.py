@@ -1,0 +1,48 @@
+"""Triggers: when extensions run and when training stops (PPE-compatible, plus ``next_check``).
+
+Every trigger answers ``trigger(manager) -> bool``. Ours also implement
+``next_check(iteration, iters_per_epoch)``, so the extensions manager calls a trigger only at
+the iterations where it can fire: an ``int`` is the next such iteration (:data:`NEVER` for
+none), ``None`` asks to be called every iteration.
+"""
+
+from __future__ import annotations
+
+from ppe_core.training.triggers._base import (
+    NEVER,
+    Trigger,
+    TriggerFunc,
+    TriggerLike,
+    TriggerTypeError,
+)
+from ppe_core.training.triggers._factory import get_trigger
+from ppe_core.training.triggers._function import FunctionTrigger
+from ppe_core.training.triggers._interval import IntervalTrigger, ManualScheduleTrigger
+from ppe_core.training.triggers._once import OnceTrigger
+from ppe_core.training.triggers._time import TimeTrigger
+from ppe_core.training.triggers._value import (
+    BestValueTrigger,
+    EarlyStoppingTrigger,
+    MaxValueTrigger,
+    MinValueTrigger,
+    MissingObservationWarning,
+)
+
+__all__ = [
+    "NEVER",
+    "BestValueTrigger",
+    "EarlyStoppingTrigger",
+    "FunctionTrigger",
+    "IntervalTrigger",
+    "ManualScheduleTrigger",
+    "MaxValueTrigger",
+    "MinValueTrigger",
+    "MissingObservationWarning",
+    "OnceTrigger",
+    "TimeTrigger",
+    "Trigger",
+    "TriggerFunc",
+    "TriggerLike",
+    "TriggerTypeError",
+    "get_trigger",
+]

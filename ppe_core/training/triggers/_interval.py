@@ -1,0 +1,181 @@
+"""Stateless schedule triggers: ``IntervalTrigger`` and ``ManualScheduleTrigger``."""
+
+from __future__ import annotations
+
+import numbers
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any
+
+from ppe_core.errors import ConfigurationError
+from ppe_core.training.triggers._base import (
+    NEVER,
+    Trigger,
+    TriggerTypeError,
+    check_amount,
+    check_unit,
+)
+
+if TYPE_CHECKING:
+    from ppe_core.training._protocols import ManagerView
+
+
+def _epoch_length(iters_per_epoch: int, owner: object) -> int:
+    if isinstance(iters_per_epoch, bool) or not isinstance(iters_per_epoch, int):
+        raise ConfigurationError(
+            f"{owner!r} counts epochs, but iters_per_epoch is {iters_per_epoch!r}, not an int; "
+            "give the manager a positive iters_per_epoch or use unit='iteration'"
+        )
+    if iters_per_epoch <= 0:
+        raise ConfigurationError(
+            f"{owner!r} counts epochs, but iters_per_epoch is {iters_per_epoch}; give the "
+            "manager a positive iters_per_epoch or use unit='iteration'"
+        )
+    return iters_per_epoch
+
+
+def _ceil_iteration(point: Fraction, scale: int) -> int:
+    """Returns the first completed-iteration count at or after ``point * scale`` iterations."""
+    return -(-point.numerator * scale // point.denominator)
+
+
+class IntervalTrigger(Trigger):
+    """Fires every ``period`` iterations or epochs.
+
+    The decision depends only on ``manager.iteration`` and the epoch length, so skipped calls,
+    resumed runs and the manager's :meth:`next_check` scheduling all agree. A fractional epoch
+    period fires once per boundary, at the first iteration that reaches it: with 5 iterations
+    per epoch, ``(0.5, 'epoch')`` fires at iterations 3, 5, 8, 10, ... (boundaries 2.5, 5, 7.5,
+    10). Should several boundaries fall within one iteration, it fires once there.
+
+    Args:
+        period: Interval length, > 0; a whole number when ``unit`` is ``'iteration'``.
+        unit: ``'iteration'`` or ``'epoch'``.
+
+    Raises:
+        TriggerTypeError: ``period`` is not a number or ``unit`` not a string.
+        ConfigurationError: ``period`` is not positive (or not whole for iterations), or
+            ``unit`` is neither ``'epoch'`` nor ``'iteration'``.
+    """
+
+    def __init__(self, period: float, unit: str) -> None:
+        self._unit = check_unit(unit, "IntervalTrigger")
+        self._ratio = check_amount(period, self._unit, "period", "IntervalTrigger")
+        self._period = period
+
+    @property
+    def period(self) -> float:
+        """The interval length as given."""
+        return self._period
+
+    @property
+    def unit(self) -> str:
+        """``'iteration'`` or ``'epoch'``."""
+        return self._unit
+
+    def _boundary(self, iters_per_epoch: int) -> tuple[int, int]:
+        # Boundary k lies at k * num / den completed iterations.
+        ratio = self._ratio
+        if self._unit == "iteration":
+            return ratio.numerator, 1
+        return ratio.numerator * _epoch_length(iters_per_epoch, self), ratio.denominator
+
+    def __call__(self, manager: ManagerView) -> bool:
+        """Returns whether a period boundary was reached by the iteration just completed."""
+        return self.may_fire(manager.iteration, manager.iters_per_epoch)
+
+    def may_fire(self, iteration: int, epoch_length: int) -> bool:
+        """Returns whether a boundary lies in ``(iteration - 1, iteration]``."""
+        if iteration <= 0:
+            return False
+        num, den = self._boundary(epoch_length)
+        return (iteration * den) // num != ((iteration - 1) * den) // num
+
+    def next_check(self, iteration: int, iters_per_epoch: int) -> int:
+        """Returns the iteration that reaches the first boundary after ``iteration``."""
+        num, den = self._boundary(iters_per_epoch)
+        k = max(iteration, 0) * den // num + 1
+        return -(-k * num // den)
+
+    def get_training_length(self) -> tuple[float, str]:
+        """Returns ``(period, unit)``; the manager reads it from a stop trigger."""
+        return self._period, self._unit
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._period!r}, {self._unit!r})"
+
+
+class ManualScheduleTrigger(Trigger):
+    """Fires once at each of the given points (iterations or epochs).
+
+    An epoch point fires at the first iteration that reaches it: ``(0.5, 'epoch')`` with 5
+    iterations per epoch fires at iteration 3 (PPE rounded down to 2, before the point).
+    Points that land on the same iteration fire once. Stateless, like :class:`IntervalTrigger`.
+
+    Args:
+        points: One point or a sequence of points, each > 0; whole numbers for iterations.
+        unit: ``'iteration'`` or ``'epoch'``.
+
+    Raises:
+        TriggerTypeError: A point is not a number, or ``unit`` is not a string.
+        ConfigurationError: A point is not positive (or not whole for iterations), or ``unit``
+            is neither ``'epoch'`` nor ``'iteration'``.
+    """
+
+    def __init__(self, points: float | Iterable[float], unit: str) -> None:
+        owner = "ManualScheduleTrigger"
+        self._unit = check_unit(unit, owner)
+        given: object = points  # validated as what callers may really pass
+        listed: list[Any]
+        if isinstance(given, numbers.Real):
+            listed = [given]
+        elif isinstance(given, Iterable) and not isinstance(given, (str, bytes)):
+            listed = list(given)
+        else:
+            raise TriggerTypeError(
+                f"{owner} points must be a number or a list of numbers, got "
+                f"{type(given).__name__} {given!r}; e.g. {owner}([10, 20], 'epoch')"
+            )
+        self._points = listed
+        self._fractions = [check_amount(p, self._unit, "point", owner) for p in listed]
+        self._cached_length: int | None = None
+        self._iterations: tuple[int, ...] = ()
+
+    @property
+    def points(self) -> list[float]:
+        """The points as given."""
+        return list(self._points)
+
+    @property
+    def unit(self) -> str:
+        """``'iteration'`` or ``'epoch'``."""
+        return self._unit
+
+    def _firing_iterations(self, iters_per_epoch: int) -> tuple[int, ...]:
+        # A cache of a pure function of the epoch length, not state: any call order agrees.
+        if iters_per_epoch != self._cached_length:
+            scale = 1 if self._unit == "iteration" else _epoch_length(iters_per_epoch, self)
+            found = {_ceil_iteration(p, scale) for p in self._fractions}
+            self._iterations = tuple(sorted(found))
+            self._cached_length = iters_per_epoch
+        return self._iterations
+
+    def __call__(self, manager: ManagerView) -> bool:
+        """Returns whether a scheduled point was reached by the iteration just completed."""
+        return self.may_fire(manager.iteration, manager.iters_per_epoch)
+
+    def may_fire(self, iteration: int, epoch_length: int) -> bool:
+        """Returns whether ``iteration`` is the first to reach one of the points."""
+        iterations = self._firing_iterations(epoch_length)
+        index = bisect_left(iterations, iteration)
+        return index < len(iterations) and iterations[index] == iteration
+
+    def next_check(self, iteration: int, iters_per_epoch: int) -> int:
+        """Returns the next scheduled iteration after ``iteration``, or :data:`NEVER`."""
+        iterations = self._firing_iterations(iters_per_epoch)
+        index = bisect_right(iterations, iteration)
+        return iterations[index] if index < len(iterations) else NEVER
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._points!r}, {self._unit!r})"
