@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +17,12 @@ import ppe_core.testing
 from ppe_core.plugins import PluginHost
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(autouse=True)
+def _run_in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run each test in its own directory: default out_dir="result" lands there."""
+    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture(autouse=True)
@@ -27,6 +35,27 @@ def plugin_host() -> Iterator[PluginHost]:
         host.register(ppe_cpu.plugin, name="ppe_cpu")
         host.register(ppe_cuda.plugin, name="ppe_cuda")
         yield host
+
+
+@pytest.fixture
+def hide_module(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
+    """Make an installed optional package look absent, to test the "install the extra" errors."""
+
+    def hide(name: str) -> None:
+        real_find_spec = importlib.util.find_spec
+
+        def find_spec(fullname: str, *args: Any, **kwargs: Any) -> Any:
+            if fullname == name or fullname.startswith(name + "."):
+                return None
+            return real_find_spec(fullname, *args, **kwargs)
+
+        monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+        for module in list(sys.modules):
+            if module == name or module.startswith(name + "."):
+                monkeypatch.delitem(sys.modules, module)
+        monkeypatch.setitem(sys.modules, name, None)  # ``import name`` raises ImportError
+
+    return hide
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,26 @@ from typing import Any
 from ppe_core.hookspecs import hookimpl
 
 #: Extension name -> "module:attribute"; imported when the registry is first filled.
-BUILTIN_EXTENSIONS: dict[str, str] = {}
+_EXT = "ppe_core.training.extensions."
+BUILTIN_EXTENSIONS: dict[str, str] = {
+    "LogReport": _EXT + "_log_report:LogReport",
+    "PrintReport": _EXT + "_print_report:PrintReport",
+    "ProgressBar": _EXT + "_progress_bar:ProgressBar",
+    "snapshot": _EXT + "_snapshot:snapshot",
+    "snapshot_object": _EXT + "_snapshot:snapshot_object",
+    "LRScheduler": _EXT + "_lr_scheduler:LRScheduler",
+    "observe_value": _EXT + "_value_observation:observe_value",
+    "observe_lr": _EXT + "_value_observation:observe_lr",
+    "FailOnNonNumber": _EXT + "_fail_on_non_number:FailOnNonNumber",
+    "BestValue": _EXT + "_best_value:BestValue",
+    "MaxValue": _EXT + "_best_value:MaxValue",
+    "MinValue": _EXT + "_best_value:MinValue",
+    "MicroAverage": _EXT + "_micro_average:MicroAverage",
+    "ParameterStatistics": _EXT + "_parameter_statistics:ParameterStatistics",
+    "PlotReport": _EXT + "_plot_report:PlotReport",
+    "ProfileReport": _EXT + "_profile_report:ProfileReport",
+    "TensorBoard": _EXT + "_tensorboard:TensorBoard",
+}
 
 
 @hookimpl

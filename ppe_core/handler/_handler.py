@@ -77,6 +77,15 @@ class Handler(BaseHandler):
             options.pop("eval_report_keys", None), "eval_report_keys"
         )
 
+    @property
+    def runtimes(self) -> list[BaseRuntime]:
+        """The distinct runtimes found for the models (after setup)."""
+        unique: list[BaseRuntime] = []
+        for _, runtime in self._runtimes:
+            if all(runtime is not seen for seen in unique):
+                unique.append(runtime)
+        return unique
+
     # Runtime discovery ----------------------------------------------------------------------
     def _setup_runtimes(self, models: Mapping[str, torch.nn.Module]) -> None:
         found: list[tuple[torch.nn.Module, BaseRuntime]] = []

@@ -112,6 +112,17 @@ class BaseRuntime:
     ) -> None:
         """Called after every evaluation step."""
 
+    # Reproducibility ------------------------------------------------------------------------
+    def rng_state(self) -> Any:
+        """The device's RNG state for snapshots (``None``: the device has none of its own).
+
+        Must be loadable with ``torch.load(weights_only=True)`` (tensors and plain types).
+        """
+        return None
+
+    def set_rng_state(self, state: Any) -> None:
+        """Restore a state returned by :meth:`rng_state` when resuming."""
+
     # Execution ------------------------------------------------------------------------------
     def execute(self, code_block: Callable[[Any], _T], batch: Any) -> _T:
         """Run one step's code on this device; devices that compile or stage work override it."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -118,9 +120,41 @@ class Evaluator:
 
 
 def _make_bar(total: int) -> Any:
-    from tqdm.auto import tqdm  # imported when used: keeps ``import ppe_core`` cheap
+    """A tqdm bar on a terminal or in Jupyter; one plain summary line anywhere else."""
+    out = sys.stdout
+    if _is_interactive(out):
+        from tqdm.auto import tqdm  # imported when used: keeps ``import ppe_core`` cheap
 
-    return tqdm(total=total, desc="validation", unit="it", leave=False)
+        return tqdm(total=total, desc="validation", unit="batch", leave=False, file=out)
+    return _PlainBar(total, out)
+
+
+def _is_interactive(out: Any) -> bool:
+    from ppe_core.training.extensions._util import in_notebook, is_terminal
+
+    return is_terminal(out) or (in_notebook() and out is sys.stdout)
+
+
+class _PlainBar:
+    """For logs and pipes: no cursor control, a single line when the pass ends."""
+
+    def __init__(self, total: int, out: Any) -> None:
+        self._total = total
+        self._done = 0
+        self._out = out
+        self._start = time.perf_counter()
+
+    def update(self, n: int) -> None:
+        self._done += n
+
+    def close(self) -> None:
+        seconds = time.perf_counter() - self._start
+        rate = self._done / seconds if seconds > 0 else float("inf")
+        print(
+            f"validation: {self._done}/{self._total} batches in {seconds:.2f}s ({rate:.1f} it/s)",
+            file=self._out,
+            flush=True,
+        )
 
 
 def _all_reduce_mean(means: dict[str, float]) -> dict[str, float]:

@@ -10,6 +10,7 @@ import torch
 from ppe_core.errors import ConfigurationError
 from ppe_core.training._evaluator import Evaluator, loader_length
 from ppe_core.training._extension import PRIORITY_WRITER, Extension
+from ppe_core.training._resume import TrainerState
 from ppe_core.training.triggers import get_trigger
 
 if TYPE_CHECKING:
@@ -102,6 +103,7 @@ class Trainer:
         self._transform_model = transform_model
         self._profile = profile
         self._manager: ExtensionsManager | None = None
+        self._state = TrainerState(lambda: self.handler.runtimes)
         self._pending_state: dict[str, Any] | None = None
         self._val_loader: Iterable[Any] | None = None
         self._eval_len: int | None = None
@@ -199,6 +201,7 @@ class Trainer:
             )
         for extension, kwargs in self._extensions:
             manager.extend(extension, **kwargs)
+        manager.extend(self._state, name="_trainer_state")
         if self._pending_state is not None:
             manager.load_state_dict(self._pending_state)
             self._pending_state = None
@@ -252,9 +255,9 @@ class Trainer:
             while not _should_stop(manager):
                 start = manager.iteration % iters_per_epoch  # > 0 when resuming mid-epoch
                 handler.train_epoch_begin(self, train_loader)
-                batches = iter(train_loader)
-                for _ in range(start):  # keep the epoch's sample order on resume
-                    next(batches)
+                # On resume: the interrupted epoch's order, consumed batches skipped, RNGs
+                # restored; otherwise a plain iter() with the epoch-start RNG states recorded.
+                batches = self._state.start_epoch(train_loader, start)
                 for batch_idx, batch in zip(range(start, iters_per_epoch), batches, strict=False):
                     manager._begin_iteration()
                     handler.train_step(self, batch_idx, batch)

@@ -30,6 +30,13 @@ class CUDARuntime(PyTorchRuntime):
         _require_cuda(device_spec)
         super().__init__(device_spec, options)
 
+    def rng_state(self) -> torch.Tensor:
+        """This device's CUDA RNG state, saved in snapshots for bit-exact resume."""
+        return torch.cuda.get_rng_state(self.device)
+
+    def set_rng_state(self, state: Any) -> None:
+        torch.cuda.set_rng_state(state, self.device)
+
 
 def _require_cuda(device_spec: DeviceLike) -> None:
     if not torch.cuda.is_available():

@@ -1,0 +1,234 @@
+"""What a snapshot needs beyond weights to resume bit-exactly: RNG states and epoch order."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+from typing import Any
+
+import torch
+
+from ppe_core.training._extension import Extension
+from ppe_core.training.triggers import NEVER, Trigger
+
+__all__ = ["TrainerState"]
+
+
+class _Never(Trigger):
+    """The state extension is never called; it only rides along in ``state_dict``."""
+
+    def __call__(self, manager: Any) -> bool:
+        return False
+
+    def next_check(self, iteration: int, iters_per_epoch: int) -> int:
+        return NEVER
+
+    def may_fire(self, iteration: int, epoch_length: int) -> bool:
+        return False
+
+
+def _numpy_state() -> dict[str, Any] | None:
+    try:
+        import numpy as np
+    except ImportError:
+        return None
+    state: Any = np.random.get_state()
+    name, keys, pos, has_gauss, gauss = state
+    # Plain types and a tensor only, so the snapshot loads with weights_only=True.
+    return {
+        "name": str(name),
+        "keys": torch.from_numpy(keys.astype("int64")),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "gauss": float(gauss),
+    }
+
+
+def _set_numpy_state(state: dict[str, Any] | None) -> None:
+    if state is None:
+        return
+    import numpy as np
+
+    keys = state["keys"].numpy().astype(np.uint32)
+    np.random.set_state((state["name"], keys, state["pos"], state["has_gauss"], state["gauss"]))
+
+
+def _python_state() -> list[Any]:
+    version, internal, gauss = random.getstate()
+    return [version, list(internal), gauss]
+
+
+def _set_python_state(state: list[Any]) -> None:
+    version, internal, gauss = state
+    random.setstate((version, tuple(internal), gauss))
+
+
+def _loader_generators(loader: Iterable[Any]) -> list[torch.Generator]:
+    """Generators that decide a loader's order: its own and its samplers' (deduplicated)."""
+    found: list[torch.Generator] = []
+    for owner in (
+        loader,
+        getattr(loader, "sampler", None),
+        getattr(getattr(loader, "batch_sampler", None), "sampler", None),
+    ):
+        generator = getattr(owner, "generator", None)
+        if isinstance(generator, torch.Generator) and all(g is not generator for g in found):
+            found.append(generator)
+    return found
+
+
+class TrainerState(Extension):
+    """Carries RNG states and the epoch's order-deciding state through snapshots.
+
+    The Trainer registers it under ``"_trainer_state"``. At each epoch start it records the
+    RNG states that decide the loader's order; ``state_dict`` adds the current states of the
+    torch, numpy and Python generators, the loader's generators and every runtime (device
+    RNGs). On resume the trainer rebuilds the interrupted epoch from the epoch-start states
+    (same sample order), skips the consumed batches, then restores the current states.
+
+    Args:
+        runtimes: Returns the runtimes whose device RNG states are saved.
+    """
+
+    priority = -(10**9)  # never called
+
+    def __init__(self, runtimes: Callable[[], list[Any]]) -> None:
+        self.trigger = _Never()
+        self._runtimes = runtimes
+        self._epoch_start: dict[str, Any] | None = None
+        self.loader: Iterable[Any] = ()
+        self.pending: dict[str, Any] | None = None  # loaded, applied at the next epoch start
+
+    def __call__(self, manager: Any) -> None:  # pragma: no cover - its trigger never fires
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "torch": torch.get_rng_state(),
+            "numpy": _numpy_state(),
+            "python": _python_state(),
+            "devices": [runtime.rng_state() for runtime in self._runtimes()],
+            "loader": [g.get_state() for g in _loader_generators(self.loader)],
+            "epoch_start": self._epoch_start,
+        }
+
+    def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
+        self.pending = dict(to_load)
+
+    def start_epoch(self, loader: Iterable[Any], skip: int) -> Iterator[Any]:
+        """An iterator over the epoch from batch ``skip``, with RNG states as in the original.
+
+        Without loaded state this records the epoch-start states and starts the epoch.
+        """
+        self.loader = loader
+        state, self.pending = self.pending, None
+        if state is not None and skip == 0:
+            # Saved at an epoch boundary: the states then are the next epoch's start states.
+            self._restore_current(state, loader)
+            state = None
+        if state is None or state.get("epoch_start") is None:
+            self._record_epoch_start(loader)
+            batches = _skip(loader, skip)
+            if state is not None:
+                self._restore_current(state, loader)
+            return batches
+        epoch_start = state["epoch_start"]
+        torch.set_rng_state(epoch_start["torch"])
+        for generator, saved in zip(
+            _loader_generators(loader), epoch_start["loader"], strict=False
+        ):
+            generator.set_state(saved)
+        self._epoch_start = epoch_start
+        batches = _skip(loader, skip)  # draws the epoch's order exactly as the original did
+        self._restore_current(state, loader)
+        return batches
+
+    def _record_epoch_start(self, loader: Iterable[Any]) -> None:
+        self._epoch_start = {
+            "torch": torch.get_rng_state(),
+            "loader": [g.get_state() for g in _loader_generators(loader)],
+        }
+
+    def _restore_current(self, state: dict[str, Any], loader: Iterable[Any]) -> None:
+        torch.set_rng_state(state["torch"])
+        _set_numpy_state(state.get("numpy"))
+        _set_python_state(state["python"])
+        for runtime, saved in zip(self._runtimes(), state.get("devices") or [], strict=False):
+            if saved is not None:
+                runtime.set_rng_state(saved)
+        for generator, saved in zip(
+            _loader_generators(loader), state.get("loader") or [], strict=False
+        ):
+            generator.set_state(saved)
+
+
+class _SkipFirst(torch.utils.data.Sampler[list[int]]):
+    """A batch sampler that drops the first ``n`` batches without loading them.
+
+    :meth:`prime` draws the skipped indices; the trainer calls it right after creating the
+    loader's iterator so random draws happen in the same order as in an uninterrupted epoch
+    (the loader's base seed first, then the sampler's).
+    """
+
+    def __init__(self, batch_sampler: Iterable[list[int]], n: int) -> None:
+        self._batch_sampler = batch_sampler
+        self._n = n
+        self._primed: Iterator[list[int]] | None = None
+
+    def prime(self) -> None:
+        if self._primed is None:
+            batches = iter(self._batch_sampler)
+            for _ in range(self._n):
+                next(batches, None)
+            self._primed = batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        self.prime()
+        batches, self._primed = self._primed, None
+        assert batches is not None
+        yield from batches
+
+    def __len__(self) -> int:
+        total = len(self._batch_sampler) if isinstance(self._batch_sampler, Sized) else 0
+        return max(0, total - self._n)
+
+
+def _skip(loader: Iterable[Any], n: int) -> Iterator[Any]:
+    """Iterate ``loader`` from batch ``n``, skipping at the sampler level when possible.
+
+    For a map-style ``DataLoader`` the consumed batches' indices are drawn (so the order is
+    the same) but their samples are never loaded; other iterables are advanced by reading.
+    """
+    if n and isinstance(loader, torch.utils.data.DataLoader) and loader.batch_sampler is not None:
+        sampler = _SkipFirst(loader.batch_sampler, n)
+        clone = _clone_with_batch_sampler(loader, sampler)
+        if clone is not None:
+            clone_batches = iter(clone)
+            sampler.prime()
+            return clone_batches
+    batches = iter(loader)
+    for _ in range(n):
+        next(batches)
+    return batches
+
+
+def _clone_with_batch_sampler(
+    loader: torch.utils.data.DataLoader[Any], batch_sampler: _SkipFirst
+) -> torch.utils.data.DataLoader[Any] | None:
+    kwargs: dict[str, Any] = {
+        "batch_sampler": batch_sampler,
+        "num_workers": loader.num_workers,
+        "collate_fn": loader.collate_fn,
+        "pin_memory": loader.pin_memory,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "multiprocessing_context": loader.multiprocessing_context,
+        "generator": loader.generator,
+        "persistent_workers": loader.persistent_workers,
+    }
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    try:
+        return torch.utils.data.DataLoader(loader.dataset, **kwargs)
+    except (TypeError, ValueError):  # an unusual subclass: fall back to reading the batches
+        return None

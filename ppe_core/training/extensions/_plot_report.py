@@ -1,0 +1,275 @@
+"""PlotReport: plots reported values against the iteration or epoch into an image file."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from typing import IO, TYPE_CHECKING, Any, Protocol
+
+from ppe_core.errors import ConfigurationError, PPEWarning
+from ppe_core.reporting import DictSummary
+from ppe_core.training._extension import Extension
+from ppe_core.training.extensions._util import EveryIteration, OptionalDependencyError
+from ppe_core.training.triggers import Trigger, get_trigger
+
+if TYPE_CHECKING:
+    from ppe_core.training._protocols import ManagerView
+    from ppe_core.training.triggers import TriggerLike
+
+__all__ = [
+    "DueCheck",
+    "NoPlotDataWarning",
+    "PlotReport",
+    "SaveFun",
+    "WriterLike",
+    "missing_extra_error",
+    "write_file",
+]
+
+#: ``savefun(target, file_object)``: what writers call to serialize a target.
+SaveFun = Callable[[Any, IO[bytes]], object]
+
+
+class NoPlotDataWarning(PPEWarning):
+    """PlotReport had no value of any of its keys to plot, so it wrote no file."""
+
+
+# Helpers shared with ProfileReport, TensorBoard and MicroAverage ------------------------------
+
+
+class WriterLike(Protocol):
+    """A ``ppe_core.writing`` writer, as the extensions call it."""
+
+    def __call__(
+        self,
+        filename: str,
+        out_dir: str,
+        target: Any,
+        *,
+        savefun: SaveFun | None = None,
+        append: bool = False,
+    ) -> None: ...
+
+    def finalize(self) -> None: ...
+
+
+def missing_extra_error(feature: str, package: str, extra: str) -> OptionalDependencyError:
+    """Builds the error raised when ``feature`` needs the uninstalled ``package``."""
+    return OptionalDependencyError(
+        f"{feature} needs {package}, which is not installed. Install it with "
+        f"`pip install 'ppe-core[{extra}]'` (or `pip install {package}`)."
+    )
+
+
+def write_file(
+    manager: ManagerView,
+    writer: WriterLike | None,
+    filename: str,
+    target: Any,
+    savefun: SaveFun,
+    *,
+    append: bool = False,
+) -> None:
+    """Saves ``target`` as ``filename`` under ``manager.out`` through a writer.
+
+    Uses ``writer`` when given, else the manager's writer, else a ``SimpleWriter`` (which
+    replaces files atomically) in this thread.
+    """
+    chosen = writer if writer is not None else getattr(manager, "writer", None)
+    if chosen is None:
+        from ppe_core.writing import SimpleWriter
+
+        chosen = SimpleWriter()
+    chosen(filename, manager.out, target, savefun=savefun, append=append)
+
+
+class DueCheck:
+    """Consults a trigger only at the iterations its ``next_check`` announces.
+
+    For extensions that run every iteration (to accumulate values) but act on an inner
+    trigger: the trigger sees the same calls it would get from the manager.
+
+    Args:
+        trigger: The inner trigger.
+    """
+
+    def __init__(self, trigger: Trigger) -> None:
+        self.trigger = trigger
+        self._due = -1
+        self._last = -1
+
+    def __call__(self, manager: ManagerView) -> bool:
+        """Returns whether the trigger fires at ``manager.iteration``."""
+        iteration = manager.iteration
+        if iteration <= self._last:  # the iteration was reset (e.g. a loaded state)
+            self._due = -1
+        self._last = iteration
+        if iteration < self._due:
+            return False
+        trigger = self.trigger
+        if self._due < 0:
+            self._due = self._after(
+                trigger.next_check(iteration - 1, manager.iters_per_epoch), iteration - 1
+            )
+            if iteration < self._due:
+                return False
+        fired = bool(trigger(manager))
+        self._due = self._after(trigger.next_check(iteration, manager.iters_per_epoch), iteration)
+        return fired
+
+    @staticmethod
+    def _after(due: int | None, iteration: int) -> int:
+        return iteration + 1 if due is None or due <= iteration else due
+
+
+def _save_figure(target: tuple[Any, Any, str], file_obj: IO[bytes]) -> None:
+    figure, legend, image_format = target
+    figure.savefig(file_obj, format=image_format, bbox_extra_artists=(legend,), bbox_inches="tight")
+
+
+class PlotReport(Extension):
+    """Plots the mean of reported values over each interval and saves the figure.
+
+    Every iteration it adds the values of ``y_keys`` in the observation to a running summary
+    (tensors stay on the device); when ``trigger`` fires it appends the means as new points,
+    redraws the whole figure and saves it under the output directory through the manager's
+    writer. It therefore runs every iteration, like ``LogReport``.
+
+    Figures are drawn with ``matplotlib.figure.Figure``, without pyplot, so no GUI backend is
+    needed and ``matplotlib.use`` is not required. matplotlib is an optional dependency:
+    ``pip install 'ppe-core[plot]'``.
+
+    Args:
+        y_keys: Key or keys of the values to plot (one line each).
+        x_key: ``'iteration'``, ``'epoch'``, ``'elapsed_time'`` or a reported key.
+        trigger: When to add points and save the figure; once per epoch by default. This is
+            not the extension's own trigger, which fires every iteration.
+        postprocess: ``postprocess(figure, axes, summary)`` called before saving, to edit the
+            figure (``summary`` is the interval's ``DictSummary``).
+        filename: Image file name under the output directory; its extension selects the
+            format. ``'plot.png'`` by default.
+        marker: Marker of the points; ``None`` draws lines only.
+        grid: Whether to draw the grid.
+        file_name: PPE's former name of ``filename``.
+        writer: Writer to save through instead of the manager's.
+
+    Raises:
+        OptionalDependencyError: matplotlib is not installed.
+    """
+
+    def __init__(
+        self,
+        y_keys: str | Iterable[str],
+        x_key: str = "iteration",
+        trigger: TriggerLike = (1, "epoch"),
+        postprocess: Callable[[Any, Any, DictSummary], object] | None = None,
+        filename: str | None = None,
+        marker: str | None = "x",
+        grid: bool = True,
+        *,
+        file_name: str | None = None,
+        writer: WriterLike | None = None,
+    ) -> None:
+        if not self.available():
+            raise missing_extra_error("PlotReport", "matplotlib", "plot")
+        if filename is None:
+            filename = "plot.png" if file_name is None else file_name
+        self._y_keys = (y_keys,) if isinstance(y_keys, str) else tuple(y_keys)
+        if not self._y_keys:
+            raise ConfigurationError("PlotReport needs at least one key in y_keys")
+        self.trigger = EveryIteration()  # it must see every iteration's values
+        self._x_key = x_key
+        self._trigger = DueCheck(get_trigger(trigger))
+        self._postprocess = postprocess
+        self._filename = filename
+        self._format = os.path.splitext(filename)[1].lstrip(".").lower() or "png"
+        self._marker = marker
+        self._grid = grid
+        self._writer = writer
+        # The x value of a reported key must be averaged over the interval like the y values.
+        self._summary_keys = self._y_keys + (
+            () if x_key in ("iteration", "epoch", "elapsed_time") else (x_key,)
+        )
+        self._summary = DictSummary()
+        self._data: dict[str, list[tuple[float, float]]] = {key: [] for key in self._y_keys}
+
+    @classmethod
+    def available(cls) -> bool:
+        """Returns whether matplotlib can be imported."""
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
+    @property
+    def data(self) -> dict[str, list[tuple[float, float]]]:
+        """The plotted points: ``{y_key: [(x, y), ...]}`` (a copy)."""
+        return {key: list(points) for key, points in self._data.items()}
+
+    def __call__(self, manager: ManagerView) -> None:
+        """Accumulates this iteration's values; plots and saves when the trigger fires."""
+        observation = manager.observation
+        self._summary.add({k: observation[k] for k in self._summary_keys if k in observation})
+        if not (manager.is_before_training or self._trigger(manager)):
+            return
+        summary, self._summary = self._summary, DictSummary()
+        means = summary.compute_mean()
+        point: dict[str, float] = dict(means)
+        point["epoch"] = manager.epoch
+        point["iteration"] = manager.iteration
+        point["elapsed_time"] = manager.elapsed_time
+        x = point.get(self._x_key)
+        if x is not None:
+            for key in self._y_keys:
+                if key in means:
+                    self._data[key].append((float(x), means[key]))
+        self._plot(manager, summary)
+
+    def _plot(self, manager: ManagerView, summary: DictSummary) -> None:
+        from matplotlib.figure import Figure
+
+        figure = Figure()
+        axes = figure.add_subplot(111)
+        axes.set_xlabel(self._x_key)
+        if self._grid:
+            axes.grid()
+        for key in self._y_keys:
+            points = self._data[key]
+            if points:
+                xs = [x for x, _ in points]
+                ys = [y for _, y in points]
+                axes.plot(xs, ys, marker=self._marker, label=key)
+        if not axes.has_data():
+            warnings.warn(
+                NoPlotDataWarning(
+                    f"PlotReport found no values for {list(self._y_keys)} at iteration "
+                    f"{manager.iteration}; {self._filename} was not written. Check the keys."
+                ),
+                stacklevel=3,
+            )
+            return
+        if self._postprocess is not None:
+            self._postprocess(figure, axes, summary)
+        legend = axes.legend(bbox_to_anchor=(1.05, 1), loc=2, borderaxespad=0.0)
+        write_file(
+            manager, self._writer, self._filename, (figure, legend, self._format), _save_figure
+        )
+
+    def finalize(self, manager: ManagerView) -> None:
+        """Finalizes the writer given to this extension (the manager finalizes its own)."""
+        if self._writer is not None:
+            self._writer.finalize()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Returns the plotted points as a JSON string (PPE's layout)."""
+        return {f"_plot_{self._filename}": json.dumps(self._data)}
+
+    def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
+        """Restores the plotted points from :meth:`state_dict`."""
+        loaded = json.loads(to_load[f"_plot_{self._filename}"])
+        self._data = {
+            key: [(float(x), float(y)) for x, y in loaded.get(key, [])] for key in self._y_keys
+        }

@@ -1,0 +1,246 @@
+"""``PrintReport``: prints LogReport's entries as a fixed-width table."""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Any
+
+from ppe_core.errors import ConfigurationError
+from ppe_core.training._extension import PRIORITY_READER, Extension
+from ppe_core.training.extensions._log_report import LogReport
+from ppe_core.training.extensions._util import is_terminal
+from ppe_core.training.triggers import Trigger
+
+if TYPE_CHECKING:
+    from ppe_core.training._protocols import ManagerView
+
+__all__ = ["PrintReport"]
+
+# Narrowest column, as in PPE; wider names widen their column.
+_MIN_WIDTH = 10
+
+
+def _column_order(seen: Sequence[str], unit: str) -> list[str]:
+    """Orders inferred columns as PPE does: the trigger's unit first, elapsed_time last.
+
+    With an epoch trigger the ``iteration`` column is left out (and ``epoch`` with an
+    iteration trigger), which keeps the table narrow.
+    """
+    rest = [key for key in seen if key not in ("epoch", "iteration", "elapsed_time")]
+    head = [unit] if unit in seen else []
+    tail = ["elapsed_time"] if "elapsed_time" in seen else []
+    return head + rest + tail
+
+
+def _format_cell(value: Any, width: int) -> str:
+    if isinstance(value, bool):
+        return f"{value!s:<{width}}  "
+    if isinstance(value, numbers.Integral):
+        return f"{int(value):<{width}d}  "
+    if isinstance(value, numbers.Real):
+        return f"{float(value):<{width}g}  "
+    return f"{value!s:<{width}}  "
+
+
+class _NewEntriesTrigger(Trigger):
+    """PrintReport's default trigger: fires when its LogReport has entries not yet printed.
+
+    ``next_check`` forwards the LogReport trigger's schedule, so the manager only consults
+    it at the iterations where an entry can appear.
+    """
+
+    def __init__(self, owner: PrintReport) -> None:
+        self._owner = owner
+
+    def __call__(self, manager: ManagerView) -> bool:
+        return self._owner._has_work(manager)
+
+    def next_check(self, iteration: int, iters_per_epoch: int) -> int | None:
+        source = self._owner._resolved
+        if source is None or self._owner._feeds_log_report:
+            return iteration + 1
+        return source._trigger.next_check(iteration, iters_per_epoch)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class PrintReport(Extension):
+    """Prints each new LogReport entry as one row of a fixed-width table.
+
+    The header is printed before the first row (and again when new columns appear). Columns
+    are ``max(len(name), 10)`` characters wide and separated by two spaces; floats use the
+    ``g`` format. The extension is only consulted when its LogReport can have written an
+    entry, so it costs nothing per iteration.
+
+    Args:
+        entries: Names of the values to print, in order; when None, every key the log has
+            shown so far, ordered as PPE does (the LogReport's trigger unit first,
+            ``elapsed_time`` last).
+        log_report: Name of the registered :class:`LogReport` to read, or a LogReport
+            instance that this extension feeds itself (then it runs every iteration).
+        out: Text stream to print to; ``sys.stdout`` (at construction time) when None.
+
+    Example::
+
+        manager.extend(LogReport())
+        manager.extend(PrintReport(["epoch", "main/loss", "val/loss", "elapsed_time"]))
+    """
+
+    # Just below LogReport's priority: a row is printed in the iteration its entry appears,
+    # whatever the registration order.
+    priority = PRIORITY_READER - 1
+
+    def __init__(
+        self,
+        entries: Sequence[str] | None = None,
+        log_report: str | LogReport = "LogReport",
+        out: IO[str] | None = None,
+    ) -> None:
+        if not isinstance(log_report, (str, LogReport)):
+            raise ConfigurationError(
+                "PrintReport log_report must be the name of a registered LogReport or a "
+                f"LogReport instance, got {type(log_report).__name__}"
+            )
+        self.trigger = _NewEntriesTrigger(self)
+        self._infer = entries is None
+        self._columns: list[str] = [] if entries is None else list(entries)
+        self._seen: list[str] = []
+        self._log_report = log_report
+        self._feeds_log_report = isinstance(log_report, LogReport)
+        self._resolved: LogReport | None = log_report if isinstance(log_report, LogReport) else None
+        self._out: IO[str] = sys.stdout if out is None else out
+        # Number of log entries already printed (or skipped); restored from snapshots.
+        self._printed = 0
+        self._restored = False
+        self._header_due = True
+
+    def _resolve(self, manager: ManagerView) -> LogReport:
+        if self._resolved is not None:
+            return self._resolved
+        get_extension = getattr(manager, "get_extension", None)
+        if get_extension is None:
+            raise ConfigurationError(
+                "PrintReport needs a manager with get_extension() to find the LogReport "
+                f"{self._log_report!r}; pass the LogReport instance instead"
+            )
+        extension = get_extension(self._log_report)
+        if not isinstance(extension, LogReport):
+            raise ConfigurationError(
+                f"PrintReport log_report {self._log_report!r} names a "
+                f"{type(extension).__name__}, not a LogReport"
+            )
+        self._resolved = extension
+        return extension
+
+    def initialize(self, manager: ManagerView) -> None:
+        """Finds the LogReport; entries it already holds (from earlier runs) are not printed."""
+        log_report = self._resolve(manager)
+        if not self._restored:
+            self._printed = len(log_report._log)
+
+    def _has_work(self, manager: ManagerView) -> bool:
+        if self._feeds_log_report:
+            return True
+        return len(self._resolve(manager)._log) > self._printed
+
+    def __call__(self, manager: ManagerView) -> None:
+        """Prints the LogReport entries that appeared since the last call."""
+        log_report = self._resolve(manager)
+        if self._feeds_log_report:
+            log_report(manager)
+        self._print_new(log_report)
+
+    def finalize(self, manager: ManagerView) -> None:
+        """Prints entries that are still unprinted (e.g. emitted after the last call)."""
+        if self._resolved is not None:
+            self._print_new(self._resolved)
+
+    def _print_new(self, log_report: LogReport) -> None:
+        log = log_report._log
+        if len(log) <= self._printed:
+            return
+        new = log[self._printed :]
+        self._printed = len(log)
+        if self._infer:
+            self._update_columns(new, log_report)
+        with self._external_write():
+            out = self._out
+            if self._header_due:
+                out.write(self._header())
+                self._header_due = False
+            for entry in new:
+                out.write(self._row(entry))
+            flush = getattr(out, "flush", None)
+            if flush is not None:
+                flush()
+
+    def _update_columns(self, new: Sequence[Mapping[str, Any]], log_report: LogReport) -> None:
+        seen = self._seen
+        grew = False
+        for entry in new:
+            for key in entry:
+                if key not in seen:
+                    seen.append(key)
+                    grew = True
+        if grew:
+            unit = getattr(log_report._trigger, "unit", "epoch")
+            columns = _column_order(seen, unit if unit in ("epoch", "iteration") else "epoch")
+            if columns != self._columns:
+                self._columns = columns
+                self._header_due = True
+
+    def _header(self) -> str:
+        return "  ".join(f"{name:{max(_MIN_WIDTH, len(name))}}" for name in self._columns) + "\n"
+
+    def _row(self, entry: Mapping[str, Any]) -> str:
+        cells = []
+        for name in self._columns:
+            width = max(_MIN_WIDTH, len(name))
+            if name in entry:
+                cells.append(_format_cell(entry[name], width))
+            else:
+                cells.append(" " * (width + 2))
+        return "".join(cells) + "\n"
+
+    @contextlib.contextmanager
+    def _external_write(self) -> Iterator[None]:
+        # A tqdm bar on the same terminal is cleared and redrawn around the rows, so rows and
+        # bar do not overwrite each other. tqdm is only consulted if something imported it.
+        tqdm_module = sys.modules.get("tqdm")
+        if tqdm_module is None or not is_terminal(self._out):
+            yield
+            return
+        with tqdm_module.tqdm.external_write_mode(file=self._out):
+            yield
+
+    def state_dict(self) -> dict[str, Any]:
+        """Returns how many log entries were printed and the inferred columns.
+
+        A resumed run therefore prints only rows it has not printed before (and its header
+        once, since the output stream is new). A LogReport instance passed as ``log_report``
+        is saved here too, as in PPE.
+        """
+        state: dict[str, Any] = {
+            "_printed": self._printed,
+            "_columns": list(self._columns),
+            "_seen": list(self._seen),
+        }
+        if isinstance(self._log_report, LogReport):
+            state["_log_report"] = self._log_report.state_dict()
+        return state
+
+    def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
+        """Restores :meth:`state_dict`'s output (PPE's, which may be empty, is accepted)."""
+        if isinstance(self._log_report, LogReport) and "_log_report" in to_load:
+            self._log_report.load_state_dict(to_load["_log_report"])
+        if "_printed" in to_load:
+            self._printed = int(to_load["_printed"])
+            self._restored = True
+        if self._infer and "_columns" in to_load:
+            self._columns = [str(name) for name in to_load["_columns"]]
+            self._seen = [str(name) for name in to_load.get("_seen", self._columns)]
+        self._header_due = True

@@ -1,0 +1,219 @@
+"""ProfileReport and TimeSummary: time tagged code sections and log their statistics."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ppe_core.errors import ConfigurationError
+from ppe_core.reporting import DictSummary
+from ppe_core.training._extension import Extension
+from ppe_core.training.extensions._log_report import LOG_FORMATS, _LogSaver
+from ppe_core.training.extensions._plot_report import WriterLike, missing_extra_error, write_file
+from ppe_core.training.triggers import get_trigger
+
+if TYPE_CHECKING:
+    from ppe_core.training._protocols import ManagerView
+    from ppe_core.training.triggers import TriggerLike
+
+__all__ = ["ProfileReport", "TimeSummary", "get_time_summary"]
+
+
+class TimeSummary:
+    """Collects durations of tagged code sections, per tag, until they are summarized.
+
+    Thread-safe. Durations are host wall-clock seconds: on accelerators that run
+    asynchronously, a section measures the time to issue its work unless it synchronizes.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._summary = DictSummary()
+
+    def add(self, tag: str, seconds: float) -> None:
+        """Records one duration of ``tag`` measured elsewhere.
+
+        Args:
+            tag: The section's name.
+            seconds: Its duration.
+        """
+        with self._lock:
+            self._summary.add({tag: seconds})
+
+    @contextlib.contextmanager
+    def report(self, tag: str) -> Iterator[None]:
+        """Times the ``with`` block under ``tag`` (also when it raises).
+
+        The block is also a ``torch.profiler.record_function`` range named ``tag``, so it
+        shows up in ``torch.profiler`` traces under the same name.
+
+        Args:
+            tag: The section's name, e.g. ``'forward'``.
+        """
+        with torch.profiler.record_function(tag):
+            start = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.add(tag, time.perf_counter() - start)
+
+    @contextlib.contextmanager
+    def summary(self, clear: bool = False) -> Iterator[DictSummary]:
+        """Holds the lock and yields the summary of the durations recorded so far.
+
+        Args:
+            clear: Start a new, empty summary when the block ends.
+        """
+        with self._lock:
+            try:
+                yield self._summary
+            finally:
+                if clear:
+                    self._summary = DictSummary()
+
+
+_time_summaries: dict[int, TimeSummary] = {}
+_time_summaries_lock = threading.Lock()
+
+
+def get_time_summary() -> TimeSummary:
+    """Returns this process's :class:`TimeSummary` (a forked worker gets its own)."""
+    pid = os.getpid()
+    with _time_summaries_lock:
+        summary = _time_summaries.get(pid)
+        if summary is None:
+            summary = _time_summaries[pid] = TimeSummary()
+        return summary
+
+
+class ProfileReport(Extension):
+    """Logs statistics of the durations recorded with :meth:`TimeSummary.report`.
+
+    Time sections with ``get_time_summary().report(tag)``. When the trigger fires, the
+    extension takes the mean and standard deviation of every tag's durations recorded since
+    the previous time (keys ``tag`` and ``tag.std``), appends them with ``epoch``,
+    ``iteration`` and ``elapsed_time`` to its log, writes the log to ``filename`` through the
+    writer, and reports the tags in ``report_keys`` as ``time.<tag>``. It runs only when the
+    trigger fires.
+
+    Args:
+        store_keys: Tags to store in the log (with their ``.std``); every tag when None.
+        report_keys: Tags whose mean is reported as ``time.<tag>``; none when None.
+        trigger: When to summarize and write; once per epoch by default.
+        filename: Log file name under the output directory (``'log'`` when None); a format
+            string filled with the entry, e.g. ``'profile_{iteration}'``.
+        append: Append each new entry to the file instead of rewriting it (``json-lines`` and
+            ``yaml``); the extension then keeps no entries in memory.
+        format: ``'json'``, ``'json-lines'`` or ``'yaml'`` (needs PyYAML); by default from the
+            file name (``.jsonl``, ``.yaml``), else ``'json'``.
+        writer: Writer to save through instead of the manager's.
+        time_summary: Where durations are read from; this process's by default.
+
+    Raises:
+        ConfigurationError: ``format`` is unknown, or ``append`` is used with ``'json'``.
+        OptionalDependencyError: ``'yaml'`` was selected and PyYAML is not installed.
+    """
+
+    def __init__(
+        self,
+        store_keys: Iterable[str] | None = None,
+        report_keys: Iterable[str] | None = None,
+        trigger: TriggerLike = (1, "epoch"),
+        filename: str | None = "log",
+        append: bool = False,
+        format: str | None = None,
+        *,
+        writer: WriterLike | None = None,
+        time_summary: TimeSummary | None = None,
+    ) -> None:
+        if filename is None:
+            filename = "log"
+        if format is None:
+            if filename.endswith(".jsonl"):
+                format = "json-lines"
+            elif filename.endswith((".yaml", ".yml")):
+                format = "yaml"
+            else:
+                format = "json"
+        if format not in LOG_FORMATS:
+            raise ConfigurationError(
+                f"ProfileReport format must be one of {list(LOG_FORMATS)}, got {format!r}"
+            )
+        if append and format == "json":
+            raise ConfigurationError(
+                "ProfileReport cannot append to a 'json' file (the result would not be valid "
+                "JSON); use format='json-lines' (or a .jsonl file name) with append=True"
+            )
+        if format == "yaml":
+            try:
+                import yaml  # noqa: F401
+            except ImportError:
+                raise missing_extra_error(
+                    "ProfileReport(format='yaml')", "pyyaml", "yaml"
+                ) from None
+        self._store_keys = (
+            None
+            if store_keys is None
+            else frozenset(k for key in store_keys for k in (key, f"{key}.std"))
+        )
+        self._report_keys = None if report_keys is None else frozenset(report_keys)
+        self.trigger = get_trigger(trigger)
+        self._filename = filename
+        self._append = append
+        self._format = format
+        self._writer = writer
+        self._time_summary = get_time_summary() if time_summary is None else time_summary
+        self._log: list[dict[str, Any]] = []
+
+    @property
+    def log(self) -> list[dict[str, Any]]:
+        """The entries not yet written in append mode, else every entry (a copy)."""
+        return [dict(entry) for entry in self._log]
+
+    def __call__(self, manager: ManagerView) -> None:
+        """Summarizes the recorded durations, reports and writes them."""
+        with self._time_summary.summary(clear=True) as summary:
+            stats = summary.make_statistics()
+        if self._report_keys is not None:
+            manager.observation.update(
+                {f"time.{k}": v for k, v in stats.items() if k in self._report_keys}
+            )
+        if self._store_keys is not None:
+            stats = {k: v for k, v in stats.items() if k in self._store_keys}
+        entry: dict[str, Any] = dict(stats)
+        entry["epoch"] = manager.epoch
+        entry["iteration"] = manager.iteration
+        entry["elapsed_time"] = manager.elapsed_time
+        entry = {key: entry[key] for key in sorted(entry)}
+        self._log.append(entry)
+        filename = self._filename.format(**entry)
+        write_file(
+            manager,
+            self._writer,
+            filename,
+            list(self._log),
+            _LogSaver(self._format),
+            append=self._append,
+        )
+        if self._append:
+            self._log = []
+
+    def finalize(self, manager: ManagerView) -> None:
+        """Finalizes the writer given to this extension (the manager finalizes its own)."""
+        if self._writer is not None:
+            self._writer.finalize()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Returns the log as a JSON string (PPE's layout)."""
+        return {"_log": json.dumps(self._log)}
+
+    def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
+        """Restores the log from :meth:`state_dict`."""
+        self._log = list(json.loads(to_load["_log"]))

@@ -1,0 +1,255 @@
+"""``ProgressBar``: a tqdm progress bar (plain lines when not on a terminal) for training."""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import importlib
+import math
+import sys
+import time
+from typing import IO, TYPE_CHECKING, Any
+
+from ppe_core.errors import ConfigurationError
+from ppe_core.training._extension import PRIORITY_READER, Extension
+from ppe_core.training.extensions._util import in_notebook, is_terminal
+from ppe_core.training.triggers import Trigger
+
+if TYPE_CHECKING:
+    from ppe_core.training._protocols import ManagerView
+
+__all__ = ["ProgressBar"]
+
+# Updates per run the bar aims for at least: short runs update more often than
+# `update_interval` so that they show progress at all.
+_MIN_UPDATES = 100
+
+
+class _EveryN(Trigger):
+    """Fires at multiples of ``interval`` iterations; the interval is settled at initialize."""
+
+    def __init__(self, interval: int) -> None:
+        self.interval = interval
+
+    def __call__(self, manager: ManagerView) -> bool:
+        return manager.iteration % self.interval == 0
+
+    def next_check(self, iteration: int, iters_per_epoch: int) -> int:
+        return (max(iteration, 0) // self.interval + 1) * self.interval
+
+    def may_fire(self, iteration: int, epoch_length: int) -> bool:
+        return iteration > 0 and iteration % self.interval == 0
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.interval})"
+
+
+def _format_eta(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    return str(datetime.timedelta(seconds=round(max(seconds, 0.0))))
+
+
+class _Progress:
+    """What every display needs: totals and a recent-window speed estimate."""
+
+    def __init__(self, total: int | None, iters_per_epoch: int, start: int) -> None:
+        self.total = total
+        self.iters_per_epoch = iters_per_epoch
+        # (iteration, time) of recent updates; the speed is measured over this window.
+        self.recent: collections.deque[tuple[int, float]] = collections.deque(maxlen=100)
+        self.recent.append((start, time.perf_counter()))
+
+    def speed(self, iteration: int) -> float:
+        now = time.perf_counter()
+        self.recent.append((iteration, now))
+        old_iteration, old_time = self.recent[0]
+        span = now - old_time
+        return (iteration - old_iteration) / span if span > 0 else math.inf
+
+
+class _PlainDisplay:
+    """One self-contained line per update: for logs, pipes and files (no ``\\r``, no ANSI)."""
+
+    def __init__(self, out: IO[str], progress: _Progress) -> None:
+        self._out = out
+        self._progress = progress
+        self._last = -1
+
+    def update(self, iteration: int, epoch_detail: float) -> None:
+        if iteration == self._last:
+            return
+        self._last = iteration
+        progress = self._progress
+        speed = progress.speed(iteration)
+        total = progress.total
+        if total:
+            epochs = total / progress.iters_per_epoch
+            eta = (total - iteration) / speed if speed > 0 else math.inf
+            line = (
+                f"{iteration}/{total} iters ({min(iteration / total, 1.0):.2%}), "
+                f"epoch {epoch_detail:.2f}/{epochs:g}, {speed:.4g} iters/sec, "
+                f"ETA {_format_eta(eta)}\n"
+            )
+        else:
+            line = f"{iteration} iters, epoch {epoch_detail:.2f}, {speed:.4g} iters/sec\n"
+        self._out.write(line)
+        flush = getattr(self._out, "flush", None)
+        if flush is not None:
+            flush()
+
+    def close(self) -> None:
+        pass
+
+
+class _TqdmDisplay:
+    """A tqdm bar: the console bar on terminals, the widget in Jupyter."""
+
+    def __init__(
+        self, tqdm_class: Any, out: IO[str], progress: _Progress, start: int, bar_length: int
+    ) -> None:
+        self._progress = progress
+        total = progress.total
+        bar_format = None
+        if total:
+            bar_format = (
+                f"{{desc}} {{percentage:3.0f}}%|{{bar:{bar_length}}}| {{n_fmt}}/{{total_fmt}} "
+                "iters [{elapsed}<{remaining}, {rate_fmt}]"
+            )
+        self._epochs = f"/{total / progress.iters_per_epoch:g}" if total else ""
+        self._bar = tqdm_class(
+            desc=f"epoch {start / progress.iters_per_epoch:.2f}{self._epochs}",
+            total=total,
+            initial=start,
+            file=out,
+            unit="it",
+            bar_format=bar_format,
+            dynamic_ncols=False,
+            leave=True,
+        )
+
+    def update(self, iteration: int, epoch_detail: float) -> None:
+        bar = self._bar
+        bar.set_description_str(f"epoch {epoch_detail:.2f}{self._epochs}", refresh=False)
+        delta = iteration - bar.n
+        if delta > 0:
+            bar.update(delta)
+        else:
+            bar.refresh()
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+class ProgressBar(Extension):
+    """Shows training progress: iterations, epoch, percentage, iterations/sec and ETA.
+
+    On a terminal it draws a tqdm bar; in a Jupyter kernel (with ``out`` left as stdout) it
+    uses tqdm's notebook widget; on anything else (a file, a pipe, a CI log) it prints one
+    plain line per update, without carriage returns or cursor control.
+
+    It runs only every ``update_interval`` iterations (through its trigger, so other steps
+    cost nothing), but at least about 100 times per run:
+    the effective interval is ``max(1, min(update_interval, total_iterations // 100))``, so
+    a 10-iteration run updates every iteration. The final state is drawn when training ends.
+
+    Args:
+        training_length: ``(length, 'epoch' | 'iteration')``; read from the manager's stop
+            trigger (``(max_epochs, 'epoch')`` by default) when None. When unknown, the bar
+            shows counts and speed without a total.
+        update_interval: Iterations between updates (an upper bound, see above).
+        bar_length: Width of the bar in characters.
+        out: Text stream to draw on; ``sys.stdout`` (at construction time) when None.
+
+    Raises:
+        ConfigurationError: ``update_interval`` or ``bar_length`` is not a positive integer.
+    """
+
+    priority = PRIORITY_READER
+
+    def __init__(
+        self,
+        training_length: tuple[float, str] | None = None,
+        update_interval: int = 100,
+        bar_length: int = 50,
+        out: IO[str] | None = None,
+    ) -> None:
+        for name, value in (("update_interval", update_interval), ("bar_length", bar_length)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigurationError(
+                    f"ProgressBar {name} must be a positive integer, got {value!r}"
+                )
+        if training_length is not None:
+            _check_length(training_length)
+        self._training_length = training_length
+        self._update_interval = update_interval
+        self._bar_length = bar_length
+        self._out: IO[str] = sys.stdout if out is None else out
+        self._schedule = _EveryN(update_interval)
+        self.trigger = self._schedule
+        self._display: _PlainDisplay | _TqdmDisplay | None = None
+
+    def _total_iterations(self, manager: ManagerView) -> int | None:
+        length = self._training_length
+        if length is None:
+            # ManagerView has no public training length; PPE reads the stop trigger too.
+            stop = getattr(manager, "_stop_trigger", None)
+            get_length = getattr(stop, "get_training_length", None)
+            if get_length is None:
+                return None
+            length = _check_length(get_length())
+        amount, unit = length
+        if unit == "iteration":
+            return int(amount)
+        return math.ceil(amount * manager.iters_per_epoch)
+
+    def initialize(self, manager: ManagerView) -> None:
+        """Works out the total and the update interval, and shows the bar at its start."""
+        total = self._total_iterations(manager)
+        if total:
+            self._schedule.interval = max(1, min(self._update_interval, total // _MIN_UPDATES))
+        start = manager.iteration
+        progress = _Progress(total, manager.iters_per_epoch, start)
+        out = self._out
+        if out is sys.stdout and in_notebook():
+            tqdm_auto: Any = importlib.import_module("tqdm.auto")
+            self._display = _TqdmDisplay(tqdm_auto.tqdm, out, progress, start, self._bar_length)
+        elif is_terminal(out):
+            tqdm: Any = importlib.import_module("tqdm")
+            self._display = _TqdmDisplay(tqdm.tqdm, out, progress, start, self._bar_length)
+        else:
+            self._display = _PlainDisplay(out, progress)
+
+    def __call__(self, manager: ManagerView) -> None:
+        """Redraws the bar (or prints a line) for the current iteration."""
+        if self._display is None:
+            self.initialize(manager)
+        assert self._display is not None
+        self._display.update(manager.iteration, manager.epoch_detail)
+
+    def finalize(self, manager: ManagerView) -> None:
+        """Draws the final state and closes the bar."""
+        display = self._display
+        if display is None:
+            return
+        self._display = None
+        try:
+            display.update(manager.iteration, manager.epoch_detail)
+        finally:
+            display.close()
+
+
+def _check_length(length: Any) -> tuple[float, str]:
+    if (
+        not isinstance(length, (tuple, list))
+        or len(length) != 2
+        or length[1] not in ("epoch", "iteration")
+        or isinstance(length[0], bool)
+        or not isinstance(length[0], (int, float))
+        or length[0] <= 0
+    ):
+        raise ConfigurationError(
+            "ProgressBar training_length must be (length, 'epoch' | 'iteration') with a "
+            f"positive length, e.g. (10, 'epoch'); got {length!r}"
+        )
+    return float(length[0]), str(length[1])

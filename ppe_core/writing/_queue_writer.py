@@ -1,0 +1,268 @@
+"""Writers with one long-lived consumer (thread or process) fed through a queue."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import traceback
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
+from typing import Any, Generic, Protocol, TypeAlias, TypeVar
+
+import torch
+
+from ppe_core.writing._parallel_writer import _resolve_context, _Worker
+from ppe_core.writing._simple_writer import SimpleWriter
+from ppe_core.writing._writer_base import (
+    FileSystem,
+    SaveFun,
+    Target,
+    Writer,
+    WriterError,
+    WriterFinalizedError,
+    _register_for_exit,
+)
+
+__all__ = ["ProcessQueueWriter", "QueueWriter", "ThreadQueueWriter"]
+
+#: What the consumer receives: ``(filename, out_dir, target, savefun, append)``, or ``None``
+#: to stop.
+QueueItem: TypeAlias = tuple[str, str, Target, SaveFun | None, bool] | None
+
+_W = TypeVar("_W", bound=_Worker)
+
+
+class _Queue(Protocol):
+    """The part of ``queue.Queue`` / ``multiprocessing`` queues the writers use."""
+
+    def put(self, item: Any) -> None: ...
+
+    def get(self) -> Any: ...
+
+    def empty(self) -> bool: ...
+
+
+def _consume(tasks: _Queue, task: Any, errors: _Queue) -> None:
+    """Runs queued saves until ``None`` arrives; failures are reported through ``errors``.
+
+    A module-level function (not a method) so the consumer holds no reference to the writer,
+    which can then be garbage-collected, and so process consumers need not pickle it.
+    """
+    while True:
+        item = tasks.get()
+        if item is None:
+            return
+        filename, out_dir, target, savefun, append = item
+        try:
+            task(filename, out_dir, target, savefun=savefun, append=append)
+        except Exception as exc:
+            errors.put((filename, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        # Drop references before blocking again so saved tensors can be freed.
+        del item, target
+
+
+def _is_alive(worker: Any) -> bool:
+    return bool(worker.is_alive())
+
+
+class QueueWriter(Writer, Generic[_W]):
+    """Base class of writers whose single consumer saves queued files in order.
+
+    A call only enqueues the save and returns. Failures are reported as :class:`WriterError`
+    by the next call or by :meth:`finalize`, which waits for the queue to drain.
+
+    Args:
+        savefun: Passed to :meth:`create_task` when ``task`` is None; ``torch.save`` by default.
+        fs: File system to write through; the local one by default.
+        out_dir: Directory to write into; when empty, the ``out_dir`` of each call is used.
+        task: Callable with :meth:`Writer.__call__`'s interface that performs each save; a
+            :class:`SimpleWriter` by default.
+    """
+
+    def __init__(
+        self,
+        savefun: SaveFun = torch.save,
+        fs: FileSystem | None = None,
+        out_dir: str | None = None,
+        task: Any | None = None,
+    ) -> None:
+        super().__init__(fs=fs, out_dir=out_dir)
+        self._finalized = False
+        self._task = self.create_task(savefun) if task is None else task
+        self._queue: _Queue = self.create_queue()
+        self._errors: _Queue = self._create_error_queue()
+        self._failures: list[tuple[str, str, str]] = []
+        self._consumer: _W = self.create_consumer(self._queue)
+        self._consumer.start()
+        self._started = True
+        _register_for_exit(self)
+
+    def __call__(
+        self,
+        filename: str,
+        out_dir: str,
+        target: Target,
+        *,
+        savefun: SaveFun | None = None,
+        append: bool = False,
+    ) -> None:
+        """Enqueues the save of ``target``; see :meth:`Writer.__call__`.
+
+        ``target`` is read by the consumer later: do not modify it afterwards.
+
+        Raises:
+            WriterError: An earlier queued save failed.
+            WriterFinalizedError: The writer was finalized.
+        """
+        if self._finalized:
+            raise WriterFinalizedError(
+                f"{type(self).__name__} was finalized; create a new writer to save {filename!r}"
+            )
+        self._raise_errors()
+        self._queue.put((filename, out_dir, target, savefun, append))
+
+    def create_task(self, savefun: SaveFun) -> Any:
+        """Returns the callable that performs each save: a :class:`SimpleWriter`."""
+        return SimpleWriter(savefun=savefun, fs=self.fs, out_dir=self.out_dir or "")
+
+    def create_queue(self) -> _Queue:
+        """Returns the queue that carries saves to the consumer."""
+        raise NotImplementedError(f"{type(self).__name__} must implement create_queue")
+
+    def _create_error_queue(self) -> _Queue:
+        raise NotImplementedError(f"{type(self).__name__} must implement _create_error_queue")
+
+    def create_consumer(self, q: _Queue) -> _W:
+        """Returns the unstarted consumer of ``q``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement create_consumer")
+
+    def consume(self, q: _Queue) -> None:
+        """Performs the saves queued in ``q`` until ``None`` arrives (the consumer's loop)."""
+        _consume(q, self._task, self._errors)
+
+    def _drain_errors(self) -> None:
+        while not self._errors.empty():
+            self._failures.append(self._errors.get())
+
+    def _raise_errors(self) -> None:
+        self._drain_errors()
+        failures, self._failures = self._failures, []
+        if not failures:
+            return
+        filename, message, details = failures[0]
+        more = f" (and {len(failures) - 1} more failed saves)" if len(failures) > 1 else ""
+        raise WriterError(
+            f"{type(self).__name__} failed to save {filename!r}: {message}{more}\n{details}"
+        )
+
+    def finalize(self) -> None:
+        """Waits until every queued save is done and stops the consumer; idempotent.
+
+        Raises:
+            WriterError: A queued save failed.
+        """
+        if self._finalized:
+            return
+        self._finalized = True
+        self._queue.put(None)
+        # Drain failures while waiting: a process consumer blocks once the pipe is full.
+        while True:
+            self._consumer.join(timeout=0.05)
+            if not _is_alive(self._consumer):
+                break
+            self._drain_errors()
+        self._started = False
+        self._raise_errors()
+
+    def __del__(self) -> None:
+        # Unfinalized and unreachable: let the consumer finish the queue and exit.
+        if getattr(self, "_started", False) and not getattr(self, "_finalized", True):
+            with contextlib.suppress(Exception):  # the interpreter may be shutting down
+                self._queue.put(None)
+
+
+class ThreadQueueWriter(QueueWriter[threading.Thread]):
+    """Saves queued files one after another in a background thread.
+
+    Args:
+        savefun: ``savefun(target, file_object)``; ``torch.save`` by default.
+        fs: File system to write through; the local one by default.
+        out_dir: Directory to write into; when empty, the ``out_dir`` of each call is used.
+        task: Callable performing each save; a :class:`SimpleWriter` by default.
+    """
+
+    def __init__(
+        self,
+        savefun: SaveFun = torch.save,
+        fs: FileSystem | None = None,
+        out_dir: str | None = None,
+        task: Any | None = None,
+    ) -> None:
+        super().__init__(savefun=savefun, fs=fs, out_dir=out_dir, task=task)
+
+    def create_queue(self) -> _Queue:
+        """Returns a ``queue.Queue``."""
+        return queue.Queue()
+
+    def _create_error_queue(self) -> _Queue:
+        return queue.Queue()
+
+    def create_consumer(self, q: _Queue) -> threading.Thread:
+        """Returns a daemon thread running the consumer loop.
+
+        Daemon, so a writer that is never finalized cannot block interpreter exit; live
+        writers are finalized at exit, which completes their pending saves.
+        """
+        return threading.Thread(
+            target=_consume,
+            args=(q, self._task, self._errors),
+            name=f"ppe_core.{type(self).__name__}",
+            daemon=True,
+        )
+
+
+class ProcessQueueWriter(QueueWriter[BaseProcess]):
+    """Saves queued files one after another in a background process.
+
+    Queued targets are pickled into the process, so tensors must not be modified after the
+    call (multiprocessing shares tensor storage instead of copying it). Forking a process
+    that uses MPI or CUDA may be unsafe; prefer :class:`ThreadQueueWriter` there.
+
+    Args:
+        savefun: ``savefun(target, file_object)``; ``torch.save`` by default.
+        fs: File system to write through; the local one by default.
+        out_dir: Directory to write into; when empty, the ``out_dir`` of each call is used.
+        task: Callable performing each save (it must pickle); a :class:`SimpleWriter` by
+            default.
+        mp_context: ``multiprocessing`` start method name or context; the default when None.
+    """
+
+    def __init__(
+        self,
+        savefun: SaveFun = torch.save,
+        fs: FileSystem | None = None,
+        out_dir: str | None = None,
+        task: Any | None = None,
+        *,
+        mp_context: str | BaseContext | None = None,
+    ) -> None:
+        self._context = _resolve_context(mp_context)
+        super().__init__(savefun=savefun, fs=fs, out_dir=out_dir, task=task)
+
+    def create_queue(self) -> _Queue:
+        """Returns a ``multiprocessing`` queue of the writer's context."""
+        return self._context.Queue()
+
+    def _create_error_queue(self) -> _Queue:
+        return self._context.SimpleQueue()
+
+    def create_consumer(self, q: _Queue) -> BaseProcess:
+        """Returns a daemon process running the consumer loop."""
+        process: BaseProcess = self._context.Process(  # type: ignore[attr-defined]
+            target=_consume,
+            args=(q, self._task, self._errors),
+            name=f"ppe_core.{type(self).__name__}",
+            daemon=True,
+        )
+        return process

@@ -1,0 +1,62 @@
+"""``SimpleWriter``: saves in the calling thread."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ppe_core.writing._writer_base import FileSystem, SaveFun, Target, Writer
+
+__all__ = ["SimpleWriter"]
+
+
+class SimpleWriter(Writer):
+    """Saves synchronously, in the thread that calls it; the manager's default writer.
+
+    Args:
+        savefun: ``savefun(target, file_object, **kwds)``; ``torch.save`` by default.
+        fs: File system to write through; the local one by default.
+        out_dir: Directory to write into; when empty, the ``out_dir`` of each call is used.
+        **kwds: Keyword arguments passed to every ``savefun`` call.
+
+    Example::
+
+        writer = SimpleWriter(out_dir="result")
+        writer("snapshot_iter_100", "result", manager.state_dict())
+    """
+
+    def __init__(
+        self,
+        savefun: SaveFun = torch.save,
+        fs: FileSystem | None = None,
+        out_dir: str = "",
+        **kwds: Any,
+    ) -> None:
+        super().__init__(fs=fs, out_dir=out_dir)
+        self._savefun = savefun
+        self._kwds = kwds
+
+    def __call__(
+        self,
+        filename: str,
+        out_dir: str,
+        target: Target,
+        *,
+        savefun: SaveFun | None = None,
+        append: bool = False,
+    ) -> None:
+        """Saves ``target`` now; see :meth:`Writer.__call__`.
+
+        Raises:
+            Exception: Whatever ``savefun`` or the file system raised; the destination file is
+                left as it was.
+        """
+        self.save(
+            filename,
+            out_dir,
+            target,
+            self._savefun if savefun is None else savefun,
+            append,
+            **self._kwds,
+        )

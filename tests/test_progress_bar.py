@@ -1,0 +1,157 @@
+"""Tests of ProgressBar: plain lines off-terminal, a tqdm bar on a terminal, update schedule."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+import tqdm
+
+from ppe_core.errors import ConfigurationError
+from ppe_core.reporting import report
+from ppe_core.training.extensions._log_report import LogReport
+from ppe_core.training.extensions._print_report import PrintReport
+from ppe_core.training.extensions._progress_bar import ProgressBar
+from ppe_core.training.manager import ExtensionsManager
+from ppe_core.training.triggers import TriggerLike
+
+ITERS_PER_EPOCH = 4
+PLAIN_LINE = re.compile(
+    r"^(\d+)/(\d+) iters \(\d+\.\d\d%\), epoch \d+\.\d\d/[\d.]+, [\d.e+inf]+ iters/sec, "
+    r"ETA (\d+:\d\d:\d\d|\?)$"
+)
+
+
+class _Terminal(io.StringIO):
+    """An in-memory stream that says it is a terminal, as a console would."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def _manager(
+    out: Path, extensions: list[Any], max_epochs: int = 3, stop_trigger: TriggerLike = None
+) -> Any:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    return ExtensionsManager(
+        model,
+        optimizer,
+        max_epochs,
+        iters_per_epoch=ITERS_PER_EPOCH,
+        out_dir=str(out),
+        extensions=extensions,
+        stop_trigger=stop_trigger,
+    )
+
+
+def _train(manager: Any, iterations: int | None = None) -> None:
+    model = manager.models["main"]
+    x, t = torch.randn(8, 4), torch.randn(8, 1)
+    done = 0
+    while not manager.stop_trigger and (iterations is None or done < iterations):
+        with manager.run_iteration(step_optimizers=["main"]):
+            loss = F.mse_loss(model(x), t)
+            loss.backward()  # type: ignore[no-untyped-call]
+            report({"train/loss": loss})
+        done += 1
+
+
+def test_plain_lines_when_not_a_terminal(tmp_path: Path) -> None:
+    out = io.StringIO()
+    _train(_manager(tmp_path, [ProgressBar(out=out)]))
+    text = out.getvalue()
+    assert "\r" not in text and "\x1b" not in text
+    lines = text.splitlines()
+    # A 12-iteration run updates every iteration (PPE's interval of 100 would print nothing).
+    assert len(lines) == 12
+    assert all(PLAIN_LINE.match(line) for line in lines), lines
+    assert lines[-1].startswith("12/12 iters (100.00%), epoch 3.00/3, ")
+    assert lines[-1].endswith("ETA 0:00:00")
+
+
+def test_update_interval_is_an_upper_bound_for_short_runs(tmp_path: Path) -> None:
+    out = io.StringIO()
+    bar = ProgressBar(out=out)  # update_interval=100, but 1000 iterations -> every 10
+    _train(_manager(tmp_path, [bar], stop_trigger=(1000, "iteration")))
+    lines = out.getvalue().splitlines()
+    assert [int(PLAIN_LINE.match(line).group(1)) for line in lines] == list(  # type: ignore[union-attr]
+        range(10, 1001, 10)
+    )
+
+
+def test_long_runs_update_every_update_interval(tmp_path: Path) -> None:
+    class CountingProgressBar(ProgressBar):
+        calls = 0
+
+        def __call__(self, manager: Any) -> None:
+            CountingProgressBar.calls += 1
+            super().__call__(manager)
+
+    out = io.StringIO()
+    bar = CountingProgressBar(training_length=(10_000, "iteration"), update_interval=50, out=out)
+    _train(_manager(tmp_path, [bar], stop_trigger=(200, "iteration")))
+    lines = out.getvalue().splitlines()
+    assert [line.split()[0] for line in lines] == [
+        "50/10000",
+        "100/10000",
+        "150/10000",
+        "200/10000",
+    ]
+    assert CountingProgressBar.calls == 4  # the manager skips the iterations in between
+
+
+def test_unknown_length_shows_counts_and_the_final_state(tmp_path: Path) -> None:
+    out = io.StringIO()
+    stop = _manager(tmp_path, [ProgressBar(out=out)], stop_trigger=lambda m: m.iteration >= 6)
+    _train(stop)
+    (line,) = out.getvalue().splitlines()  # interval 100 not reached: only the final state
+    assert re.match(r"^6 iters, epoch 1\.50, [\d.]+ iters/sec$", line)
+
+
+def test_terminal_gets_a_tqdm_bar_that_is_closed_at_the_end(tmp_path: Path) -> None:
+    out = _Terminal()
+    extensions = [LogReport(), PrintReport(out=out), ProgressBar(out=out)]
+    _train(_manager(tmp_path, extensions))
+    text = out.getvalue()
+    assert "\r" in text
+    assert "100%|" in text and "| 12/12 iters" in text and "it/s" in text
+    assert "epoch 3.00/3" in text
+    # PrintReport's rows reach the terminal intact between bar redraws.
+    assert "epoch       train/loss  elapsed_time\n" in text
+    assert re.search(r"[\r\n]3 {11}\S+ +\S+ +\n", text)  # after the bar was cleared
+    assert not [bar for bar in getattr(tqdm.tqdm, "_instances", ()) if bar.fp == out]
+
+
+def test_resumed_run_starts_the_bar_at_the_loaded_iteration(tmp_path: Path) -> None:
+    first = _manager(tmp_path, [ProgressBar(out=io.StringIO())])
+    _train(first, iterations=6)
+    torch.save(first.state_dict(), tmp_path / "snapshot")
+
+    out = io.StringIO()
+    resumed = _manager(tmp_path, [ProgressBar(out=out)])
+    resumed.load_state_dict(torch.load(tmp_path / "snapshot", weights_only=True))
+    _train(resumed)
+    lines = out.getvalue().splitlines()
+    assert [line.split()[0] for line in lines] == [f"{i}/12" for i in range(7, 13)]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"update_interval": 0},
+        {"bar_length": -1},
+        {"update_interval": 1.5},
+        {"training_length": (10, "epochs")},
+        {"training_length": 10},
+    ],
+)
+def test_invalid_arguments(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ConfigurationError):
+        ProgressBar(**kwargs)
