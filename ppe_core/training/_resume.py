@@ -194,12 +194,21 @@ class _SkipFirst(torch.utils.data.Sampler[list[int]]):
 
 
 def _skip(loader: Iterable[Any], n: int) -> Iterator[Any]:
-    """Iterate ``loader`` from batch ``n``, skipping at the sampler level when possible.
+    """Iterate ``loader`` from batch ``n`` in the order an uninterrupted epoch would have.
 
-    For a map-style ``DataLoader`` the consumed batches' indices are drawn (so the order is
-    the same) but their samples are never loaded; other iterables are advanced by reading.
+    For a single-process map-style ``DataLoader`` the consumed batches' indices are drawn (so
+    the order is the same) but their samples are never loaded; the main-process RNG they
+    would have used is restored from the snapshot afterwards. Worker processes keep RNG
+    states a snapshot cannot capture (random augmentation in workers), and batches are dealt
+    to workers round-robin, so with ``num_workers > 0`` (and for other iterables) the batches
+    are read and dropped to reproduce them exactly.
     """
-    if n and isinstance(loader, torch.utils.data.DataLoader) and loader.batch_sampler is not None:
+    if (
+        n
+        and isinstance(loader, torch.utils.data.DataLoader)
+        and loader.batch_sampler is not None
+        and loader.num_workers == 0
+    ):
         sampler = _SkipFirst(loader.batch_sampler, n)
         clone = _clone_with_batch_sampler(loader, sampler)
         if clone is not None:
@@ -217,17 +226,11 @@ def _clone_with_batch_sampler(
 ) -> torch.utils.data.DataLoader[Any] | None:
     kwargs: dict[str, Any] = {
         "batch_sampler": batch_sampler,
-        "num_workers": loader.num_workers,
         "collate_fn": loader.collate_fn,
         "pin_memory": loader.pin_memory,
         "timeout": loader.timeout,
-        "worker_init_fn": loader.worker_init_fn,
-        "multiprocessing_context": loader.multiprocessing_context,
         "generator": loader.generator,
-        "persistent_workers": loader.persistent_workers,
     }
-    if loader.num_workers > 0:
-        kwargs["prefetch_factor"] = loader.prefetch_factor
     try:
         return torch.utils.data.DataLoader(loader.dataset, **kwargs)
     except (TypeError, ValueError):  # an unusual subclass: fall back to reading the batches

@@ -162,6 +162,10 @@ class _Snapshot(Extension):
         self._savefun = savefun or torch.save
         self.loaded_from: str | None = None
 
+    @property
+    def default_name(self) -> str:
+        return "snapshot" if self._target is None else "snapshot_object"
+
     def _out_dir(self, manager: Any) -> str:
         writer = self.writer or getattr(manager, "writer", None)
         return str(getattr(writer, "out_dir", None) or manager.out)

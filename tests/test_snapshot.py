@@ -1,0 +1,235 @@
+"""Snapshots: verified files, n_retains, autoload with fallback, safe loading, round trips."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import ppe_core as ppe
+from ppe_core.training.extensions._snapshot import (
+    MANIFEST_SUFFIX,
+    SnapshotError,
+    SnapshotVerificationWarning,
+    UnsafeSnapshotError,
+    load_snapshot,
+    verify_snapshot,
+)
+
+E = ppe.training.extensions
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 2)
+        self.drop = torch.nn.Dropout(0.2)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": torch.nn.functional.cross_entropy(self.drop(self.fc(x)), t)}
+
+
+def loader() -> torch.utils.data.DataLoader[Any]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 4, generator=g)
+    data = [{"x": x[i], "t": (x[i, 0] > 0).long()} for i in range(40)]
+    return torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)  # type: ignore[arg-type]
+
+
+def make_trainer(out: Path, epochs: int, *extensions: Any, stop: Any = None) -> Any:
+    torch.manual_seed(0)
+    model = ppe.to(Net(), "cpu")
+    return ppe.engine.create_trainer(
+        model,
+        torch.optim.Adam(model.parameters(), lr=0.01),
+        epochs,
+        out_dir=str(out),
+        extensions=list(extensions),
+        stop_trigger=stop,
+    )
+
+
+def weights(trainer: Any) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in trainer.models["main"].state_dict().items()}
+
+
+def snapshots(out: Path) -> list[str]:
+    return sorted(
+        p.name for p in out.iterdir() if p.name.startswith("snap") and MANIFEST_SUFFIX not in p.name
+    )
+
+
+def test_default_snapshot_once_per_epoch_with_manifest(tmp_path: Path) -> None:
+    trainer = make_trainer(tmp_path, 3, E.snapshot())
+    trainer.run(loader())
+    assert snapshots(tmp_path) == ["snapshot_iter_10", "snapshot_iter_20", "snapshot_iter_30"]
+    manifest = verify_snapshot(str(tmp_path / "snapshot_iter_30"))
+    assert manifest["iteration"] == 30
+    data = (tmp_path / "snapshot_iter_30").read_bytes()
+    assert manifest["sha256"] == hashlib.sha256(data).hexdigest()
+    state = load_snapshot(str(tmp_path / "snapshot_iter_30"))  # weights_only=True inside
+    assert state["_start_iteration"] == 30
+    assert set(state["models"]) == {"main"}
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_snapshot_runs_after_the_other_extensions_of_its_iteration(tmp_path: Path) -> None:
+    log = E.LogReport()
+    trainer = make_trainer(tmp_path, 2, E.snapshot(), log)
+    trainer.run(loader())
+    state = load_snapshot(str(tmp_path / "snapshot_iter_20"))
+    saved_log = json.loads(state["extensions"]["LogReport"]["extension"]["_log"])
+    assert [e["iteration"] for e in saved_log] == [10, 20]  # LogReport ran first
+
+
+def test_n_retains_keeps_the_newest_complete_snapshots(tmp_path: Path) -> None:
+    trainer = make_trainer(tmp_path, 4, E.snapshot(n_retains=2))
+    trainer.run(loader())
+    assert snapshots(tmp_path) == ["snapshot_iter_30", "snapshot_iter_40"]
+    assert sorted(p for p in os.listdir(tmp_path) if p.endswith(MANIFEST_SUFFIX)) == [
+        "snapshot_iter_30" + MANIFEST_SUFFIX,
+        "snapshot_iter_40" + MANIFEST_SUFFIX,
+    ]
+
+
+def test_autoload_resumes_to_the_same_weights(tmp_path: Path) -> None:
+    reference = make_trainer(tmp_path / "ref", 3)
+    reference.run(loader())
+
+    out = tmp_path / "run"
+    first = make_trainer(out, 3, E.snapshot(autoload=True), stop=(2, "epoch"))
+    first.run(loader())
+    second = make_trainer(out, 3, E.snapshot(autoload=True))
+    second.run(loader())
+    assert second.iteration == 30
+    for key, value in weights(reference).items():
+        assert torch.equal(value, weights(second)[key])
+
+
+def test_truncated_newest_snapshot_is_skipped_with_warning_and_falls_back(
+    tmp_path: Path,
+) -> None:
+    reference = make_trainer(tmp_path / "ref", 4)
+    reference.run(loader())
+
+    out = tmp_path / "run"
+    ext = ppe.training.ExtensionEntry(E.snapshot(autoload=True), trigger=(7, "iteration"))
+    make_trainer(out, 4, ext, stop=(30, "iteration")).run(loader())
+    newest = out / "snapshot_iter_28"
+    newest.write_bytes(newest.read_bytes()[:100])  # a torn write under the final name
+    ext = ppe.training.ExtensionEntry(E.snapshot(autoload=True), trigger=(7, "iteration"))
+    resumed = make_trainer(out, 4, ext)
+    with pytest.warns(SnapshotVerificationWarning, match="snapshot_iter_28.*truncated"):
+        resumed.run(loader())
+    assert resumed.manager.get_extension("snapshot").loaded_from == str(out / "snapshot_iter_21")
+    for key, value in weights(reference).items():
+        assert torch.equal(value, weights(resumed)[key])
+
+
+def test_snapshot_without_manifest_is_not_trusted(tmp_path: Path) -> None:
+    trainer = make_trainer(tmp_path, 2, E.snapshot())
+    trainer.run(loader())
+    os.remove(tmp_path / ("snapshot_iter_20" + MANIFEST_SUFFIX))  # killed between the writes
+    with pytest.raises(SnapshotError, match="no manifest"):
+        verify_snapshot(str(tmp_path / "snapshot_iter_20"))
+    again = make_trainer(tmp_path, 2, E.snapshot(autoload=True))
+    with pytest.warns(SnapshotVerificationWarning, match="snapshot_iter_20"):
+        again.run(loader())
+    assert again.manager.get_extension("snapshot").loaded_from == str(
+        tmp_path / "snapshot_iter_10"
+    )
+
+
+class _CreatesAFile:
+    """Unpickling this would create a file: a stand-in for code execution."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return (open, (self.path, "w"))
+
+
+def test_planted_pickle_is_refused_and_never_executed(tmp_path: Path) -> None:
+    trainer = make_trainer(tmp_path, 1, E.snapshot())
+    trainer.run(loader())
+    evidence = tmp_path / "pwned"
+    planted = tmp_path / "snapshot_iter_99"
+    torch.save({"_start_iteration": 99, "payload": _CreatesAFile(str(evidence))}, planted)
+    data = planted.read_bytes()
+    manifest = {
+        "format": "ppe-core-snapshot",
+        "version": 1,
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "size": len(data),
+        "iteration": 99,
+        "created": time.time(),
+    }
+    (tmp_path / ("snapshot_iter_99" + MANIFEST_SUFFIX)).write_text(json.dumps(manifest))
+    resumed = make_trainer(tmp_path, 2, E.snapshot(autoload=True))
+    with pytest.raises(UnsafeSnapshotError, match="snapshot_iter_99") as info:
+        resumed.run(loader())
+    assert "could run code" in str(info.value)
+    assert not evidence.exists()
+
+
+def test_snapshot_object_condition_and_on_error(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = ppe.to(Net(), "cpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    allow = iter([False, True])
+
+    class Boom(ppe.training.Extension):
+        trigger = (15, "iteration")
+
+        def __call__(self, manager: Any) -> None:
+            raise RuntimeError("extension failed")
+
+    trainer = ppe.engine.create_trainer(
+        model,
+        optimizer,
+        3,
+        out_dir=str(tmp_path),
+        extensions=[
+            E.snapshot_object(model, "model_{.epoch}", condition=lambda: next(allow)),
+            E.snapshot(filename="on_error", snapshot_on_error=True, condition=lambda: False),
+            Boom(),
+        ],
+    )
+    with pytest.raises(RuntimeError, match="extension failed"):
+        trainer.run(loader())
+    assert (tmp_path / "model_1").exists() is False  # condition was False at epoch 1
+    # Epoch 2 never completed: the error came at iteration 15; the error snapshot exists.
+    saved = load_snapshot(str(tmp_path / "on_error"))
+    assert saved["_start_iteration"] == 15
+    assert not (tmp_path / "model_2").exists()
+
+
+def test_snapshot_object_saves_a_loadable_model_state(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = ppe.to(Net(), "cpu")
+    trainer = ppe.engine.create_trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        1,
+        out_dir=str(tmp_path),
+        extensions=[E.snapshot_object(model, "model_iter_{.iteration}")],
+    )
+    trainer.run(loader())
+    fresh = Net()
+    fresh.load_state_dict(load_snapshot(str(tmp_path / "model_iter_10")))
+    for a, b in zip(fresh.parameters(), model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_bad_snapshot_arguments_are_rejected() -> None:
+    with pytest.raises(ValueError, match="n_retains"):
+        E.snapshot(n_retains=0)
+    with pytest.raises(TypeError, match="filename"):
+        E.snapshot(filename="")
