@@ -98,8 +98,10 @@ def main(rounds: int = 5) -> None:
     print(f"torch {torch.__version__}, 1 thread, {BATCHES} steps/epoch, median of {rounds}")
     for name, values in results.items():
         med = statistics.median(values)
-        print(f"{name:12s} {med * 1e6:8.1f} us/step  ratio {med / base:5.3f}  "
-              f"overhead {(med - base) * 1e6:+6.1f} us/step")
+        print(
+            f"{name:12s} {med * 1e6:8.1f} us/step  ratio {med / base:5.3f}  "
+            f"overhead {(med - base) * 1e6:+6.1f} us/step"
+        )
 
 
 if __name__ == "__main__":

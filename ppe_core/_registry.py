@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Generic, TypeVar
 
-from ppe_core.errors import DuplicateRegistrationError, RegistryLookupError
+from ppe_core.errors import ArgumentTypeError, DuplicateRegistrationError, RegistryLookupError
 
 __all__ = ["Registrant", "Registry", "RegistryEntry"]
 
@@ -73,10 +73,13 @@ class Registry(Generic[T]):
 
         Raises:
             DuplicateRegistrationError: ``name`` is taken and ``replace`` is false.
-            TypeError: ``name`` is not a non-empty string or ``obj`` is unsuitable.
+            ArgumentTypeError: ``name`` is not a non-empty string or ``obj`` is unsuitable.
         """
         if not isinstance(name, str) or not name:
-            raise TypeError(f"{self.kind} names must be non-empty strings, got {name!r}")
+            raise ArgumentTypeError(
+                f"{self.kind} names must be non-empty strings, got {name!r}; pass the name "
+                f"users will ask for, e.g. register('mydev', obj)"
+            )
         self._validate(name, obj)
         registrant = self._current_registrant or _caller_registrant(1)
         previous = self._entries.get(name)
@@ -151,8 +154,13 @@ class Registry(Generic[T]):
         failures = self._describe_failures() if self._describe_failures else ""
         if failures:
             lines.append(failures)
-        if hint:
-            lines.append(hint)
+        lines.append(
+            hint
+            or (
+                f"Check the spelling, install the plugin that provides it, or register it from a "
+                f"plugin's ppe_register_{self.kind}s(registry) hook (see docs/plugins.md)."
+            )
+        )
         return "\n".join(lines)
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, SupportsFloat, TypeAlias
 
 import torch
 
-from ppe_core.errors import ConfigurationError, PPEError, RegistryLookupError
+from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError, RegistryLookupError
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -310,12 +310,20 @@ class Summary:
 
         Raises:
             ConfigurationError: A tensor value has more than one element.
+            ArgumentTypeError: ``value`` or ``weight`` is not a number.
         """
         if isinstance(value, torch.Tensor) or isinstance(weight, torch.Tensor):
             self._add_tensor(value, weight)
             return
-        v = float(value)
-        w = float(weight)
+        try:
+            v = float(value)
+            w = float(weight)
+        except (TypeError, ValueError):
+            raise ArgumentTypeError(
+                f"Summary.add() takes a number or a one-element tensor as value and weight, got "
+                f"{type(value).__name__} {value!r} (weight {weight!r}); add numbers, e.g. "
+                "summary.add(loss) or summary.add(accuracy, weight=batch_size)"
+            ) from None
         self._x += w * v
         self._x2 += w * v * v
         self._n += w

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "ArgumentTypeError",
     "ConfigurationError",
     "DuplicateRegistrationError",
     "PPEError",
@@ -26,6 +27,14 @@ class ConfigurationError(PPEError, ValueError):
     """The user passed an argument or option the framework cannot use.
 
     Subclasses ``ValueError`` so code written against PyTorch-style APIs keeps catching it.
+    """
+
+
+class ArgumentTypeError(ConfigurationError, TypeError):
+    """An argument has a type the framework cannot use.
+
+    Subclasses both ``ValueError`` (through :class:`ConfigurationError`) and ``TypeError`` (what
+    Python raises for a wrong type), so code catching either keeps working.
     """
 
 

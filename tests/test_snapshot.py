@@ -141,9 +141,7 @@ def test_snapshot_without_manifest_is_not_trusted(tmp_path: Path) -> None:
     again = make_trainer(tmp_path, 2, E.snapshot(autoload=True))
     with pytest.warns(SnapshotVerificationWarning, match="snapshot_iter_20"):
         again.run(loader())
-    assert again.manager.get_extension("snapshot").loaded_from == str(
-        tmp_path / "snapshot_iter_10"
-    )
+    assert again.manager.get_extension("snapshot").loaded_from == str(tmp_path / "snapshot_iter_10")
 
 
 class _CreatesAFile:

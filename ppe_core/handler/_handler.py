@@ -43,7 +43,10 @@ def _report_keys(value: Any, name: str) -> list[str] | None:
     if value is None:
         return None
     if isinstance(value, str) or not all(isinstance(k, str) for k in value):
-        raise ConfigurationError(f"option {name!r} must be a list of output keys, got {value!r}")
+        raise ConfigurationError(
+            f"option {name!r} must be a list of output keys, got {value!r}; e.g. "
+            f"options={{{name!r}: ['loss']}}"
+        )
     return list(value)
 
 

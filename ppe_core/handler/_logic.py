@@ -110,10 +110,24 @@ class Logic(BaseLogic):
     def consume_options(self, options: dict[str, Any]) -> None:
         super().consume_options(options)
         keys = options.pop("backward_outputs", None)
+        if keys is not None and (
+            isinstance(keys, str)
+            or not isinstance(keys, Iterable)
+            or not all(isinstance(k, str) for k in keys)
+        ):
+            raise ConfigurationError(
+                f"option 'backward_outputs' must be a list of output keys, got {keys!r}; "
+                "e.g. options={'backward_outputs': ['loss']}"
+            )
         self.backward_outputs: list[str] | None = None if keys is None else list(keys)
-        self._backward_fn: Callable[[torch.Tensor], None] | None = options.pop(
-            "backward_function", None
-        )
+        backward_fn = options.pop("backward_function", None)
+        if backward_fn is not None and not callable(backward_fn):
+            raise ConfigurationError(
+                f"option 'backward_function' must be a callable fn(tensor), got "
+                f"{type(backward_fn).__name__}; e.g. options={{'backward_function': "
+                "lambda loss: loss.backward()}, or leave it out to call tensor.backward()"
+            )
+        self._backward_fn: Callable[[torch.Tensor], None] | None = backward_fn
         autocast = options.pop("autocast", False)
         if not isinstance(autocast, (bool, dict)):
             raise ConfigurationError(
@@ -126,7 +140,9 @@ class Logic(BaseLogic):
         scaler = options.pop("grad_scaler", None)
         if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
             raise ConfigurationError(
-                f"option 'grad_scaler' must be a torch.amp.GradScaler, got {type(scaler).__name__}"
+                f"option 'grad_scaler' must be a torch.amp.GradScaler, got "
+                f"{type(scaler).__name__}; e.g. options={{'grad_scaler': "
+                "torch.amp.GradScaler('cuda')}"
             )
         self._grad_scaler: torch.amp.GradScaler | None = scaler
         steps = options.pop("grad_accumulation_steps", 1)
@@ -138,6 +154,42 @@ class Logic(BaseLogic):
         self._epoch_length: int | None = None
 
     # Helpers --------------------------------------------------------------------------------
+    def _model(self, models: Mapping[str, torch.nn.Module]) -> torch.nn.Module:
+        try:
+            return models[self.model_name]
+        except KeyError:
+            raise self._unknown_name("model", sorted(models)) from None
+
+    def _optimizer(self, optimizers: Mapping[str, torch.optim.Optimizer]) -> torch.optim.Optimizer:
+        try:
+            return optimizers[self.model_name]
+        except KeyError:
+            raise self._unknown_name("optimizer", sorted(optimizers)) from None
+
+    def _unknown_name(self, kind: str, names: list[str]) -> ConfigurationError:
+        # Only reached on the first step of a misconfigured run: the lookups above stay cheap.
+        logic = ("ppe.handler." if type(self) is Logic else "") + type(self).__name__
+        name = self.model_name
+        if kind == "optimizer":
+            fix = (
+                f"Key the optimizer like its model: optimizers={{{name!r}: optimizer}} (a bare "
+                "optimizer is named 'main')."
+            )
+        elif len(names) == 1:
+            fix = (
+                f"Key the model {name!r} (a bare module is named 'main'), or pass "
+                f"logic={logic}(model_name={names[0]!r}); its optimizer takes the same key."
+            )
+        else:
+            fix = (
+                f"{logic} trains one model: pass logic={logic}(model_name=...) naming it, or "
+                "subclass ppe.handler.BaseLogic to train several models per step."
+            )
+        return ConfigurationError(
+            f"{logic} trains the {kind} named {name!r}, but the {kind}s passed are named "
+            f"{names}. {fix}"
+        )
+
     def _autocast(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
         if self._autocast_kwargs is None:
             return contextlib.nullcontext()
@@ -167,7 +219,7 @@ class Logic(BaseLogic):
 
     def _to_backward(self, outputs: Any) -> list[torch.Tensor]:
         if isinstance(outputs, torch.Tensor):
-            return [outputs]
+            return self._checked({"<the returned tensor>": outputs})
         if not isinstance(outputs, Mapping):
             raise ModelOutputError(
                 f"the model returned {type(outputs).__name__}; the Logic needs a dict such as "
@@ -181,7 +233,7 @@ class Logic(BaseLogic):
                     f"backward_outputs names {missing} but the model returned the keys "
                     f"{sorted(outputs)}; fix the option or the model's output dict."
                 )
-            return [outputs[k] for k in self.backward_outputs]
+            return self._checked({k: outputs[k] for k in self.backward_outputs})
         tensors = [
             v
             for v in outputs.values()
@@ -193,6 +245,35 @@ class Logic(BaseLogic):
                 "grad, so there is nothing to backpropagate. Return the loss, e.g. "
                 "{'loss': loss}, or name it with options={'backward_outputs': ['loss']}."
             )
+        return tensors
+
+    def _checked(self, named: Mapping[str, Any]) -> list[torch.Tensor]:
+        """The tensors to backpropagate, checked so misuse is named before torch fails.
+
+        Without a ``backward_function`` each must be a scalar that requires grad, or
+        ``backward()`` raises a torch error that names neither the output nor the fix.
+        """
+        tensors = []
+        for key, value in named.items():
+            if not isinstance(value, torch.Tensor):
+                raise ModelOutputError(
+                    f"the model output {key!r} is a {type(value).__name__}, not a tensor, so it "
+                    "cannot be backpropagated; name the loss tensor in backward_outputs."
+                )
+            if self._backward_fn is None:
+                if value.numel() != 1:
+                    raise ModelOutputError(
+                        f"the model output {key!r} has shape {tuple(value.shape)}, but backward "
+                        "needs a scalar; reduce it in forward (e.g. loss.mean()), or pass "
+                        "options={'backward_function': fn} to backpropagate it yourself."
+                    )
+                if not value.requires_grad:
+                    raise ModelOutputError(
+                        f"the model output {key!r} does not require grad, so there is nothing "
+                        "to backpropagate; compute it from the parameters with autograd "
+                        "enabled (not under torch.no_grad(), not .detach()ed or .item()ed)."
+                    )
+            tensors.append(value)
         return tensors
 
     def _backward(self, outputs: Any, scale: int) -> None:
@@ -213,7 +294,7 @@ class Logic(BaseLogic):
     def train_epoch_begin(
         self, models: Mapping[str, torch.nn.Module], epoch: int, loader: Iterable[Any]
     ) -> None:
-        models[self.model_name].train()
+        self._model(models).train()
         try:
             self._epoch_length = len(loader)  # type: ignore[arg-type]
         except TypeError:
@@ -226,14 +307,14 @@ class Logic(BaseLogic):
         batch_idx: int,
         batch: Any,
     ) -> Any:
-        model = models[self.model_name]
+        model = self._model(models)
         if self.grad_accumulation_steps == 1:
             window = 1
-            optimizers[self.model_name].zero_grad()
+            self._optimizer(optimizers).zero_grad()
         else:
             window = self._window(batch_idx)[0]
             if batch_idx % self.grad_accumulation_steps == 0:
-                optimizers[self.model_name].zero_grad()
+                self._optimizer(optimizers).zero_grad()
         if self._autocast_kwargs is None:  # the common case: no context object per step
             outputs = self._forward(model, batch)
         else:
@@ -250,7 +331,7 @@ class Logic(BaseLogic):
     ) -> None:
         if self.grad_accumulation_steps > 1 and not self._window(batch_idx)[1]:
             return
-        optimizer = optimizers[self.model_name]
+        optimizer = self._optimizer(optimizers)
         if self._grad_scaler is None:
             optimizer.step()
         else:
@@ -258,13 +339,13 @@ class Logic(BaseLogic):
             self._grad_scaler.update()
 
     def train_validation_begin(self, models: Mapping[str, torch.nn.Module]) -> None:
-        models[self.model_name].eval()
+        self._model(models).eval()
 
     def train_validation_end(self, models: Mapping[str, torch.nn.Module]) -> None:
-        models[self.model_name].train()
+        self._model(models).train()
 
     def eval_step(self, models: Mapping[str, torch.nn.Module], batch_idx: int, batch: Any) -> Any:
-        model = models[self.model_name]
+        model = self._model(models)
         if self._autocast_kwargs is None:
             return self._forward(model, batch)
         with self._autocast(model):
@@ -285,9 +366,23 @@ def _explain_forward_mismatch(model: torch.nn.Module, batch: Any, exc: TypeError
         else:
             signature.bind(batch)
     except TypeError as mismatch:
-        given = f"keys {sorted(batch)}" if isinstance(batch, Mapping) else type(batch).__name__
+        if isinstance(batch, Mapping):
+            given = f"a dict with keys {sorted(batch)}"
+            rule = "dict batches are passed as keyword arguments, so their keys must match"
+        elif isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
+            given = f"a {type(batch).__name__} of {len(batch)} items"
+            rule = "list/tuple batches are passed as positional arguments, so their items match"
+        else:
+            given = f"a single {type(batch).__name__}"
+            rule = "any other batch is passed as the single argument, so it must match"
+        # Parameter names only: annotations make the message long and say nothing about the fix.
+        empty = inspect.Parameter.empty
+        names = signature.replace(
+            parameters=[p.replace(annotation=empty) for p in signature.parameters.values()],
+            return_annotation=empty,
+        )
         raise BatchMismatchError(
-            f"the batch does not fit {type(model).__name__}.forward{signature}: {mismatch}. "
-            f"The loader yielded {given}; dict batches are passed as keyword arguments, so "
-            "their keys must match forward's parameter names."
+            f"the batch does not fit {type(model).__name__}.forward{names}: {mismatch}. "
+            f"The loader yielded {given}; {rule} forward's parameters. Change the loader's "
+            "collate_fn or forward's signature so they agree."
         ) from exc

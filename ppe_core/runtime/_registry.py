@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 
 from ppe_core._registry import Registry
-from ppe_core.errors import RuntimeNotFoundError
+from ppe_core.errors import ArgumentTypeError, ConfigurationError, RuntimeNotFoundError
 from ppe_core.runtime._runtime import BaseRuntime, DeviceLike, PyTorchRuntime
 
 __all__ = ["RuntimeRegistry", "device_type_of"]
@@ -23,10 +23,13 @@ def device_type_of(device: DeviceLike) -> str:
         return device.type
     if isinstance(device, str):
         if not device:
-            raise ValueError("device must be a non-empty string such as 'cpu' or 'cuda:0'")
+            raise ConfigurationError(
+                "device is an empty string; pass a device such as 'cpu', 'cuda:0' or 'auto'"
+            )
         return device.split(":", 1)[0]
-    raise TypeError(
-        f"device must be a str such as 'cuda:0' or a torch.device, got {type(device).__name__}"
+    raise ArgumentTypeError(
+        f"device must be a str or a torch.device, got {type(device).__name__} {device!r}; pass "
+        "e.g. device='cpu', device='cuda:0' or torch.device('cuda', 0)"
     )
 
 
@@ -55,15 +58,19 @@ class RuntimeRegistry(Registry[type[BaseRuntime]]):
         # Returns why a device type's known provider is unavailable (failed or blocked).
         self._provider_failure = provider_failure
 
-    def _validate(self, name: str, obj: type[BaseRuntime]) -> None:
+    def _validate(self, name: str, obj: object) -> None:
         if not (isinstance(obj, type) and issubclass(obj, BaseRuntime)):
-            raise TypeError(
+            what = "an instance" if isinstance(obj, BaseRuntime) else "not a runtime class"
+            raise ArgumentTypeError(
                 f"runtime for {name!r} must be a subclass of ppe_core.runtime.BaseRuntime, "
-                f"got {obj!r}"
+                f"got {obj!r} ({what}); register the class itself, e.g. "
+                f"register({name!r}, MyRuntime) with class MyRuntime(PyTorchRuntime)"
             )
         if ":" in name:
-            raise ValueError(
-                f"register runtimes for a device type such as 'cuda', not a device ({name!r})"
+            raise ConfigurationError(
+                f"runtimes are registered for a device type, not a device: got {name!r}; "
+                f"register {name.split(':', 1)[0]!r} instead (the runtime receives the full "
+                "device spec when constructed)"
             )
 
     def get_runtime_class_for_device_spec(self, device: DeviceLike) -> type[BaseRuntime]:

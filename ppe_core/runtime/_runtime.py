@@ -143,7 +143,13 @@ class PyTorchRuntime(BaseRuntime):
 
     def __init__(self, device_spec: DeviceLike, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(device_spec, options)
-        self._device = torch.device(device_spec)
+        try:
+            self._device = torch.device(device_spec)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"{type(self).__name__} cannot use the device {device_spec!r}: {exc}. Pass a "
+                "device type with an optional index, e.g. 'cpu', 'cuda' or 'cuda:1'."
+            ) from exc
 
     @property
     def device(self) -> torch.device:

@@ -7,6 +7,7 @@ from typing import Any, TypeVar, overload
 
 import torch
 
+from ppe_core.errors import ArgumentTypeError
 from ppe_core.runtime._runtime import BaseRuntime, DeviceLike, _tag
 
 __all__ = ["to"]
@@ -57,12 +58,22 @@ def to(
 
     Raises:
         RuntimeNotFoundError: no runtime is available for the device type.
-        TypeError: ``module_or_tensor`` is neither a module nor a tensor.
+        ArgumentTypeError: ``module_or_tensor`` is neither a module nor a tensor, or
+            ``runtime_class`` is not a runtime class (also a ``TypeError``).
     """
     if not isinstance(module_or_tensor, (torch.nn.Module, torch.Tensor)):
-        raise TypeError(
+        raise ArgumentTypeError(
             "ppe.to expects a torch.nn.Module or torch.Tensor, got "
-            f"{type(module_or_tensor).__name__}; move batches with runtime.convert_batch"
+            f"{type(module_or_tensor).__name__}; pass the model (ppe.to(model, 'cpu')). Batches "
+            "need no ppe.to: the trainer moves them with the runtime's convert_batch"
+        )
+    if runtime_class is not None and not (
+        isinstance(runtime_class, type) and issubclass(runtime_class, BaseRuntime)
+    ):
+        raise ArgumentTypeError(
+            f"ppe.to runtime_class must be a subclass of ppe_core.runtime.BaseRuntime, got "
+            f"{runtime_class!r}; pass the class (not an instance), or omit it to use the runtime "
+            "registered for the device"
         )
     if runtime_class is None:
         from ppe_core.runtime import runtime_registry

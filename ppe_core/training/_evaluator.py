@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ppe_core._reporting import DictSummary, Reporter
-from ppe_core.errors import ConfigurationError
+from ppe_core.errors import ArgumentTypeError, ConfigurationError
 
 if TYPE_CHECKING:
     from ppe_core.handler import BaseHandler
@@ -25,15 +25,25 @@ def loader_length(loader: Iterable[Any], given: int | None, argument: str) -> in
     """The number of batches to take from ``loader``, with a clear error when unknowable."""
     if given is not None:
         if not isinstance(given, int) or isinstance(given, bool) or given < 1:
-            raise ConfigurationError(f"{argument} must be a positive int, got {given!r}")
+            raise ConfigurationError(
+                f"{argument} must be a positive int, got {given!r}; pass the number of batches "
+                f"to take per pass, or leave it out for len(loader)"
+            )
         return given
     try:
-        return len(loader)  # type: ignore[arg-type]
+        length = len(loader)  # type: ignore[arg-type]
     except TypeError:
         raise ConfigurationError(
             f"the loader ({type(loader).__name__}) has no len(), so the number of batches is "
             f"unknown; pass {argument}=<batches per epoch>."
         ) from None
+    if length < 1:
+        raise ConfigurationError(
+            f"the loader ({type(loader).__name__}) is empty: len() is {length}. Check the "
+            "dataset, and batch_size with drop_last=True (a dataset smaller than one batch "
+            "yields nothing)."
+        )
+    return length
 
 
 class Evaluator:
@@ -65,7 +75,7 @@ class Evaluator:
         self.handler = handler
         self.models = dict(models)
         self._progress_bar = progress_bar
-        self._metrics = list(metrics or [])
+        self._metrics = _check_metrics(metrics)
         self._profile = profile
         self._distributed = distributed
         self.summary = DictSummary()
@@ -92,9 +102,10 @@ class Evaluator:
                     with reporter.scope(observation):
                         outputs = handler.eval_step(self, batch_idx, batch)
                     for metric in self._metrics:
-                        observation.update(
-                            {f"val/{k}": v for k, v in metric(batch, outputs).items()}
-                        )
+                        values = metric(batch, outputs)
+                        if not isinstance(values, Mapping):
+                            raise _metric_result_error(metric, values)
+                        observation.update({f"val/{k}": v for k, v in values.items()})
                     summary.add(observation)
                     if bar is not None:
                         bar.update(1)
@@ -117,6 +128,36 @@ class Evaluator:
 
         report(means)
         return means
+
+
+def _check_metrics(metrics: Any) -> list[Metric]:
+    if metrics is None:
+        return []
+    if (
+        callable(metrics)
+        or isinstance(metrics, (str, Mapping))
+        or not isinstance(metrics, Iterable)
+    ):
+        raise ArgumentTypeError(
+            f"metrics must be a list of callables metric(batch, outputs) -> dict, got "
+            f"{type(metrics).__name__}; wrap a single metric in a list: metrics=[metric]"
+        )
+    checked: list[Metric] = list(metrics)
+    for metric in checked:
+        if not callable(metric):
+            raise ArgumentTypeError(
+                f"every metric must be a callable metric(batch, outputs) -> dict, got "
+                f"{type(metric).__name__} {metric!r}"
+            )
+    return checked
+
+
+def _metric_result_error(metric: Metric, values: object) -> ArgumentTypeError:
+    name = getattr(metric, "__qualname__", None) or type(metric).__name__
+    return ArgumentTypeError(
+        f"metric {name} returned {type(values).__name__} {values!r}, but a metric must return a "
+        "dict of names to values (reported as val/<name>); return e.g. {'accuracy': acc}"
+    )
 
 
 def _make_bar(total: int) -> Any:

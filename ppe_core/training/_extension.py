@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import operator
 import types
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ppe_core.errors import ConfigurationError, DuplicateRegistrationError
+from ppe_core.errors import ArgumentTypeError, ConfigurationError, DuplicateRegistrationError
 from ppe_core.training.triggers import get_trigger
 
 if TYPE_CHECKING:
@@ -190,8 +191,36 @@ class _WrappedExtension(Extension):
             loader(to_load)
 
 
-def _as_extension(ext: ExtensionLike | Extension) -> Extension:
-    return ext if isinstance(ext, Extension) else _WrappedExtension(ext)
+def _as_extension(ext: object) -> Extension:
+    if isinstance(ext, Extension):
+        return ext
+    if not callable(ext) or (isinstance(ext, type) and issubclass(ext, Extension)):
+        if isinstance(ext, type):
+            got = f"the class {ext.__name__}; pass an instance, e.g. {ext.__name__}()"
+        elif isinstance(ext, (list, tuple)):
+            got = f"a {type(ext).__name__}; register each item separately"
+        else:
+            got = f"{type(ext).__name__} {ext!r}"
+        raise ArgumentTypeError(
+            f"an extension must be a ppe.training.extension.Extension or a callable taking the "
+            f"manager, got {got}"
+        )
+    return _WrappedExtension(ext)
+
+
+def check_priority(priority: object) -> int:
+    """Returns ``priority`` as an int, or raises naming the problem.
+
+    Raises:
+        ArgumentTypeError: ``priority`` is not an integer.
+    """
+    try:
+        return operator.index(priority)  # type: ignore[arg-type]
+    except TypeError:
+        raise ArgumentTypeError(
+            f"an extension priority must be an int, got {type(priority).__name__} "
+            f"{priority!r}; use e.g. ppe.training.PRIORITY_READER (higher runs first)"
+        ) from None
 
 
 def make_extension(
@@ -283,7 +312,9 @@ class ExtensionEntry:
         call_before_training: bool = False,
     ) -> None:
         self.extension: Extension = _as_extension(extension)
-        self.priority: int = int(self.extension.priority if priority is None else priority)
+        self.priority: int = check_priority(
+            self.extension.priority if priority is None else priority
+        )
         self.call_before_training = call_before_training
         self.trigger: Trigger = get_trigger(self.extension.trigger if trigger is None else trigger)
         self._explicit_name = name is not None

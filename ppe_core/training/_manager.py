@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import difflib
 import importlib
 import time
 import types
@@ -13,7 +14,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ppe_core.errors import ConfigurationError, PPEError, PPEWarning
+from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError, PPEWarning
 from ppe_core.reporting import Observation, Reporter
 from ppe_core.training._extension import (
     PRIORITY_SNAPSHOT,
@@ -22,6 +23,7 @@ from ppe_core.training._extension import (
     ExtensionEntry,
     ExtensionLike,
     ExtensionNameError,
+    check_priority,
 )
 from ppe_core.training.triggers import NEVER, Trigger, TriggerLike, get_trigger
 
@@ -33,6 +35,7 @@ __all__ = [
     "MissingExtensionStateWarning",
     "ModelStateUnavailableError",
     "StateDictKeyError",
+    "StateDictMismatchError",
     "TransformModel",
     "default_transform_model",
     "identity_transform_model",
@@ -62,6 +65,14 @@ class StateDictKeyError(PPEError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class StateDictMismatchError(ConfigurationError, RuntimeError):
+    """A loaded model or optimizer state does not fit the registered model or optimizer.
+
+    Subclasses ``RuntimeError`` (what ``Module.load_state_dict`` raises) and ``ValueError``
+    (through :class:`ConfigurationError`, what ``Optimizer.load_state_dict`` raises).
+    """
 
 
 class MissingExtensionStateWarning(PPEWarning):
@@ -217,7 +228,10 @@ class ExtensionsManager:
                 f"iters_per_epoch must be an integer >= 1, got {iters_per_epoch!r}"
             )
         if iters_per_epoch < 1:
-            raise ConfigurationError(f"iters_per_epoch must be >= 1, got {iters_per_epoch}")
+            raise ConfigurationError(
+                f"iters_per_epoch must be >= 1, got {iters_per_epoch}; pass the number of "
+                "iterations per epoch, usually len(loader) (an empty loader gives 0)"
+            )
         self._models = self._as_named_models(models)
         self._optimizers: dict[str, torch.optim.Optimizer] = (
             dict(optimizers) if isinstance(optimizers, Mapping) else {"main": optimizers}
@@ -278,6 +292,12 @@ class ExtensionsManager:
         self._out = out_dir
         if writer is None:
             writer = _make_default_writer(out_dir)
+        elif not all(callable(getattr(writer, m, None)) for m in ("initialize", "finalize")):
+            raise ArgumentTypeError(
+                f"writer must be a ppe_core.writing writer (with initialize() and finalize()), "
+                f"got {type(writer).__name__}; pass e.g. ppe.writing.SimpleWriter(out_dir=...), "
+                "or leave it out to write to out_dir"
+            )
         self.writer: _Writer | None = writer
         if self.writer is not None:
             self.writer.initialize(self.out)
@@ -445,7 +465,7 @@ class ExtensionsManager:
         if trigger is not None:
             entry._update_trigger(trigger)
         if priority is not None:
-            entry.priority = int(priority)
+            entry.priority = check_priority(priority)
         if call_before_training:
             entry.call_before_training = True
 
@@ -479,8 +499,12 @@ class ExtensionsManager:
         """
         entry = self._entries.get(name)
         if entry is None:
+            close = difflib.get_close_matches(name, list(self._entries), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
             raise ExtensionNameError(
-                f"no extension named {name!r}; registered: {sorted(self._entries) or 'none'}"
+                f"no extension named {name!r} is registered (registered: "
+                f"{sorted(self._entries) or 'none'}); {hint}register it first with "
+                f"extend(..., name={name!r}) or ask for one of the registered names"
             )
         return entry.extension
 
@@ -816,16 +840,21 @@ class ExtensionsManager:
 
         Raises:
             StateDictKeyError: The state lacks the iteration or a registered model/optimizer.
+            StateDictMismatchError: A model's or optimizer's state does not fit it (names the
+                missing and unexpected keys).
         """
         transform = self._transform_model if transform_models is None else transform_models
         model_states = self._require(to_load, "models", self._models)
         optimizer_states = self._require(to_load, "optimizers", self._optimizers)
         if "_start_iteration" not in to_load:
-            raise StateDictKeyError("the state has no '_start_iteration' entry")
+            raise StateDictKeyError(
+                "the state has no '_start_iteration' entry; pass what trainer.state_dict() or "
+                "manager.state_dict() returned (or a snapshot file loaded with torch.load)"
+            )
         for name, model in self._models.items():
-            transform(name, model).load_state_dict(model_states[name])
+            _load_model_state(name, transform(name, model), model_states[name])
         for name, optimizer in self._optimizers.items():
-            optimizer.load_state_dict(optimizer_states[name])
+            _load_optimizer_state(name, optimizer, optimizer_states[name])
         extension_states: Mapping[str, Any] = to_load.get("extensions") or {}
         missing = []
         for name, entry in self._entries.items():
@@ -851,10 +880,93 @@ class ExtensionsManager:
     ) -> Mapping[str, Any]:
         states = to_load.get(key)
         if not isinstance(states, Mapping):
-            raise StateDictKeyError(f"the state has no {key!r} mapping")
+            raise StateDictKeyError(
+                f"the state has no {key!r} mapping (its keys: {sorted(map(str, to_load))}); pass "
+                "what trainer.state_dict() or manager.state_dict() returned, not a model's own "
+                "state_dict (load that with model.load_state_dict)"
+            )
         missing = [name for name in registered if name not in states]
         if missing:
             raise StateDictKeyError(
-                f"the state's {key!r} lacks {missing} (it holds {sorted(states)})"
+                f"the state's {key!r} lacks {missing} (it holds {sorted(states)}); register "
+                f"the {key} under the names they were saved with"
             )
         return states
+
+
+_MAX_KEYS = 8  # keys listed in a mismatch message; the rest are counted
+
+
+def _key_list(keys: Sequence[str]) -> str:
+    listed = ", ".join(repr(k) for k in keys[:_MAX_KEYS])
+    more = len(keys) - _MAX_KEYS
+    return f"[{listed}{f', ... {more} more' if more > 0 else ''}]"
+
+
+def _load_model_state(name: str, module: torch.nn.Module, state: Mapping[str, Any]) -> None:
+    """``module.load_state_dict(state)``, explaining a mismatch by model name and keys."""
+    try:
+        module.load_state_dict(state)
+    except RuntimeError as exc:
+        expected = list(module.state_dict())
+        known = set(expected)
+        missing = [k for k in expected if k not in state]
+        unexpected = [k for k in state if k not in known]
+        lines = [f"the loaded state of model {name!r} does not fit {type(module).__name__}:"]
+        if missing:
+            lines.append(f"  missing keys (in the model, not in the state): {_key_list(missing)}")
+        if unexpected:
+            lines.append(
+                f"  unexpected keys (in the state, not in the model): {_key_list(unexpected)}"
+            )
+        lines.extend(
+            f"  {line.strip()}" for line in str(exc).splitlines() if "size mismatch" in line
+        )
+        if not missing and not unexpected and len(lines) == 1:
+            lines.append(f"  {exc}")
+        prefix = "module."
+        if unexpected and all(k.startswith(prefix) for k in unexpected):
+            lines.append(
+                "The state's keys start with 'module.': it was saved from a DataParallel/"
+                "DistributedDataParallel wrapper. Pass transform_model="
+                "ppe.training.manager.default_transform_model when saving, or strip the prefix."
+            )
+        elif missing and all(k.startswith(prefix) for k in missing):
+            lines.append(
+                "The model's keys start with 'module.': unwrap it when loading with "
+                "transform_model=ppe.training.manager.default_transform_model."
+            )
+        lines.append(
+            f"Load a snapshot saved from the same architecture under the name {name!r}, or load "
+            f"the weights yourself with model.load_state_dict(state['models'][{name!r}], "
+            "strict=False) to keep the matching part."
+        )
+        raise StateDictMismatchError("\n".join(lines)) from exc
+
+
+def _load_optimizer_state(
+    name: str, optimizer: torch.optim.Optimizer, state: Mapping[str, Any]
+) -> None:
+    """``optimizer.load_state_dict(state)``, explaining a mismatch by optimizer name."""
+    fix = (
+        f"Create optimizer {name!r} as when the snapshot was saved (same type, the same "
+        "parameters in the same groups), or restore only the weights with "
+        "model.load_state_dict(state['models'][<name>])."
+    )
+    # Hyperparameters each group has now; a state from another optimizer type lacks some.
+    before = [set(group) - {"params", "param_names"} for group in optimizer.param_groups]
+    try:
+        optimizer.load_state_dict(dict(state))
+    except (ValueError, KeyError) as exc:
+        raise StateDictMismatchError(
+            f"the loaded state of optimizer {name!r} ({type(optimizer).__name__}) does not fit "
+            f"it: {exc}. {fix}"
+        ) from exc
+    for index, (keys, group) in enumerate(zip(before, optimizer.param_groups, strict=False)):
+        lacking = sorted(keys - set(group))
+        if lacking:
+            raise StateDictMismatchError(
+                f"the loaded state of optimizer {name!r} ({type(optimizer).__name__}) lacks the "
+                f"hyperparameters {lacking} in param group {index}: it was saved from a "
+                f"different optimizer type. {fix}"
+            )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ppe_core.errors import ConfigurationError
 from ppe_core.runtime import DeviceLike, PyTorchRuntime, device_type_of
 
 __all__ = ["CPURuntime"]
@@ -19,5 +20,8 @@ class CPURuntime(PyTorchRuntime):
 
     def __init__(self, device_spec: DeviceLike, options: Mapping[str, Any] | None = None) -> None:
         if device_type_of(device_spec) != "cpu":
-            raise ValueError(f"CPURuntime serves 'cpu' devices, got {device_spec!r}")
+            raise ConfigurationError(
+                f"CPURuntime serves 'cpu' devices, got {device_spec!r}; pass device='cpu', or "
+                "leave runtime_class unset so the device's own runtime is looked up"
+            )
         super().__init__(device_spec, options)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ppe_core.errors import PPEError
+from ppe_core.errors import ConfigurationError, PPEError
 from ppe_core.runtime import DeviceLike, PyTorchRuntime, device_type_of
 
 __all__ = ["CUDARuntime", "CUDAUnavailableError"]
@@ -26,9 +26,12 @@ class CUDARuntime(PyTorchRuntime):
 
     def __init__(self, device_spec: DeviceLike, options: Mapping[str, Any] | None = None) -> None:
         if device_type_of(device_spec) != "cuda":
-            raise ValueError(f"CUDARuntime serves 'cuda' devices, got {device_spec!r}")
+            raise ConfigurationError(
+                f"CUDARuntime serves 'cuda' devices, got {device_spec!r}; pass device='cuda' or "
+                "'cuda:N', or leave runtime_class unset so the device's own runtime is looked up"
+            )
+        super().__init__(device_spec, options)  # validates the spec; touches no driver
         _require_cuda(device_spec)
-        super().__init__(device_spec, options)
 
     def rng_state(self) -> torch.Tensor:
         """This device's CUDA RNG state, saved in snapshots for bit-exact resume."""
@@ -55,5 +58,6 @@ def _require_cuda(device_spec: DeviceLike) -> None:
     if index is not None and index >= count:
         raise CUDAUnavailableError(
             f"device {str(device_spec)!r} does not exist: {count} CUDA device(s) are visible "
-            f"(indices 0..{count - 1})."
+            f"(indices 0..{count - 1}). Pass one of those, e.g. 'cuda:0', or check "
+            "CUDA_VISIBLE_DEVICES."
         )

@@ -11,7 +11,11 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 from ppe_core.errors import ConfigurationError
 from ppe_core.reporting import DictSummary
 from ppe_core.training._extension import PRIORITY_READER, Extension
-from ppe_core.training.extensions._util import EveryIteration, OptionalDependencyError
+from ppe_core.training.extensions._util import (
+    EveryIteration,
+    OptionalDependencyError,
+    key_tuple,
+)
 from ppe_core.training.triggers import NEVER, TriggerLike, get_trigger
 
 if TYPE_CHECKING:
@@ -134,7 +138,8 @@ class LogReport(Extension):
             format = _infer_format(filename)
         if format not in LOG_FORMATS:
             raise ConfigurationError(
-                f"LogReport format must be one of {list(LOG_FORMATS)}, got {format!r}"
+                f"LogReport format must be one of {list(LOG_FORMATS)}, got {format!r}; pass one "
+                "of them, or leave format out and end the filename in .json, .jsonl or .yaml"
             )
         if format == "yaml":
             _require_yaml()
@@ -145,7 +150,7 @@ class LogReport(Extension):
             )
         # The extension itself runs every iteration to accumulate; `_trigger` decides output.
         self.trigger = EveryIteration()
-        self._keys = None if keys is None else tuple(keys)
+        self._keys = None if keys is None else key_tuple(keys, "LogReport", "keys")
         self._trigger = get_trigger(trigger)
         self._postprocess = postprocess
         self._filename = filename

@@ -9,9 +9,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from ppe_core.errors import ConfigurationError
-from ppe_core.training._extension import PRIORITY_READER, Extension
+from ppe_core.training._extension import PRIORITY_READER, Extension, ExtensionNameError
 from ppe_core.training.extensions._log_report import LogReport
-from ppe_core.training.extensions._util import is_terminal
+from ppe_core.training.extensions._util import is_terminal, key_tuple
 from ppe_core.training.triggers import Trigger
 
 if TYPE_CHECKING:
@@ -107,7 +107,9 @@ class PrintReport(Extension):
             )
         self.trigger = _NewEntriesTrigger(self)
         self._infer = entries is None
-        self._columns: list[str] = [] if entries is None else list(entries)
+        self._columns: list[str] = (
+            [] if entries is None else list(key_tuple(entries, "PrintReport", "entries"))
+        )
         self._seen: list[str] = []
         self._log_report = log_report
         self._feeds_log_report = isinstance(log_report, LogReport)
@@ -127,7 +129,16 @@ class PrintReport(Extension):
                 "PrintReport needs a manager with get_extension() to find the LogReport "
                 f"{self._log_report!r}; pass the LogReport instance instead"
             )
-        extension = get_extension(self._log_report)
+        try:
+            extension = get_extension(self._log_report)
+        except ExtensionNameError:
+            names = sorted(name for name, _ in getattr(manager, "extensions", ()))
+            raise ExtensionNameError(
+                f"PrintReport prints the log of the LogReport registered as "
+                f"{self._log_report!r}, but no extension has that name (registered: {names}). "
+                "Register a LogReport too, e.g. extensions=[LogReport(), PrintReport(...)], or "
+                "pass PrintReport(log_report='<its name>')."
+            ) from None
         if not isinstance(extension, LogReport):
             raise ConfigurationError(
                 f"PrintReport log_report {self._log_report!r} names a "

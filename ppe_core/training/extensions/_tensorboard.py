@@ -12,7 +12,7 @@ from ppe_core.errors import ConfigurationError
 from ppe_core.reporting import DictSummary
 from ppe_core.training._extension import Extension
 from ppe_core.training.extensions._plot_report import DueCheck, missing_extra_error
-from ppe_core.training.extensions._util import EveryIteration
+from ppe_core.training.extensions._util import EveryIteration, key_tuple
 from ppe_core.training.triggers import get_trigger
 
 if TYPE_CHECKING:
@@ -191,7 +191,7 @@ class TensorBoard(Extension):
             _check_tensorboard("TensorBoard")
         self._given_writer = writer
         self._out_dir = out_dir
-        self._keys = None if keys is None else tuple(keys)
+        self._keys = None if keys is None else key_tuple(keys, "TensorBoard", "keys")
         self.trigger = EveryIteration()  # it must see every iteration's values
         self._trigger = DueCheck(get_trigger(trigger))
         self._summary = DictSummary()

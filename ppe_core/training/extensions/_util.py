@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from typing import IO, TYPE_CHECKING, Any
 
-from ppe_core.errors import PPEError
+from ppe_core.errors import ArgumentTypeError, PPEError
 from ppe_core.training.triggers import Trigger
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
 
-__all__ = ["EveryIteration", "OptionalDependencyError", "in_notebook", "is_terminal"]
+__all__ = ["EveryIteration", "OptionalDependencyError", "in_notebook", "is_terminal", "key_tuple"]
 
 
 class OptionalDependencyError(PPEError, ImportError):
@@ -53,3 +54,31 @@ def in_notebook() -> bool:
     Only looks at already imported modules, so it never imports IPython itself.
     """
     return "ipykernel.zmqshell" in sys.modules
+
+
+def key_tuple(keys: object, owner: str, argument: str) -> tuple[str, ...]:
+    """``keys`` as a tuple of observation keys, rejecting a bare string.
+
+    A string is iterable, so ``LogReport(keys="loss")`` would otherwise track the keys
+    ``"l"``, ``"o"``, ``"s"`` and never report anything.
+
+    Raises:
+        ArgumentTypeError: ``keys`` is a string, not iterable, or holds a non-string.
+    """
+    if isinstance(keys, str):
+        raise ArgumentTypeError(
+            f"{owner} {argument} must be a list of keys, got the string {keys!r}; wrap it in a "
+            f"list: {owner}({argument}=[{keys!r}])"
+        )
+    if not isinstance(keys, Iterable):
+        raise ArgumentTypeError(
+            f"{owner} {argument} must be a list of keys, got {type(keys).__name__} {keys!r}"
+        )
+    result = tuple(keys)
+    wrong = [key for key in result if not isinstance(key, str)]
+    if wrong:
+        raise ArgumentTypeError(
+            f"{owner} {argument} must hold observation keys (strings) such as 'train/loss', "
+            f"got {wrong!r}"
+        )
+    return result

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from ppe_core.errors import ConfigurationError
+from ppe_core.errors import ArgumentTypeError, ConfigurationError
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
@@ -24,7 +24,7 @@ UNITS = ("epoch", "iteration")
 _MAX_DENOMINATOR = 1_000_000
 
 
-class TriggerTypeError(ConfigurationError, TypeError):
+class TriggerTypeError(ArgumentTypeError):
     """A trigger or trigger argument has the wrong type.
 
     Subclasses both ``ValueError`` (through :class:`ConfigurationError`) and ``TypeError``, so

@@ -1,0 +1,655 @@
+"""The bad-input catalogue: each misuse, done through the public API, gets an error that names
+the problem and the fix. docs/errors.md lists every case with the test that backs it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from ppe_cuda import CUDAUnavailableError
+from torch.utils.data import DataLoader
+
+import ppe_core as ppe
+import ppe_core.testing
+from ppe_core.errors import (
+    ArgumentTypeError,
+    ConfigurationError,
+    DuplicateRegistrationError,
+    RegistryLookupError,
+    RuntimeNotFoundError,
+)
+from ppe_core.handler import BatchMismatchError, ModelOutputError, NoRuntimeError
+from ppe_core.reporting import EmptySummaryError, UnknownObserverError
+from ppe_core.training.extension import DuplicateExtensionError, ExtensionNameError
+from ppe_core.training.extensions._fail_on_non_number import NonFiniteParameterError
+from ppe_core.training.extensions._lr_scheduler import MissingObservationError
+from ppe_core.training.manager import (
+    ManagerStateError,
+    ModelStateUnavailableError,
+    StateDictKeyError,
+    StateDictMismatchError,
+)
+from ppe_core.training.triggers import TriggerTypeError
+
+E = ppe.training.extensions
+
+
+# Models, loaders and helpers -----------------------------------------------------------------
+class Regressor(torch.nn.Module):
+    """The house style: keyword inputs, a dict holding the loss."""
+
+    def __init__(self, features: int = 2) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(features, 1)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> Any:
+        return {"loss": torch.nn.functional.mse_loss(self.fc(x), t)}
+
+
+class OtherNet(torch.nn.Module):
+    """A different architecture: its state has other keys than Regressor's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Linear(2, 1)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> Any:
+        return {"loss": torch.nn.functional.mse_loss(self.body(x), t)}
+
+
+def batches(n: int = 4) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [{"x": torch.randn(3, 2, generator=g), "t": torch.randn(3, 1, generator=g)}] * n
+
+
+def model_on_cpu(model: torch.nn.Module | None = None) -> torch.nn.Module:
+    return ppe.to(model if model is not None else Regressor(), "cpu")
+
+
+def sgd(model: torch.nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def make_trainer(model: torch.nn.Module | None = None, **kwargs: Any) -> ppe.training.Trainer:
+    model = model_on_cpu(model)
+    return ppe.engine.create_trainer(model, sgd(model), kwargs.pop("max_epochs", 1), **kwargs)
+
+
+def says(error: pytest.ExceptionInfo[BaseException], *phrases: str) -> None:
+    """The message holds every phrase: the problem and the fix."""
+    message = str(error.value)
+    missing = [p for p in phrases if p not in message]
+    assert not missing, f"{missing} not in message:\n{message}"
+
+
+def manager_for(model: torch.nn.Module, **kwargs: Any) -> ppe.training.ExtensionsManager:
+    return ppe.training.ExtensionsManager(model, sgd(model), 1, iters_per_epoch=1, **kwargs)
+
+
+# Model outputs and batches ---------------------------------------------------------------------
+def test_output_not_a_dict() -> None:
+    class ListOutput(Regressor):
+        def forward(self, x: torch.Tensor, t: torch.Tensor) -> Any:
+            return [self.fc(x).sum()]
+
+    with pytest.raises(ModelOutputError) as info:
+        make_trainer(ListOutput()).run(batches())
+    says(info, "the model returned list", "Return a dict from forward", "{'loss': loss}")
+
+
+def test_backward_outputs_key_missing() -> None:
+    trainer = make_trainer(options={"backward_outputs": ["los"]})
+    with pytest.raises(ModelOutputError) as info:
+        trainer.run(batches())
+    says(info, "backward_outputs names ['los']", "returned the keys ['loss']", "fix the option")
+
+
+def test_output_without_loss() -> None:
+    class NoLoss(Regressor):
+        def forward(self, x: torch.Tensor, t: torch.Tensor) -> Any:
+            return {"prediction": self.fc(x)}
+
+    with pytest.raises(ModelOutputError) as info:
+        make_trainer(NoLoss()).run(batches())
+    says(info, "nothing to backpropagate", "{'loss': loss}", "backward_outputs")
+
+
+def test_loss_not_scalar() -> None:
+    class VectorLoss(Regressor):
+        def forward(self, x: torch.Tensor, t: torch.Tensor) -> Any:
+            return {"loss": (self.fc(x) - t) ** 2}
+
+    trainer = make_trainer(VectorLoss(), options={"backward_outputs": ["loss"]})
+    with pytest.raises(ModelOutputError) as info:
+        trainer.run(batches())
+    says(info, "'loss' has shape (3, 1)", "needs a scalar", "loss.mean()", "backward_function")
+
+
+def test_loss_without_grad() -> None:
+    class DetachedLoss(Regressor):
+        def forward(self, x: torch.Tensor, t: torch.Tensor) -> Any:
+            return {"loss": torch.nn.functional.mse_loss(self.fc(x), t).detach()}
+
+    trainer = make_trainer(DetachedLoss(), options={"backward_outputs": ["loss"]})
+    with pytest.raises(ModelOutputError) as info:
+        trainer.run(batches())
+    says(info, "'loss' does not require grad", "not under torch.no_grad()", "detach")
+
+
+def test_batch_keys_do_not_fit_forward() -> None:
+    bad = [{"inputs": torch.randn(3, 2), "t": torch.randn(3, 1)}] * 2
+    with pytest.raises(BatchMismatchError) as info:
+        make_trainer().run(bad)
+    says(info, "Regressor.forward(x, t)", "keys ['inputs', 't']", "keyword arguments")
+
+
+def test_batch_tuple_does_not_fit_forward() -> None:
+    with pytest.raises(BatchMismatchError) as info:
+        make_trainer().run([(torch.randn(3, 2),)] * 2)
+    says(info, "missing a required argument: 't'", "tuple of 1 items", "positional arguments")
+
+
+# Devices and runtimes ----------------------------------------------------------------------
+def test_run_without_ppe_to() -> None:
+    model = Regressor()
+    trainer = ppe.engine.create_trainer(model, sgd(model), 1)
+    with pytest.raises(NoRuntimeError) as info:
+        trainer.run(batches())
+    says(info, "was moved with ppe.to", "ppe.to(model, 'cpu')")
+
+
+def test_unknown_device() -> None:
+    with pytest.raises(RuntimeNotFoundError) as info:
+        make_trainer(device="tpu")
+    says(info, "No runtime is registered under 'tpu'", "Registered runtimes: cpu, cuda")
+    says(info, "pip install", "runtime_registry.register('tpu', MyRuntime)")
+
+
+def test_invalid_device_string() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        ppe.to(Regressor(), "cpu:first")
+    says(info, "cannot use the device 'cpu:first'", "e.g. 'cpu', 'cuda' or 'cuda:1'")
+
+
+def test_device_of_wrong_type() -> None:
+    with pytest.raises(ArgumentTypeError) as info:
+        ppe.to(Regressor(), 0)  # type: ignore[call-overload]
+    says(info, "device must be a str or a torch.device, got int", "device='cuda:0'")
+
+
+def test_auto_device_without_plugin() -> None:
+    with ppe_core.testing.plugin_host(), pytest.raises(ConfigurationError) as info:
+        make_trainer(device="auto")
+    says(info, "device='auto' needs a plugin", "none answered", "pip install ppe-cpu", "'cpu'")
+
+
+def test_cuda_on_cpu_only_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(CUDAUnavailableError) as info:
+        ppe.to(Regressor(), "cuda")
+    says(info, "device 'cuda' was requested but", "use device='cpu'")
+
+
+def test_ppe_to_non_module() -> None:
+    with pytest.raises(ArgumentTypeError) as info:
+        ppe.to([torch.zeros(1)], "cpu")  # type: ignore[call-overload]
+    says(info, "expects a torch.nn.Module or torch.Tensor, got list", "pass the model")
+
+
+def test_register_non_runtime_class() -> None:
+    with pytest.raises(ArgumentTypeError) as info:
+        ppe.runtime.runtime_registry.register("mydev", Regressor)  # type: ignore[arg-type]
+    says(info, "must be a subclass of ppe_core.runtime.BaseRuntime", "MyRuntime(PyTorchRuntime)")
+
+
+def test_register_runtime_instance() -> None:
+    with pytest.raises(ArgumentTypeError) as info:
+        ppe.runtime.runtime_registry.register(
+            "mydev",
+            ppe.runtime.PyTorchRuntime("cpu"),  # type: ignore[arg-type]
+        )
+    says(info, "(an instance)", "register the class itself")
+
+
+def test_register_runtime_for_a_device() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        ppe.runtime.runtime_registry.register("cuda:1", ppe.runtime.PyTorchRuntime)
+    says(info, "not a device: got 'cuda:1'", "register 'cuda' instead")
+
+
+def test_duplicate_runtime_registration() -> None:
+    with pytest.raises(DuplicateRegistrationError) as info:
+        ppe.runtime.runtime_registry.register("cpu", ppe.runtime.PyTorchRuntime)
+    says(info, "'cpu' is already registered by plugin 'ppe_cpu'", "replace=True")
+
+
+def test_plugin_hook_typo() -> None:
+    class Plugin:
+        @ppe.hookimpl
+        def ppe_register_runtime(self, registry: Any) -> None:  # "runtimes" misspelt
+            pass
+
+    with pytest.raises(ConfigurationError) as info:
+        ppe.plugins.get_plugin_host().register(Plugin(), name="typo")
+    says(info, "unknown hook 'ppe_register_runtime'", "known hooks:", "ppe_register_runtimes")
+
+
+# create_trainer / create_evaluator arguments -------------------------------------------------
+def test_model_of_wrong_type() -> None:
+    with pytest.raises(ArgumentTypeError) as info:
+        ppe.engine.create_trainer("resnet", sgd(Regressor()), 1)  # type: ignore[arg-type]
+    says(info, "models must be a torch.nn.Module", "models['main'] is str")
+
+
+def test_optimizer_class_instead_of_instance() -> None:
+    with pytest.raises(ArgumentTypeError) as info:
+        ppe.engine.create_trainer(Regressor(), torch.optim.SGD, 1)  # type: ignore[arg-type]
+    says(info, "the class SGD, not an instance", "torch.optim.SGD(model.parameters(), lr=0.1)")
+
+
+@pytest.mark.parametrize("max_epochs", [0, -1, 1.5])
+def test_max_epochs_not_positive(max_epochs: Any) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        make_trainer(max_epochs=max_epochs)
+    says(info, f"max_epochs must be a positive int, got {max_epochs!r}", "e.g. 10")
+
+
+def test_create_trainer_unknown_argument() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        make_trainer(extension=[E.LogReport()])
+    says(info, "unexpected argument(s) 'extension'", "did you mean 'extensions'?")
+
+
+def test_extensions_not_a_list() -> None:
+    with pytest.raises(ArgumentTypeError) as info:
+        make_trainer(extensions=E.LogReport())
+    says(info, "extensions must be a list", "got LogReport", "extensions=[extension]")
+
+
+def test_unknown_option() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        make_trainer(options={"backward_output": ["loss"]})
+    says(info, "unknown option(s) ['backward_output']", "Check the spelling")
+
+
+def test_options_not_a_dict() -> None:
+    with pytest.raises(ArgumentTypeError) as info:
+        make_trainer(options=["autocast"])
+    says(info, "options must be a dict", "got list", "options={'name': value}")
+
+
+def test_option_of_wrong_type() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        make_trainer(options={"backward_function": "backward"})
+    says(info, "'backward_function' must be a callable", "got str", "leave it out")
+
+
+def test_unknown_runtime_option() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        make_trainer(runtime_options={"pin_memory": True})
+    says(info, "does not understand the runtime option(s) 'pin_memory'", "Remove them")
+
+
+def test_handler_class_not_a_handler() -> None:
+    with pytest.raises(ArgumentTypeError) as info:
+        make_trainer(handler_class=ppe.handler.Logic)
+    says(info, "handler_class must be a subclass of ppe_core.handler.Handler", "omit it")
+
+
+def test_writer_of_wrong_type() -> None:
+    with pytest.raises(ArgumentTypeError) as info:
+        make_trainer(writer="result").run(batches())
+    says(info, "writer must be a ppe_core.writing writer", "got str", "SimpleWriter(out_dir=")
+
+
+def test_profile_without_step() -> None:
+    with pytest.raises(ArgumentTypeError) as info:
+        make_trainer(profile=True)
+    says(info, "profile must be a torch.profiler.profile", "got bool", "leave it out")
+
+
+# Logic and model/optimizer names -------------------------------------------------------------
+def test_optimizer_keys_do_not_match_models() -> None:
+    model = model_on_cpu()
+    trainer = ppe.engine.create_trainer({"main": model}, {"net": sgd(model)}, 1)
+    with pytest.raises(ConfigurationError) as info:
+        trainer.run(batches())
+    says(info, "trains the optimizer named 'main'", "named ['net']", "optimizers={'main': ")
+
+
+def test_model_keys_without_main() -> None:
+    model = model_on_cpu()
+    trainer = ppe.engine.create_trainer({"net": model}, {"net": sgd(model)}, 1)
+    with pytest.raises(ConfigurationError) as info:
+        trainer.run(batches())
+    says(info, "trains the model named 'main'", "named ['net']", "Logic(model_name='net')")
+
+
+def test_several_models_with_default_logic() -> None:
+    a, b = model_on_cpu(), model_on_cpu()
+    trainer = ppe.engine.create_trainer({"a": a, "b": b}, {"a": sgd(a), "b": sgd(b)}, 1)
+    with pytest.raises(ConfigurationError) as info:
+        trainer.run(batches())
+    says(info, "named ['a', 'b']", "trains one model", "subclass ppe.handler.BaseLogic")
+
+
+def test_logic_name_not_registered() -> None:
+    with pytest.raises(RegistryLookupError) as info:
+        make_trainer(logic="gan")
+    says(info, "No logic is registered under 'gan'", "Registered logics: default")
+    says(info, "install the plugin that provides it", "ppe_register_logics(registry)")
+
+
+def test_logic_class_instead_of_instance() -> None:
+    with pytest.raises(ArgumentTypeError) as info:
+        make_trainer(logic=ppe.handler.Logic)
+    says(info, "got the class Logic", "pass an instance, e.g. logic=Logic()")
+
+
+# Triggers ---------------------------------------------------------------------------------
+def test_trigger_bad_unit() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        E.LogReport(trigger=(1, "epochs"))
+    says(info, "unit must be 'epoch' or 'iteration', got 'epochs'", "did you mean 'epoch'?")
+
+
+def test_trigger_negative_period() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        make_trainer(stop_trigger=(-1, "epoch")).run(batches())
+    says(info, "period must be a finite number > 0, got -1", "use e.g. 1 or 0.5")
+
+
+def test_trigger_string() -> None:
+    trainer = make_trainer()
+    trainer.extend(E.LogReport(), trigger="epoch")
+    with pytest.raises(TriggerTypeError) as info:
+        trainer.run(batches())
+    says(info, "cannot make a trigger from str 'epoch'", "(1, 'epoch')")
+
+
+def test_trigger_fractional_iterations() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        E.LogReport(trigger=(1.5, "iteration"))
+    says(info, "must be a whole number, got 1.5", "unit='epoch'")
+
+
+# Extensions and the manager ----------------------------------------------------------------
+def test_extension_name_clash() -> None:
+    trainer = make_trainer()
+    trainer.extend(E.LogReport(), name="log")
+    trainer.extend(E.LogReport(filename="other"), name="log")
+    with pytest.raises(DuplicateExtensionError) as info:
+        trainer.run(batches())
+    says(info, "an extension named 'log' is already registered", "pass a different name=")
+
+
+def test_extension_name_reserved() -> None:
+    manager = manager_for(Regressor())
+    with pytest.raises(ExtensionNameError) as info:
+        manager.extend(E.LogReport(), name="training")
+    says(info, "'training' is reserved", "pass another name=")
+
+
+def test_extension_not_callable() -> None:
+    with pytest.raises(ArgumentTypeError) as info:
+        make_trainer(extensions=[E.LogReport]).run(batches())
+    says(info, "an extension must be", "got the class LogReport", "e.g. LogReport()")
+
+
+def test_extension_priority_not_int() -> None:
+    manager = manager_for(Regressor())
+    with pytest.raises(ArgumentTypeError) as info:
+        manager.extend(E.LogReport(), priority="high")
+    says(info, "priority must be an int, got str 'high'", "PRIORITY_READER")
+
+
+def test_get_extension_unknown_name() -> None:
+    manager = manager_for(Regressor(), extensions=[E.LogReport()])
+    with pytest.raises(ExtensionNameError) as info:
+        manager.get_extension("LogReprot")
+    says(info, "no extension named 'LogReprot'", "did you mean 'LogReport'?", "extend(")
+
+
+def test_unknown_extension_class() -> None:
+    with pytest.raises(AttributeError) as info:
+        E.LogReprot  # noqa: B018
+    says(info, "No extension is registered under 'LogReprot'", "Did you mean: LogReport")
+
+
+def test_step_optimizers_unknown() -> None:
+    manager = manager_for(Regressor())
+    with pytest.raises(ConfigurationError) as info:
+        manager.run_iteration(step_optimizers=["adam"])
+    says(info, "unknown optimizers ['adam']", "registered: ['main']")
+
+
+def test_models_read_without_needs_model_state() -> None:
+    manager = manager_for(Regressor(), extensions=[lambda m: m.models])
+    with pytest.raises(ModelStateUnavailableError) as info, manager.run_iteration():
+        pass
+    says(info, "models cannot be read", "needs_model_state = True")
+
+
+def test_manager_used_after_finalize() -> None:
+    manager = manager_for(Regressor())
+    with manager.run_iteration():
+        pass  # the stop trigger (1 epoch) fires: the manager finalizes
+    with pytest.raises(ManagerStateError) as info, manager.run_iteration():
+        pass
+    says(info, "the manager is finalized", "create a new manager")
+
+
+def test_print_report_without_log_report() -> None:
+    trainer = make_trainer(extensions=[E.PrintReport(["epoch", "train/loss"])])
+    with pytest.raises(ExtensionNameError) as info:
+        trainer.run(batches())
+    says(info, "LogReport registered as 'LogReport'", "extensions=[LogReport(), PrintReport(")
+
+
+def test_print_report_entries_as_string() -> None:
+    with pytest.raises(ArgumentTypeError) as info:
+        E.PrintReport("train/loss")
+    says(info, "entries must be a list of keys", "PrintReport(entries=['train/loss'])")
+
+
+def test_log_report_unknown_format() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        E.LogReport(filename="log.csv", format="csv")
+    says(info, "format must be one of ['json', 'json-lines', 'yaml'], got 'csv'", ".jsonl")
+
+
+def test_reduce_lr_on_plateau_without_monitored_key() -> None:
+    model = model_on_cpu()
+    optimizer = sgd(model)
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+    trainer = ppe.engine.create_trainer(model, optimizer, 1, extensions=[E.LRScheduler(scheduler)])
+    with pytest.raises(MissingObservationError) as info:
+        trainer.run(batches())
+    says(info, "needs the reported value 'val/loss'", "Attach an evaluator", "step_by_value(")
+
+
+def test_nan_loss_with_fail_on_non_number() -> None:
+    class Diverging(Regressor):
+        def forward(self, x: torch.Tensor, t: torch.Tensor) -> Any:
+            return {"loss": self.fc(x).sum() * float("nan")}
+
+    trainer = make_trainer(Diverging(), extensions=[E.FailOnNonNumber()])
+    with pytest.raises(NonFiniteParameterError) as info:
+        trainer.run(batches())
+    says(info, "training diverged", "optimizer 'main'", "main: fc.weight", "lower learning rate")
+
+
+# Loaders and evaluators ----------------------------------------------------------------------
+def test_val_loader_without_evaluator() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        make_trainer().run(batches(), batches())
+    says(info, "got a val_loader but the trainer has no evaluator", "evaluator=")
+
+
+def test_evaluator_without_val_loader() -> None:
+    model = model_on_cpu()
+    evaluator = ppe.engine.create_evaluator(model)
+    trainer = ppe.engine.create_trainer(model, sgd(model), 1, evaluator=evaluator)
+    with pytest.raises(ConfigurationError) as info:
+        trainer.run(batches())
+    says(info, "has an evaluator but run() got no val_loader", "run(train_loader, val_loader)")
+
+
+def test_loader_without_len() -> None:
+    def stream() -> Iterator[dict[str, torch.Tensor]]:
+        yield from batches()
+
+    with pytest.raises(ConfigurationError) as info:
+        make_trainer().run(stream())
+    says(info, "has no len()", "pass train_len=")
+
+
+def test_empty_loader() -> None:
+    loader: DataLoader[Any] = DataLoader(batches(2), batch_size=4, drop_last=True)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError) as info:
+        make_trainer().run(loader)
+    says(info, "is empty: len() is 0", "drop_last=True")
+
+
+def test_loader_shorter_than_train_len() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        make_trainer().run(batches(2), train_len=4)
+    says(info, "ran out after 2 batches but the epoch length is 4", "pass the real train_len")
+
+
+def test_metric_returns_non_dict() -> None:
+    def accuracy(batch: Any, outputs: Any) -> Any:
+        return 0.5
+
+    evaluator = ppe.engine.create_evaluator(model_on_cpu(), metrics=[accuracy])
+    with pytest.raises(ArgumentTypeError) as info:
+        evaluator.run(batches())
+    says(info, "accuracy returned float 0.5", "must return a dict", "{'accuracy': acc}")
+
+
+def test_metrics_not_a_list() -> None:
+    def accuracy(batch: Any, outputs: Any) -> Any:
+        return {"accuracy": 0.5}
+
+    with pytest.raises(ArgumentTypeError) as info:
+        ppe.engine.create_evaluator(model_on_cpu(), metrics=accuracy)  # type: ignore[arg-type]
+    says(info, "metrics must be a list of callables", "metrics=[metric]")
+
+
+# Reporting -----------------------------------------------------------------------------------
+def test_report_unregistered_observer() -> None:
+    reporter = ppe.reporting.Reporter()
+    with reporter, pytest.raises(UnknownObserverError) as info:
+        ppe.reporting.report({"loss": 1.0}, Regressor())
+    says(info, "is not registered with this Reporter", "reporter.add_observer(name, observer)")
+
+
+def test_summary_mean_of_nothing() -> None:
+    with pytest.raises(EmptySummaryError) as info:
+        ppe.reporting.Summary().compute_mean()
+    says(info, "the summary is empty", "add() values before computing a mean")
+
+
+def test_summary_add_non_number() -> None:
+    with pytest.raises(ArgumentTypeError) as info:
+        ppe.reporting.Summary().add("n/a")  # type: ignore[arg-type]
+    says(info, "takes a number or a one-element tensor", "got str 'n/a'", "summary.add(loss)")
+
+
+# Snapshots -----------------------------------------------------------------------------------
+def trained_state() -> dict[str, Any]:
+    trainer = make_trainer()
+    trainer.run(batches())
+    state: dict[str, Any] = trainer.state_dict()
+    return state
+
+
+def test_snapshot_from_other_model() -> None:
+    state = trained_state()
+    trainer = make_trainer(OtherNet())
+    trainer.load_state_dict(state)
+    with pytest.raises(StateDictMismatchError) as info:
+        trainer.run(batches())
+    says(info, "state of model 'main' does not fit OtherNet")
+    says(info, "missing keys (in the model, not in the state): ['body.weight', 'body.bias']")
+    says(info, "unexpected keys (in the state, not in the model): ['fc.weight', 'fc.bias']")
+    says(info, "same architecture", "strict=False")
+
+
+def test_snapshot_shape_mismatch() -> None:
+    state = trained_state()
+    model = Regressor(features=3)
+    with pytest.raises(StateDictMismatchError) as info:
+        manager_for(model).load_state_dict(state)
+    says(info, "does not fit Regressor", "size mismatch for fc.weight", "same architecture")
+
+
+def test_snapshot_from_data_parallel() -> None:
+    state = trained_state()
+    state["models"]["main"] = {f"module.{k}": v for k, v in state["models"]["main"].items()}
+    with pytest.raises(StateDictMismatchError) as info:
+        manager_for(Regressor()).load_state_dict(state)
+    says(info, "'module.fc.weight'", "DataParallel", "default_transform_model")
+
+
+def test_snapshot_optimizer_of_other_type() -> None:
+    state = trained_state()
+    model = Regressor()
+    manager = ppe.training.ExtensionsManager(
+        model, torch.optim.Adam(model.parameters()), 1, iters_per_epoch=1
+    )
+    with pytest.raises(StateDictMismatchError) as info:
+        manager.load_state_dict(state)
+    says(info, "optimizer 'main' (Adam) lacks the hyperparameters ['betas', 'eps']")
+    says(info, "different optimizer type", "Create optimizer 'main' as when the snapshot")
+
+
+def test_snapshot_optimizer_param_groups_differ() -> None:
+    state = trained_state()
+    model = Regressor()
+    optimizer = torch.optim.SGD([model.fc.weight], lr=0.1)
+    manager = ppe.training.ExtensionsManager(model, optimizer, 1, iters_per_epoch=1)
+    with pytest.raises(StateDictMismatchError) as info:
+        manager.load_state_dict(state)
+    says(info, "optimizer 'main' (SGD) does not fit", "the same parameters in the same groups")
+
+
+def test_model_state_dict_loaded_into_trainer() -> None:
+    trainer = make_trainer()
+    trainer.load_state_dict(Regressor().state_dict())
+    with pytest.raises(StateDictKeyError) as info:
+        trainer.run(batches())
+    says(info, "the state has no 'models' mapping", "trainer.state_dict()", "model.load_state_dict")
+
+
+def test_snapshot_lacks_a_model() -> None:
+    state = trained_state()
+    a = model_on_cpu()
+    trainer = ppe.engine.create_trainer({"main": a, "aux": model_on_cpu()}, {"main": sgd(a)}, 1)
+    trainer.load_state_dict(state)
+    with pytest.raises(StateDictKeyError) as info:
+        trainer.run(batches())
+    says(info, "the state's 'models' lacks ['aux']", "names they were saved with")
+
+
+# The catalogue -----------------------------------------------------------------------------
+def test_catalogue_documents_every_case() -> None:
+    """docs/errors.md has one row per test above, and names no test that does not exist."""
+    doc = (Path(__file__).parent.parent / "docs" / "errors.md").read_text(encoding="utf-8")
+    rows = [line for line in doc.splitlines() if line.startswith("|") and "`test_" in line]
+    documented = [re.findall(r"`(test_\w+)`", row)[-1] for row in rows]
+    cases = sorted(
+        name
+        for name, value in globals().items()
+        if name.startswith("test_")
+        and callable(value)
+        and name != "test_catalogue_documents_every_case"
+    )
+    assert len(documented) == len(set(documented)), "a test is documented twice"
+    assert sorted(documented) == cases
+    assert len(cases) >= 30
