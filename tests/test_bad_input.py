@@ -366,9 +366,8 @@ def test_trigger_negative_period() -> None:
 
 def test_trigger_string() -> None:
     trainer = make_trainer()
-    trainer.extend(E.LogReport(), trigger="epoch")
-    with pytest.raises(TriggerTypeError) as info:
-        trainer.run(batches())
+    with pytest.raises(TriggerTypeError) as info:  # at extend(), not later at run()
+        trainer.extend(E.LogReport(), trigger="epoch")
     says(info, "cannot make a trigger from str 'epoch'", "(1, 'epoch')")
 
 

@@ -71,6 +71,8 @@ class Handler(BaseHandler):
         super().__init__(logic, options)
         self._entry_runtime = entry_runtime
         self._runtimes: list[tuple[torch.nn.Module, BaseRuntime]] = []
+        self._pre_step: list[tuple[torch.nn.Module, BaseRuntime]] = []
+        self._post_step: list[tuple[torch.nn.Module, BaseRuntime]] = []
 
     def consume_options(self, options: dict[str, Any]) -> None:
         self._train_report_keys = _report_keys(
@@ -102,6 +104,9 @@ class Handler(BaseHandler):
                 "e.g. ppe.to(model, 'cpu')."
             )
         self._runtimes = found
+        # Per-step callbacks a runtime does not override are no-ops: skip the calls.
+        self._pre_step = _overriding(found, "train_pre_step")
+        self._post_step = _overriding(found, "train_post_step")
 
     # Trainer --------------------------------------------------------------------------------
     def train_setup(self, trainer: Any, loader: Iterable[Any]) -> None:
@@ -145,14 +150,13 @@ class Handler(BaseHandler):
         callback: Callable[[int, Any], None] | None = None,
     ) -> Any:
         """One training step in PPE's order; returns the model outputs."""
-        runtimes = self._runtimes
-        for module, runtime in runtimes:
+        for module, runtime in self._pre_step:
             runtime.train_pre_step(trainer, module, batch_idx, batch)
         batch = self._entry_runtime.convert_batch(batch)
         models, optimizers, logic = trainer.models, trainer.optimizers, self._logic
         outputs = logic.train_step(models, optimizers, batch_idx, batch)
         logic.train_step_optimizers(models, optimizers, batch_idx)
-        for module, runtime in runtimes:
+        for module, runtime in self._post_step:
             runtime.train_post_step(trainer, module, batch_idx, batch, outputs)
         _report_outputs(outputs, "train/", self._train_report_keys)
         if callback is not None:
@@ -193,6 +197,13 @@ class Handler(BaseHandler):
         if callback is not None:
             callback(batch_idx, outputs)
         return outputs
+
+
+def _overriding(
+    found: list[tuple[torch.nn.Module, BaseRuntime]], method: str
+) -> list[tuple[torch.nn.Module, BaseRuntime]]:
+    base = getattr(BaseRuntime, method)
+    return [(m, rt) for m, rt in found if getattr(type(rt), method) is not base]
 
 
 def _report_outputs(outputs: Any, prefix: str, keys: list[str] | None) -> None:

@@ -157,7 +157,13 @@ class PyTorchRuntime(BaseRuntime):
         return self._device
 
     def convert_batch(self, args: Any) -> Any:
-        return _map_tensors(args, self.move_tensor)
+        move = self.move_tensor
+        if type(args) is dict:  # the common batch: one level of tensors, done inline
+            return {
+                k: move(v) if isinstance(v, torch.Tensor) else _map_tensors(v, move)
+                for k, v in args.items()
+            }
+        return _map_tensors(args, move)
 
     def move_module(self, module: torch.nn.Module) -> torch.nn.Module:
         return module.to(self._device)

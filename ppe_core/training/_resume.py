@@ -113,6 +113,15 @@ class TrainerState(Extension):
         }
 
     def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
+        missing = {"torch", "python"} - set(to_load)
+        if missing:
+            from ppe_core.training._manager import StateDictKeyError
+
+            raise StateDictKeyError(
+                f"the '_trainer_state' entry lacks {sorted(missing)}; it was not written by "
+                "ppe-core's Trainer. Remove the entry from the state to resume without RNG "
+                "states (the run then continues, but not bit-exactly)."
+            )
         self.pending = dict(to_load)
 
     def start_epoch(self, loader: Iterable[Any], skip: int) -> Iterator[Any]:

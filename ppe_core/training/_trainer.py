@@ -9,7 +9,8 @@ import torch
 
 from ppe_core.errors import ConfigurationError
 from ppe_core.training._evaluator import Evaluator, loader_length
-from ppe_core.training._extension import PRIORITY_WRITER, Extension
+from ppe_core.training._extension import PRIORITY_WRITER, Extension, ExtensionEntry
+from ppe_core.training._manager import ManagerStateError
 from ppe_core.training._resume import TrainerState
 from ppe_core.training.triggers import get_trigger
 
@@ -65,7 +66,7 @@ def _normalize_evaluators(spec: EvaluatorSpec | None) -> dict[str, tuple[Evaluat
                 f"evaluator {name!r} must be created with ppe.engine.create_evaluator, "
                 f"got {type(evaluator).__name__}"
             )
-        result[name] = (evaluator, trigger)
+        result[name] = (evaluator, get_trigger(trigger))
     return result
 
 
@@ -96,10 +97,10 @@ class Trainer:
         self._optimizers = dict(optimizers)
         self._max_epochs = max_epochs
         self._evaluators = _normalize_evaluators(evaluator)
-        self._extensions: list[tuple[Any, dict[str, Any]]] = [(e, {}) for e in extensions or []]
+        self._extensions: list[tuple[Any, dict[str, Any]]] = []
         self._out_dir = out_dir
         self._writer = writer
-        self._stop_trigger = stop_trigger
+        self._stop_trigger = None if stop_trigger is None else get_trigger(stop_trigger)
         self._transform_model = transform_model
         self._profile = profile
         self._manager: ExtensionsManager | None = None
@@ -107,13 +108,16 @@ class Trainer:
         self._pending_state: dict[str, Any] | None = None
         self._val_loader: Iterable[Any] | None = None
         self._eval_len: int | None = None
+        for extension in extensions or []:
+            self.extend(extension)
 
     # Properties -------------------------------------------------------------------------------
     @property
     def manager(self) -> ExtensionsManager:
         if self._manager is None:
-            raise RuntimeError(
-                "the trainer's manager is created when run() starts (it needs the epoch length)"
+            raise ManagerStateError(
+                "the trainer's manager is created when run() starts (it needs the epoch "
+                "length); call run() first, or use trainer.models / trainer.optimizers before"
             )
         return self._manager
 
@@ -160,6 +164,9 @@ class Trainer:
         if self._manager is not None:
             self._manager.extend(extension, **kwargs)
         else:
+            # Validate now (bad trigger, priority or name), not when run() starts.
+            if not isinstance(extension, ExtensionEntry):
+                extension, kwargs = ExtensionEntry(extension, **kwargs), {}
             self._extensions.append((extension, kwargs))
 
     def state_dict(self) -> dict[str, Any]:
@@ -167,7 +174,10 @@ class Trainer:
         if self._manager is None:
             if self._pending_state is not None:
                 return self._pending_state
-            raise RuntimeError("state_dict() is available once run() has started")
+            raise ManagerStateError(
+                "state_dict() is available once run() has started; before that, save "
+                "trainer.models['main'].state_dict() and the optimizers' state_dict() directly"
+            )
         return self._manager.state_dict()
 
     def load_state_dict(self, to_load: dict[str, Any]) -> None:
@@ -197,7 +207,7 @@ class Trainer:
             manager.extend(
                 _EvaluatorExtension(self, evaluator, None if name == "main" else name),
                 name="Evaluator" if name == "main" else f"Evaluator_{name}",
-                trigger=get_trigger(trigger),
+                trigger=trigger,
             )
         for extension, kwargs in self._extensions:
             manager.extend(extension, **kwargs)
@@ -271,7 +281,7 @@ class Trainer:
                         raise ConfigurationError(
                             f"the train loader ran out after {manager.iteration % iters_per_epoch}"
                             f" batches but the epoch length is {iters_per_epoch}; pass the real "
-                            "train_len"
+                            "train_len, or leave train_len out to use len(train_loader)"
                         )
                 handler.train_epoch_end(self)
         except BaseException as exc:

@@ -147,6 +147,11 @@ class _Snapshot(Extension):
     ) -> None:
         if not isinstance(filename, str) or not filename:
             raise TypeError(f"filename must be a non-empty str template, got {filename!r}")
+        if target is not None and not hasattr(target, "state_dict"):
+            raise TypeError(
+                f"snapshot target must have state_dict()/load_state_dict() (a model, an "
+                f"optimizer, ...), got {type(target).__name__}"
+            )
         if not isinstance(n_retains, int) or n_retains == 0 or n_retains < -1:
             raise ValueError(
                 f"n_retains must be -1 (keep all) or a positive int, got {n_retains!r}"
@@ -188,7 +193,13 @@ class _Snapshot(Extension):
         if path is None:
             return
         target = manager if self._target is None else self._target
-        target.load_state_dict(state)
+        try:
+            target.load_state_dict(state)
+        except Exception as exc:
+            raise SnapshotError(
+                f"autoloading snapshot {path} failed: {exc}. Point out_dir elsewhere or remove "
+                "the snapshot if it belongs to another model."
+            ) from exc
         self.loaded_from = path
 
     def _newest_valid(self, out_dir: str) -> tuple[str | None, Any]:
