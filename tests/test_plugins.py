@@ -422,6 +422,9 @@ def test_cli_lists_installed_plugins_with_versions_and_failures(installed_plugin
     ):
         assert rows[key]["distribution"] == "ppe-testdevice" and rows[key]["version"] == "1.2.3"
     assert rows[("runtimes", "cpu")]["plugin"] == "ppe_cpu"
+    for name in ("LogReport", "PrintReport", "ProgressBar", "snapshot", "LRScheduler"):
+        assert rows[("extensions", name)]["plugin"] == "ppe_core.extensions"  # built-in plugin
+    assert rows[("logics", "default")]["plugin"] == "ppe_core.logics"
     # One warning for the broken plugin, on stderr, naming it.
     assert result.stderr.count("PluginLoadWarning") == 1
     assert "ppe-brokenplugin 0.0.1" in result.stderr
@@ -466,3 +469,31 @@ def test_cli_info_prints_versions_and_plugin_lines(installed_plugins: Path) -> N
     assert "torch: " in result.stdout and "ppe-core: 0.1.0" in result.stdout
     assert "testdev: simulated device, always available" in result.stdout
     assert "cuda: " in result.stdout
+
+
+def test_a_broken_plugin_does_not_take_down_training_on_another_device(
+    installed_plugins: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(installed_plugins))
+    with pytest.warns(PluginLoadWarning, match="brokenplugin"):
+        host = PluginHost(PluginSettings(autoload=True))
+    previous = ppe.plugins.set_plugin_host(host)
+    try:
+        model = ppe.to(torch.nn.Linear(3, 1), "cpu")
+
+        class Loss(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.net = model
+
+            def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+                return {"loss": self.net(x).pow(2).mean()}
+
+        wrapped = ppe.to(Loss(), "cpu")
+        trainer = ppe.engine.create_trainer(
+            wrapped, torch.optim.SGD(wrapped.parameters(), lr=0.1), 2
+        )
+        trainer.run([{"x": torch.randn(4, 3)} for _ in range(3)])
+        assert trainer.iteration == 6
+    finally:
+        ppe.plugins.set_plugin_host(previous)

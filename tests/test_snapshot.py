@@ -231,3 +231,81 @@ def test_bad_snapshot_arguments_are_rejected() -> None:
         E.snapshot(n_retains=0)
     with pytest.raises(TypeError, match="filename"):
         E.snapshot(filename="")
+
+
+def test_every_standard_extension_survives_a_snapshot_round_trip(tmp_path: Path) -> None:
+    import io
+
+    def extensions() -> list[Any]:
+        torch.manual_seed(0)
+        return [
+            E.LogReport(),
+            E.PrintReport(["epoch", "train/loss"], out=io.StringIO()),
+            E.ProgressBar(out=io.StringIO()),
+            E.MinValue("train/loss"),
+            E.MicroAverage("train/loss", "train/loss", "train/ratio"),
+            E.ParameterStatistics(torch.nn.Linear(1, 1)),
+            E.observe_value("constant", lambda manager: 1.0),
+        ]
+
+    def build(out: Path, epochs: int, stop: Any = None) -> Any:
+        torch.manual_seed(0)
+        model = ppe.to(Net(), "cpu")
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5)
+        return ppe.engine.create_trainer(
+            model,
+            optimizer,
+            epochs,
+            out_dir=str(out),
+            stop_trigger=stop,
+            extensions=[
+                *extensions(),
+                E.LRScheduler(scheduler),
+                E.observe_lr(optimizer),
+                E.snapshot(autoload=True),
+            ],
+        )
+
+    reference = build(tmp_path / "ref", 3)
+    reference.run(loader())
+    build(tmp_path / "run", 3, stop=(2, "epoch")).run(loader())
+    resumed = build(tmp_path / "run", 3)
+    resumed.run(loader())
+    ref_log = reference.manager.get_extension("LogReport").log
+    log = resumed.manager.get_extension("LogReport").log
+    assert [e["iteration"] for e in log] == [10, 20, 30]
+    for a, b in zip(ref_log, log, strict=True):
+        for key in ("train/loss", "lr", "constant", "train/ratio"):
+            assert a[key] == b[key], key
+    assert resumed.optimizers["main"].param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**3)
+    best = resumed.manager.get_extension("min_value")
+    assert best.best_value == reference.manager.get_extension("min_value").best_value
+
+
+def test_failing_extension_keeps_the_written_log_and_reraises(tmp_path: Path) -> None:
+    errors: list[str] = []
+
+    class Boom(ppe.training.Extension):
+        trigger = (25, "iteration")
+
+        def __call__(self, manager: Any) -> None:
+            raise ValueError("boom at 25")
+
+        def on_error(self, manager: Any, exc: BaseException, tb: Any) -> None:
+            errors.append(f"Boom saw {exc}")
+
+    class Witness(ppe.training.Extension):
+        def __call__(self, manager: Any) -> None:
+            pass
+
+        def on_error(self, manager: Any, exc: BaseException, tb: Any) -> None:
+            errors.append(f"Witness saw {exc}")
+
+    trainer = make_trainer(tmp_path, 5, E.LogReport(), Boom(), Witness())
+    with pytest.raises(ValueError, match="boom at 25") as info:
+        trainer.run(loader())
+    assert type(info.value) is ValueError  # the original error, unchanged
+    assert sorted(errors) == ["Boom saw boom at 25", "Witness saw boom at 25"]
+    log = json.loads((tmp_path / "log").read_text())
+    assert [e["iteration"] for e in log] == [10, 20]

@@ -213,7 +213,12 @@ def _report_outputs(outputs: Any, prefix: str, keys: list[str] | None) -> None:
             report({prefix + "loss": outputs})
         return
     if keys is None:
-        values = {prefix + k: v for k, v in outputs.items() if _is_reportable(v)}
+        # Scalars only: a batch of logits has no meaningful running mean. (Inline: per step.)
+        values = {
+            prefix + k: v
+            for k, v in outputs.items()
+            if (v.ndim == 0 if isinstance(v, torch.Tensor) else _is_number(v))
+        }
     else:
         missing = [k for k in keys if k not in outputs]
         if missing:
@@ -226,8 +231,5 @@ def _report_outputs(outputs: Any, prefix: str, keys: list[str] | None) -> None:
         report(values)
 
 
-def _is_reportable(value: Any) -> bool:
-    """Scalars only by default: a batch of logits has no meaningful running mean."""
-    if isinstance(value, torch.Tensor):
-        return value.ndim == 0
+def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)

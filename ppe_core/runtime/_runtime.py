@@ -143,6 +143,8 @@ class PyTorchRuntime(BaseRuntime):
 
     def __init__(self, device_spec: DeviceLike, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(device_spec, options)
+        # convert_batch may call tensor.to() directly unless a subclass moves tensors itself.
+        self._plain_move = type(self).move_tensor is PyTorchRuntime.move_tensor
         try:
             self._device = torch.device(device_spec)
         except (RuntimeError, TypeError, ValueError) as exc:
@@ -159,6 +161,12 @@ class PyTorchRuntime(BaseRuntime):
     def convert_batch(self, args: Any) -> Any:
         move = self.move_tensor
         if type(args) is dict:  # the common batch: one level of tensors, done inline
+            if self._plain_move:
+                device = self._device
+                return {
+                    k: v.to(device) if isinstance(v, torch.Tensor) else _map_tensors(v, move)
+                    for k, v in args.items()
+                }
             return {
                 k: move(v) if isinstance(v, torch.Tensor) else _map_tensors(v, move)
                 for k, v in args.items()

@@ -94,6 +94,7 @@ class Evaluator:
         bar = _make_bar(length) if self._progress_bar else None
         self.summary = summary = DictSummary()
         reporter = Reporter()
+        batches = 0
         try:
             handler.eval_loop_begin(self)
             with torch.no_grad(), reporter:
@@ -107,6 +108,7 @@ class Evaluator:
                             raise _metric_result_error(metric, values)
                         observation.update({f"val/{k}": v for k, v in values.items()})
                     summary.add(observation)
+                    batches += 1
                     if bar is not None:
                         bar.update(1)
                     if self._profile is not None:
@@ -123,7 +125,7 @@ class Evaluator:
             hook.ppe_evaluator_teardown(evaluator=self, exception=error)
         means = summary.compute_mean()
         if self._distributed:
-            means = _all_reduce_mean(means)
+            means = _all_reduce_mean(means, batches, handler._entry_runtime.move_tensor)
         from ppe_core._reporting import report
 
         report(means)
@@ -198,7 +200,14 @@ class _PlainBar:
         )
 
 
-def _all_reduce_mean(means: dict[str, float]) -> dict[str, float]:
+def _all_reduce_mean(
+    means: dict[str, float], batches: int, move: Callable[[torch.Tensor], torch.Tensor]
+) -> dict[str, float]:
+    """Average per-rank means over all ranks, weighted by each rank's number of batches.
+
+    The values travel on the evaluator's device (``move``), as collective backends such as
+    NCCL require; nothing here names a device.
+    """
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -207,7 +216,7 @@ def _all_reduce_mean(means: dict[str, float]) -> dict[str, float]:
             "(run under torchrun and call torch.distributed.init_process_group first)."
         )
     keys = sorted(means)
-    values = torch.tensor([means[k] for k in keys], dtype=torch.float64)
+    values = move(torch.tensor([means[k] * batches for k in keys] + [batches], dtype=torch.float64))
     dist.all_reduce(values)
-    world = dist.get_world_size()
-    return {k: float(v) / world for k, v in zip(keys, values.tolist(), strict=True)}
+    *totals, count = values.tolist()
+    return {k: total / count for k, total in zip(keys, totals, strict=True)}

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError, PPEWarning
+from ppe_core._reporting import _local as _reporter_local
 from ppe_core.reporting import Observation, Reporter
 from ppe_core.training._extension import (
     PRIORITY_SNAPSHOT,
@@ -137,13 +138,14 @@ def _make_default_writer(out_dir: str) -> _Writer | None:
 class _Scheduled:
     """An entry with the first iteration at which its trigger may fire (the schedule cache)."""
 
-    __slots__ = ("due", "entry", "name", "needs_state")
+    __slots__ = ("due", "entry", "every", "name", "needs_state")
 
     def __init__(self, name: str, entry: ExtensionEntry) -> None:
         self.name = name
         self.entry = entry
         self.due = -1
         self.needs_state = entry.needs_model_state
+        self.every = False  # called directly every step (see ExtensionsManager._every)
 
 
 class _IterationContext:
@@ -272,7 +274,9 @@ class ExtensionsManager:
         self._ready = False
         self._on_error_called = False
         self._model_available = True
-        self._scope: AbstractContextManager[Observation] | None = None
+        # While an iteration is open: the reporter's observation before it (restored after).
+        self._scope: Observation | None = None
+        self._every: list[Callable[[Any], object]] = []
 
         self._entries: dict[str, ExtensionEntry] = {}
         self._schedule: list[_Scheduled] = []
@@ -580,11 +584,14 @@ class ExtensionsManager:
             self._prepare_first_iteration()
         if self._scope is not None:
             raise ManagerStateError("iterations cannot be nested: the previous one is still open")
+        # The reporter becomes current with a fresh observation: done inline, without a scope
+        # object, because this runs every step.
         observation: Observation = {}
         self.observation = observation
-        scope = self.reporter.scope(observation)
-        scope.__enter__()
-        self._scope = scope
+        reporter = self.reporter
+        self._scope = reporter.observation
+        reporter.observation = observation
+        _reporter_local.reporters.append(reporter)
         if step_optimizers:
             try:
                 for name in step_optimizers:
@@ -607,13 +614,16 @@ class ExtensionsManager:
             self.execution += 1
             if iteration >= self._next_due:
                 self._run_due_extensions(iteration)
+            elif self._every:
+                self._run_every(iteration)
         except BaseException as exc:
             self._abort_iteration(exc)
             raise
-        scope = self._scope
-        self._scope = None
-        if scope is not None:
-            scope.__exit__(None, None, None)
+        previous = self._scope  # _close_scope(), inline: this runs every step
+        if previous is not None:
+            self._scope = None
+            _reporter_local.reporters.pop()
+            self.reporter.observation = previous
         if self._stop_reached:
             self.finalize()
 
@@ -628,11 +638,25 @@ class ExtensionsManager:
         try:
             self._run_on_error(exc)
         finally:
-            scope = self._scope
-            self._scope = None
-            if scope is not None:
-                scope.__exit__(type(exc), exc, exc.__traceback__)
+            self._close_scope()
             self._finalize(exc)
+
+    def _run_every(self, iteration: int) -> None:
+        """Call the every-step extensions when nothing else is due (the common step)."""
+        self._model_available = iteration >= self._state_due
+        try:
+            for extension in self._every:
+                extension(self)
+        finally:
+            self._model_available = True
+
+    def _close_scope(self) -> None:
+        """Undo :meth:`_begin_iteration`'s reporter switch (no-op outside an iteration)."""
+        previous = self._scope
+        if previous is not None:
+            self._scope = None
+            _reporter_local.reporters.pop()
+            self.reporter.observation = previous
 
     # The name a trainer's ``except`` clause calls (the error may arise outside an iteration).
     _on_error = _abort_iteration
@@ -725,12 +749,25 @@ class ExtensionsManager:
     def _rebuild_schedule(self, iteration: int) -> None:
         state_due = _NEVER_DUE
         next_due = _NEVER_DUE
+        every: list[Callable[[Any], object]] = []
         for slot in self._schedule:
             slot.needs_state = slot.entry.needs_model_state
             due = slot.due = self._due_after(slot.entry.trigger, iteration)
+            # Extensions that run every step (LogReport accumulating, ...) are called
+            # directly on steps where nothing else is due: no trigger call, no bookkeeping.
+            slot.every = (
+                getattr(slot.entry.trigger, "fires_every_iteration", False) is True
+                and not slot.needs_state
+                and slot.entry.priority != PRIORITY_SNAPSHOT  # those run after the others
+                and not self._enable_profile
+            )
+            if slot.every:
+                every.append(slot.entry.extension)
+                continue
             next_due = min(next_due, due)
             if slot.needs_state:
                 state_due = min(state_due, due)
+        self._every = every
         self._internal_stop_due = self._due_after(self._internal_stop_trigger, iteration)
         self._state_due = state_due
         self._next_due = min(next_due, self._internal_stop_due)
@@ -740,6 +777,7 @@ class ExtensionsManager:
         if self._dirty:
             self._rebuild_schedule(iteration - 1)
             if iteration < self._next_due:
+                self._run_every(iteration)
                 return
         self._model_available = iteration >= self._state_due
         next_due = _NEVER_DUE
@@ -758,6 +796,8 @@ class ExtensionsManager:
                         else:
                             self._call_extension(slot)
                     due = slot.due = self._due_after(trigger, iteration)
+                if slot.every:
+                    continue
                 if due < next_due:
                     next_due = due
                 if slot.needs_state and due < state_due:

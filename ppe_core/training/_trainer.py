@@ -93,8 +93,10 @@ class Trainer:
         profile: Any = None,
     ) -> None:
         self.handler = handler
-        self._models = dict(models)
-        self._optimizers = dict(optimizers)
+        #: The models by name (a plain attribute: the handler reads it every step).
+        self.models: dict[str, torch.nn.Module] = dict(models)
+        #: The optimizers by name.
+        self.optimizers: dict[str, torch.optim.Optimizer] = dict(optimizers)
         self._max_epochs = max_epochs
         self._evaluators = _normalize_evaluators(evaluator)
         self._extensions: list[tuple[Any, dict[str, Any]]] = []
@@ -120,14 +122,6 @@ class Trainer:
                 "length); call run() first, or use trainer.models / trainer.optimizers before"
             )
         return self._manager
-
-    @property
-    def models(self) -> dict[str, torch.nn.Module]:
-        return self._models
-
-    @property
-    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        return self._optimizers
 
     @property
     def evaluator(self) -> Evaluator | None:
@@ -194,8 +188,8 @@ class Trainer:
         if self._transform_model is not None:
             kwargs["transform_model"] = self._transform_model
         manager = ExtensionsManager(
-            self._models,
-            self._optimizers,
+            self.models,
+            self.optimizers,
             self._max_epochs,
             iters_per_epoch=iters_per_epoch,
             out_dir=self._out_dir,
@@ -258,6 +252,12 @@ class Trainer:
         hook = get_plugin_host().pm.hook
 
         handler.train_setup(self, train_loader)
+        begin, end, train_step = (
+            manager._begin_iteration,
+            manager._end_iteration,
+            handler.train_step,
+        )
+        profile = self._profile
         manager.start_extensions()
         hook.ppe_trainer_setup(trainer=self)
         error: BaseException | None = None
@@ -269,12 +269,12 @@ class Trainer:
                 # restored; otherwise a plain iter() with the epoch-start RNG states recorded.
                 batches = self._state.start_epoch(train_loader, start)
                 for batch_idx, batch in zip(range(start, iters_per_epoch), batches, strict=False):
-                    manager._begin_iteration()
-                    handler.train_step(self, batch_idx, batch)
-                    manager._end_iteration()
-                    if self._profile is not None:
-                        self._profile.step()
-                    if _should_stop(manager):
+                    begin()
+                    train_step(self, batch_idx, batch)
+                    end()
+                    if profile is not None:
+                        profile.step()
+                    if manager._stop_reached:  # set by _end_iteration when the stop trigger fired
                         break
                 else:
                     if manager.iteration % iters_per_epoch != 0:

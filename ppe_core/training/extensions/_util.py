@@ -26,6 +26,8 @@ class EveryIteration(Trigger):
     observation: the manager's check is a constant ``True``.
     """
 
+    fires_every_iteration = True
+
     def __call__(self, manager: ManagerView) -> bool:
         return True
 

@@ -40,6 +40,10 @@ class Trigger:
     defaults here are the safe ones for a trigger that cannot predict itself.
     """
 
+    #: True when the trigger fires after every iteration, unconditionally: the manager then
+    #: calls its extension directly each step instead of consulting the trigger.
+    fires_every_iteration: bool = False
+
     def __call__(self, manager: ManagerView) -> bool:
         """Returns whether the trigger fires at ``manager.iteration`` (completed iterations).
 

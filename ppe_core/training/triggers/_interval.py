@@ -70,6 +70,11 @@ class IntervalTrigger(Trigger):
         return self._period
 
     @property
+    def fires_every_iteration(self) -> bool:  # type: ignore[override]
+        """``(1, 'iteration')`` fires after every iteration."""
+        return self._unit == "iteration" and self._ratio == 1
+
+    @property
     def unit(self) -> str:
         """``'iteration'`` or ``'epoch'``."""
         return self._unit
