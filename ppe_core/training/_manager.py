@@ -14,8 +14,8 @@ from typing import Any, Protocol
 
 import torch
 
-from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError, PPEWarning
 from ppe_core._reporting import _local as _reporter_local
+from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError, PPEWarning
 from ppe_core.reporting import Observation, Reporter
 from ppe_core.training._extension import (
     PRIORITY_SNAPSHOT,
