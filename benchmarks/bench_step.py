@@ -75,6 +75,66 @@ def trainer(data: list[dict[str, torch.Tensor]], epochs: int, extensions: bool) 
         return time.perf_counter() - start
 
 
+def ppe_peer(data: list[dict[str, torch.Tensor]], epochs: int) -> float:
+    """pytorch-pfn-extras with the same three extensions (the API ppe-core follows)."""
+    import pytorch_pfn_extras as pfn
+
+    torch.manual_seed(0)
+    model = Tiny()
+    pfn.to(model, "cpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    out = io.StringIO()
+    E = pfn.training.extensions
+    ext = [
+        E.LogReport(),
+        E.PrintReport(["epoch", "iteration", "main/loss"], out=out),
+        E.ProgressBar(out=out),
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        t = pfn.engine.create_trainer(model, opt, epochs, extensions=ext, out_dir=tmp)
+        start = time.perf_counter()
+        t.run(data)
+        return time.perf_counter() - start
+
+
+def ignite_peer(data: list[dict[str, torch.Tensor]], epochs: int) -> float:
+    """Ignite's bare Engine (no handlers): the floor a framework loop adds."""
+    from ignite.engine import Engine
+
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step(engine: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        opt.zero_grad()
+        loss = model(**batch)["loss"]
+        loss.backward()
+        opt.step()
+        return loss
+
+    start = time.perf_counter()
+    Engine(step).run(data, max_epochs=epochs)
+    return time.perf_counter() - start
+
+
+def peers(data: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
+    """The peers that are installed (``pip install 'ppe-core[bench]'``)."""
+    found: dict[str, Any] = {}
+    try:
+        import pytorch_pfn_extras  # noqa: F401
+
+        found["ppe-0.9+ext"] = lambda epochs: ppe_peer(data, epochs)
+    except ImportError:
+        pass
+    try:
+        import ignite  # noqa: F401
+
+        found["ignite-bare"] = lambda epochs: ignite_peer(data, epochs)
+    except ImportError:
+        pass
+    return found
+
+
 def per_step(run: Any) -> float:
     """Marginal seconds per step: (long run - short run) / extra steps."""
     return (run(LONG) - run(SHORT)) / ((LONG - SHORT) * BATCHES)
@@ -87,6 +147,7 @@ def main(rounds: int = 5) -> None:
         "raw": lambda epochs: raw(data, epochs),
         "trainer": lambda epochs: trainer(data, epochs, False),
         "trainer+ext": lambda epochs: trainer(data, epochs, True),
+        **peers(data),
     }
     for run in variants.values():
         run(SHORT)  # warm-up

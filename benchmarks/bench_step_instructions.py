@@ -26,8 +26,10 @@ torch.set_num_threads(1)
 b.BATCHES = 200
 data = b.batches()[:200]
 variant, epochs = sys.argv[1], int(sys.argv[2])
-run = {{"raw": lambda: b.raw(data, epochs), "trainer": lambda: b.trainer(data, epochs, False),
-       "trainer+ext": lambda: b.trainer(data, epochs, True)}}[variant]
+runs = {{"raw": lambda: b.raw(data, epochs), "trainer": lambda: b.trainer(data, epochs, False),
+        "trainer+ext": lambda: b.trainer(data, epochs, True)}}
+runs.update({{name: (lambda f: lambda: f(epochs))(f) for name, f in b.peers(data).items()}})
+run = runs[variant]
 run()  # warm-up: imports and lazy initialisation stay out of the count
 subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], capture_output=True)
 run()
@@ -60,18 +62,20 @@ def count(script: str, variant: str, epochs: int) -> int:
 def main() -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(CHILD.format(here=HERE))
-    jobs = [(v, e) for v in ("raw", "trainer", "trainer+ext") for e in (1, 3)]
+    sys.path.insert(0, HERE)
+    import bench_step
+
+    variants = ["raw", "trainer", "trainer+ext", *bench_step.peers([])]
+    jobs = [(v, e) for v in variants for e in (1, 3)]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         counts = dict(zip(jobs, pool.map(lambda j: count(f.name, *j), jobs), strict=True))
     os.unlink(f.name)
-    per_step = {
-        v: (counts[(v, 3)] - counts[(v, 1)]) / 400 for v in ("raw", "trainer", "trainer+ext")
-    }
+    per_step = {v: (counts[(v, 3)] - counts[(v, 1)]) / 400 for v in variants}
     base = per_step["raw"]
     for variant, instructions in per_step.items():
         print(
             f"{variant:12s} {instructions / 1e3:8.1f} k instructions/step  "
-            f"ratio {instructions / base:5.3f}"
+            f"ratio {instructions / base:5.3f}  (+{(instructions - base) / 1e3:.1f} k)"
         )
 
 
