@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import linear_manager
 
 import ppe_core
 from ppe_core.errors import ConfigurationError
@@ -18,7 +19,6 @@ from ppe_core.training.extensions._log_report import LogReport
 from ppe_core.training.extensions._print_report import PrintReport
 from ppe_core.training.extensions._progress_bar import ProgressBar
 from ppe_core.training.extensions._util import OptionalDependencyError
-from ppe_core.training.manager import ExtensionsManager
 from ppe_core.training.triggers import IntervalTrigger
 from ppe_core.writing import ThreadQueueWriter
 
@@ -34,17 +34,8 @@ def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def _manager(out: Path, extensions: list[Any], max_epochs: int = 3, **kwargs: Any) -> Any:
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    return ExtensionsManager(
-        model,
-        optimizer,
-        max_epochs,
-        iters_per_epoch=ITERS_PER_EPOCH,
-        out_dir=str(out),
-        extensions=extensions,
-        **kwargs,
+    return linear_manager(
+        out, extensions, max_epochs=max_epochs, iters_per_epoch=ITERS_PER_EPOCH, **kwargs
     )
 
 

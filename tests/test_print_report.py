@@ -9,28 +9,18 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import linear_manager
 
 from ppe_core.errors import ConfigurationError
 from ppe_core.reporting import report
 from ppe_core.training.extensions._log_report import LogReport
 from ppe_core.training.extensions._print_report import PrintReport
-from ppe_core.training.manager import ExtensionsManager
 
 ITERS_PER_EPOCH = 4
 
 
 def _manager(out: Path, extensions: list[Any], max_epochs: int = 3) -> Any:
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    return ExtensionsManager(
-        model,
-        optimizer,
-        max_epochs,
-        iters_per_epoch=ITERS_PER_EPOCH,
-        out_dir=str(out),
-        extensions=extensions,
-    )
+    return linear_manager(out, extensions, max_epochs=max_epochs, iters_per_epoch=ITERS_PER_EPOCH)
 
 
 def _train(manager: Any, iterations: int | None = None, val_from_epoch: int | None = None) -> None:

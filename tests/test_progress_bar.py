@@ -11,13 +11,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 import tqdm
+from helpers import linear_manager
 
 from ppe_core.errors import ConfigurationError
 from ppe_core.reporting import report
 from ppe_core.training.extensions._log_report import LogReport
 from ppe_core.training.extensions._print_report import PrintReport
 from ppe_core.training.extensions._progress_bar import ProgressBar
-from ppe_core.training.manager import ExtensionsManager
 from ppe_core.training.triggers import TriggerLike
 
 ITERS_PER_EPOCH = 4
@@ -37,16 +37,11 @@ class _Terminal(io.StringIO):
 def _manager(
     out: Path, extensions: list[Any], max_epochs: int = 3, stop_trigger: TriggerLike = None
 ) -> Any:
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    return ExtensionsManager(
-        model,
-        optimizer,
-        max_epochs,
+    return linear_manager(
+        out,
+        extensions,
+        max_epochs=max_epochs,
         iters_per_epoch=ITERS_PER_EPOCH,
-        out_dir=str(out),
-        extensions=extensions,
         stop_trigger=stop_trigger,
     )
 
