@@ -497,3 +497,26 @@ def test_a_broken_plugin_does_not_take_down_training_on_another_device(
         assert trainer.iteration == 6
     finally:
         ppe.plugins.set_plugin_host(previous)
+
+
+def test_static_extension_names_match_the_builtin_registrations(plugin_host: PluginHost) -> None:
+    # The names type checkers see (TYPE_CHECKING imports) are exactly what the built-in
+    # plugin registers, and resolve to the same objects at run time.
+    import ast
+    import inspect
+
+    import ppe_core.training.extensions as extensions_module
+    from ppe_core._builtin.extensions import BUILTIN_EXTENSIONS
+
+    tree = ast.parse(inspect.getsource(extensions_module))
+    static = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        and (node.module or "").startswith("ppe_core.training.extensions._")
+        for alias in node.names
+    }
+    assert static == set(BUILTIN_EXTENSIONS)
+    for name in BUILTIN_EXTENSIONS:
+        assert plugin_host.extensions.entries()[name].registrant.plugin == "ppe_core.extensions"
+        assert getattr(ppe.training.extensions, name) is plugin_host.extensions.get(name)
