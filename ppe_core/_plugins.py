@@ -19,6 +19,7 @@ import pluggy
 
 from ppe_core import hookspecs
 from ppe_core._registry import Registrant, Registry
+from ppe_core._version import __version__
 from ppe_core.errors import ConfigurationError, PluginLoadError, PluginLoadWarning
 from ppe_core.runtime._registry import FIRST_PARTY_PROVIDERS, RuntimeRegistry
 
@@ -180,7 +181,7 @@ class PluginHost:
         """Register built-ins, then entry points (unless autoload is off), then ``PPE_PLUGINS``."""
         if builtins:
             for name, module in BUILTIN_PLUGINS:
-                record = PluginRecord(name, module, "builtin")
+                record = PluginRecord(name, module, "builtin", "loaded", "ppe-core", __version__)
                 self._load(record, functools.partial(_import, module))
         eps = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
         if self.settings.autoload:
