@@ -133,3 +133,9 @@ def test_cuda_runtime_rejects_a_missing_device_index() -> None:
 
     with pytest.raises(CUDAUnavailableError, match="does not exist"):
         ppe.to(torch.nn.Linear(2, 2), f"cuda:{torch.cuda.device_count()}")
+
+
+def test_to_auto_uses_the_default_device_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    model = ppe.to(torch.nn.Linear(2, 2), "auto")
+    assert type(get_runtime(model)).__name__ == "CPURuntime"

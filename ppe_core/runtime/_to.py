@@ -49,7 +49,8 @@ def to(
 
     Args:
         module_or_tensor: What to move.
-        device: ``"cpu"``, ``"cuda:1"``, ``torch.device(...)`` or any registered device type.
+        device: ``"cpu"``, ``"cuda:1"``, ``torch.device(...)``, any registered device type, or
+            ``"auto"`` (the ``ppe_default_device`` hook's answer, as in ``create_trainer``).
         options: Runtime options, passed to the runtime's constructor.
         runtime_class: Use this runtime instead of looking the device type up.
 
@@ -75,6 +76,10 @@ def to(
             f"{runtime_class!r}; pass the class (not an instance), or omit it to use the runtime "
             "registered for the device"
         )
+    if device == "auto":
+        from ppe_core._plugins import get_plugin_host
+
+        device = get_plugin_host().default_device()
     if runtime_class is None:
         from ppe_core.runtime import runtime_registry
 
