@@ -59,6 +59,7 @@ def main() -> None:
         {"weights": model.state_dict(), "means": means, "iterations": trainer.iteration},
         os.path.join(out, f"rank{rank}.pt"),
     )
+    dist.barrier()  # every rank done with collectives before the group is torn down
     dist.destroy_process_group()
 
 
