@@ -23,6 +23,10 @@ __all__ = ["Trainer"]
 EvaluatorSpec = Evaluator | tuple[Evaluator, Any] | Mapping[str, Evaluator | tuple[Evaluator, Any]]
 
 
+# extend() arguments ExtensionEntry takes; others go to the manager, which warns about them.
+_ENTRY_ARGS = frozenset({"name", "trigger", "priority", "call_before_training"})
+
+
 def _should_stop(manager: ExtensionsManager) -> bool:
     # A function, not an inline property read: the answer changes as iterations run, and
     # type checkers would otherwise narrow ``manager.stop_trigger`` across the loop.
@@ -159,7 +163,7 @@ class Trainer:
             self._manager.extend(extension, **kwargs)
         else:
             # Validate now (bad trigger, priority or name), not when run() starts.
-            if not isinstance(extension, ExtensionEntry):
+            if not isinstance(extension, ExtensionEntry) and set(kwargs) <= _ENTRY_ARGS:
                 extension, kwargs = ExtensionEntry(extension, **kwargs), {}
             self._extensions.append((extension, kwargs))
 
