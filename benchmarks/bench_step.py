@@ -55,21 +55,28 @@ def raw(data: list[dict[str, torch.Tensor]], epochs: int) -> float:
     return time.perf_counter() - start
 
 
-def trainer(data: list[dict[str, torch.Tensor]], epochs: int, extensions: bool) -> float:
+def trainer(
+    data: list[dict[str, torch.Tensor]], epochs: int, extensions: bool, pkg: Any = ppe
+) -> float:
+    """A Trainer with or without LogReport, PrintReport and ProgressBar.
+
+    ``pkg`` is ``ppe_core`` or ``pytorch_pfn_extras``: the same code drives both, since
+    ppe-core keeps PPE's API.
+    """
     torch.manual_seed(0)
-    model = ppe.to(Tiny(), "cpu")
+    model = pkg.to(Tiny(), "cpu")
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     out = io.StringIO()
     ext: list[Any] = []
     if extensions:
-        E = ppe.training.extensions
+        E = pkg.training.extensions
         ext = [
             E.LogReport(),
             E.PrintReport(["epoch", "iteration", "train/loss"], out=out),
             E.ProgressBar(out=out),
         ]
     with tempfile.TemporaryDirectory() as tmp:
-        t = ppe.engine.create_trainer(model, opt, epochs, extensions=ext, out_dir=tmp)
+        t = pkg.engine.create_trainer(model, opt, epochs, extensions=ext, out_dir=tmp)
         start = time.perf_counter()
         t.run(data)
         return time.perf_counter() - start
@@ -77,24 +84,9 @@ def trainer(data: list[dict[str, torch.Tensor]], epochs: int, extensions: bool) 
 
 def ppe_peer(data: list[dict[str, torch.Tensor]], epochs: int) -> float:
     """pytorch-pfn-extras with the same three extensions (the API ppe-core follows)."""
-    import pytorch_pfn_extras as pfn
+    import pytorch_pfn_extras
 
-    torch.manual_seed(0)
-    model = Tiny()
-    pfn.to(model, "cpu")
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    out = io.StringIO()
-    E = pfn.training.extensions
-    ext = [
-        E.LogReport(),
-        E.PrintReport(["epoch", "iteration", "main/loss"], out=out),
-        E.ProgressBar(out=out),
-    ]
-    with tempfile.TemporaryDirectory() as tmp:
-        t = pfn.engine.create_trainer(model, opt, epochs, extensions=ext, out_dir=tmp)
-        start = time.perf_counter()
-        t.run(data)
-        return time.perf_counter() - start
+    return trainer(data, epochs, True, pkg=pytorch_pfn_extras)
 
 
 def ignite_peer(data: list[dict[str, torch.Tensor]], epochs: int) -> float:

@@ -513,3 +513,45 @@ def test_report_keys_select_reported_outputs() -> None:
         extensions=[observe(seen)],
     ).run(make_loader(n=16))
     assert "train/accuracy" in seen[0] and "train/loss" not in seen[0]
+
+
+def test_no_pluggy_hook_runs_per_step(plugin_host: PluginHost) -> None:
+    calls: list[str] = []
+    undo = plugin_host.pm.add_hookcall_monitoring(
+        lambda name, impls, kwargs: calls.append(name), lambda *args: None
+    )
+    try:
+        counts = []
+        for batches in (16, 64):  # 2 and 8 steps per epoch, 2 epochs each
+            calls.clear()
+            model = make_model()
+            ppe.engine.create_trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), 2).run(
+                make_loader(n=batches)
+            )
+            counts.append(len(calls))
+    finally:
+        undo()
+    assert counts[0] == counts[1] == 2  # trainer setup and teardown, whatever the step count
+
+
+def test_accumulation_skips_gradient_sync_inside_a_window() -> None:
+    entered: list[int] = []
+
+    class SyncingClassifier(Classifier):
+        """Stands for DistributedDataParallel: counts no_sync() windows."""
+
+        def no_sync(self) -> Any:
+            import contextlib
+
+            entered.append(1)
+            return contextlib.nullcontext()
+
+    torch.manual_seed(0)
+    model = ppe.to(SyncingClassifier(), "cpu")
+    ppe.engine.create_trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        1,
+        options={"grad_accumulation_steps": 3},
+    ).run(make_loader(n=48))  # 6 batches: two windows of 3, sync only on each window's last
+    assert len(entered) == 4

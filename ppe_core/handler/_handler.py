@@ -71,8 +71,11 @@ class Handler(BaseHandler):
         super().__init__(logic, options)
         self._entry_runtime = entry_runtime
         self._runtimes: list[tuple[torch.nn.Module, BaseRuntime]] = []
-        self._pre_step: list[tuple[torch.nn.Module, BaseRuntime]] = []
-        self._post_step: list[tuple[torch.nn.Module, BaseRuntime]] = []
+        # Per-step callbacks, only of runtimes that override them (the rest are no-ops).
+        self._train_pre: list[tuple[torch.nn.Module, BaseRuntime]] = []
+        self._train_post: list[tuple[torch.nn.Module, BaseRuntime]] = []
+        self._eval_pre: list[tuple[torch.nn.Module, BaseRuntime]] = []
+        self._eval_post: list[tuple[torch.nn.Module, BaseRuntime]] = []
 
     def consume_options(self, options: dict[str, Any]) -> None:
         self._train_report_keys = _report_keys(
@@ -104,9 +107,10 @@ class Handler(BaseHandler):
                 "e.g. ppe.to(model, 'cpu')."
             )
         self._runtimes = found
-        # Per-step callbacks a runtime does not override are no-ops: skip the calls.
-        self._pre_step = _overriding(found, "train_pre_step")
-        self._post_step = _overriding(found, "train_post_step")
+        self._train_pre = _overriding(found, "train_pre_step")
+        self._train_post = _overriding(found, "train_post_step")
+        self._eval_pre = _overriding(found, "eval_pre_step")
+        self._eval_post = _overriding(found, "eval_post_step")
 
     # Trainer --------------------------------------------------------------------------------
     def train_setup(self, trainer: Any, loader: Iterable[Any]) -> None:
@@ -150,13 +154,13 @@ class Handler(BaseHandler):
         callback: Callable[[int, Any], None] | None = None,
     ) -> Any:
         """One training step in PPE's order; returns the model outputs."""
-        for module, runtime in self._pre_step:
+        for module, runtime in self._train_pre:
             runtime.train_pre_step(trainer, module, batch_idx, batch)
         batch = self._entry_runtime.convert_batch(batch)
         models, optimizers, logic = trainer.models, trainer.optimizers, self._logic
         outputs = logic.train_step(models, optimizers, batch_idx, batch)
         logic.train_step_optimizers(models, optimizers, batch_idx)
-        for module, runtime in self._post_step:
+        for module, runtime in self._train_post:
             runtime.train_post_step(trainer, module, batch_idx, batch, outputs)
         _report_outputs(outputs, "train/", self._train_report_keys)
         if callback is not None:
@@ -187,11 +191,11 @@ class Handler(BaseHandler):
         callback: Callable[[int, Any], None] | None = None,
     ) -> Any:
         """One evaluation step (the evaluator holds ``torch.no_grad``)."""
-        for module, runtime in self._runtimes:
+        for module, runtime in self._eval_pre:
             runtime.eval_pre_step(evaluator, module, batch_idx, batch)
         batch = self._entry_runtime.convert_batch(batch)
         outputs = self._logic.eval_step(evaluator.models, batch_idx, batch)
-        for module, runtime in self._runtimes:
+        for module, runtime in self._eval_post:
             runtime.eval_post_step(evaluator, module, batch_idx, batch, outputs)
         _report_outputs(outputs, "val/", self._eval_report_keys)
         if callback is not None:

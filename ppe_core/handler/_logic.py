@@ -153,17 +153,6 @@ class Logic(BaseLogic):
         self.grad_accumulation_steps = steps
         self._epoch_length: int | None = None
 
-    @property
-    def _plain(self) -> bool:
-        """No option changes the step: one forward, one backward, one optimizer step."""
-        return (
-            self.grad_accumulation_steps == 1
-            and self._autocast_kwargs is None
-            and self._grad_scaler is None
-            and self._backward_fn is None
-            and self.backward_outputs is None
-        )
-
     # Helpers --------------------------------------------------------------------------------
     def _model(self, models: Mapping[str, torch.nn.Module]) -> torch.nn.Module:
         try:
@@ -210,7 +199,7 @@ class Logic(BaseLogic):
 
     def _forward(self, model: torch.nn.Module, batch: Any) -> Any:
         try:
-            if isinstance(batch, Mapping):
+            if type(batch) is dict or isinstance(batch, Mapping):
                 return model(**batch)
             if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
                 return model(*batch)
@@ -318,39 +307,15 @@ class Logic(BaseLogic):
         batch_idx: int,
         batch: Any,
     ) -> Any:
-        if self._plain:
-            # The common configuration, written out: this runs every step, and each helper
-            # call costs about as much as the Python work it does.
-            name = self.model_name
-            if name in models and name in optimizers:
-                model = models[name]
-                optimizers[name].zero_grad()
-                if type(batch) is dict:
-                    try:
-                        outputs = model(**batch)
-                    except TypeError as exc:
-                        _explain_forward_mismatch(model, batch, exc)
-                        raise
-                else:
-                    outputs = self._forward(model, batch)
-                if type(outputs) is dict:
-                    tensors = [
-                        v
-                        for v in outputs.values()
-                        if isinstance(v, torch.Tensor) and v.requires_grad and v.ndim == 0
-                    ]
-                    if len(tensors) == 1:
-                        tensors[0].backward()  # type: ignore[no-untyped-call]
-                        return outputs
-                self._backward(outputs, 1)
-                return outputs
         model = self._model(models)
-        if self.grad_accumulation_steps == 1:
-            self._optimizer(optimizers).zero_grad()
+        optimizer = self._optimizer(optimizers)
+        n = self.grad_accumulation_steps
+        if n == 1:
+            optimizer.zero_grad()
             return self._forward_backward(model, batch, 1)
         window, ends = self._window(batch_idx)
-        if batch_idx % self.grad_accumulation_steps == 0:
-            self._optimizer(optimizers).zero_grad()
+        if batch_idx % n == 0:
+            optimizer.zero_grad()
         no_sync = getattr(model, "no_sync", None)
         if ends or no_sync is None:
             return self._forward_backward(model, batch, window)
@@ -373,9 +338,6 @@ class Logic(BaseLogic):
         optimizers: Mapping[str, torch.optim.Optimizer],
         batch_idx: int,
     ) -> None:
-        if self._plain and self.model_name in optimizers:
-            optimizers[self.model_name].step()
-            return
         if self.grad_accumulation_steps > 1 and not self._window(batch_idx)[1]:
             return
         optimizer = self._optimizer(optimizers)

@@ -161,14 +161,11 @@ class PyTorchRuntime(BaseRuntime):
     def convert_batch(self, args: Any) -> Any:
         move = self.move_tensor
         if type(args) is dict:  # the common batch: one level of tensors, done inline
-            if self._plain_move:
-                device = self._device
-                return {
-                    k: v.to(device) if isinstance(v, torch.Tensor) else _map_tensors(v, move)
-                    for k, v in args.items()
-                }
+            device, plain = self._device, self._plain_move
             return {
-                k: move(v) if isinstance(v, torch.Tensor) else _map_tensors(v, move)
+                k: (v.to(device) if plain else move(v))
+                if isinstance(v, torch.Tensor)
+                else _map_tensors(v, move)
                 for k, v in args.items()
             }
         return _map_tensors(args, move)

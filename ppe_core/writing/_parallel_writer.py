@@ -167,15 +167,6 @@ class ThreadWriter(StandardWriter[threading.Thread]):
         **kwds: Keyword arguments passed to every ``savefun`` call.
     """
 
-    def __init__(
-        self,
-        savefun: SaveFun = torch.save,
-        fs: FileSystem | None = None,
-        out_dir: str = "",
-        **kwds: Any,
-    ) -> None:
-        super().__init__(savefun=savefun, fs=fs, out_dir=out_dir, **kwds)
-
     def _save_recording_errors(
         self,
         filename: str,

@@ -192,15 +192,6 @@ class ThreadQueueWriter(QueueWriter[threading.Thread]):
         task: Callable performing each save; a :class:`SimpleWriter` by default.
     """
 
-    def __init__(
-        self,
-        savefun: SaveFun = torch.save,
-        fs: FileSystem | None = None,
-        out_dir: str | None = None,
-        task: Any | None = None,
-    ) -> None:
-        super().__init__(savefun=savefun, fs=fs, out_dir=out_dir, task=task)
-
     def create_queue(self) -> _Queue:
         """Returns a ``queue.Queue``."""
         return queue.Queue()

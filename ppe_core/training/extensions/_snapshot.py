@@ -53,13 +53,8 @@ def _write_bytes(data: bytes, file_obj: IO[bytes]) -> None:
     file_obj.write(data)
 
 
-def verify_snapshot(path: str) -> dict[str, Any]:
-    """Check ``path`` against its manifest and return the manifest.
-
-    Raises:
-        SnapshotError: the manifest is missing or unreadable, or the file's size or SHA-256
-            differs from it (a torn, truncated or modified file).
-    """
+def _complete_manifest(path: str) -> dict[str, Any]:
+    """The manifest of ``path`` if the file is complete (its size matches); no hashing."""
     manifest_path = path + MANIFEST_SUFFIX
     try:
         with open(manifest_path, encoding="utf-8") as f:
@@ -81,6 +76,17 @@ def verify_snapshot(path: str) -> dict[str, Any]:
             f"{path}: size {size} bytes differs from the manifest's {manifest.get('size')} "
             "(truncated or partially written)"
         )
+    return manifest
+
+
+def verify_snapshot(path: str) -> dict[str, Any]:
+    """Check ``path`` against its manifest and return the manifest.
+
+    Raises:
+        SnapshotError: the manifest is missing or unreadable, or the file's size or SHA-256
+            differs from it (a torn, truncated or modified file).
+    """
+    manifest = _complete_manifest(path)
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -88,6 +94,12 @@ def verify_snapshot(path: str) -> dict[str, Any]:
     if digest.hexdigest() != manifest.get("sha256"):
         raise SnapshotError(f"{path}: SHA-256 differs from the manifest (corrupt or modified)")
     return manifest
+
+
+def _newest_first(found: list[tuple[dict[str, Any], str]]) -> list[str]:
+    """Snapshot paths ordered by the iteration (then time) their manifests record."""
+    found.sort(key=lambda mp: (int(mp[0].get("iteration", -1)), float(mp[0]["created"])))
+    return [path for _, path in reversed(found)]
 
 
 def load_snapshot(path: str, *, verify: bool = True) -> Any:
@@ -202,25 +214,27 @@ class _Snapshot(Extension):
             ) from exc
         self.loaded_from = path
 
+    def _files(self, out_dir: str) -> list[str]:
+        """Files in ``out_dir`` matching the filename template (not manifests or temp files)."""
+        return [
+            path
+            for path in glob.glob(os.path.join(out_dir, _glob_pattern(self.filename)))
+            if not path.endswith(MANIFEST_SUFFIX) and not os.path.basename(path).startswith(".")
+        ]
+
     def _newest_valid(self, out_dir: str) -> tuple[str | None, Any]:
-        candidates = []
-        for path in glob.glob(os.path.join(out_dir, _glob_pattern(self.filename))):
-            if path.endswith(MANIFEST_SUFFIX) or os.path.basename(path).startswith("."):
-                continue
-            candidates.append(path)
-        scored = []
-        for path in candidates:
+        verified = []
+        for path in self._files(out_dir):
             try:
-                manifest = verify_snapshot(path)
+                verified.append((verify_snapshot(path), path))
             except SnapshotError as exc:
                 warnings.warn(
                     SnapshotVerificationWarning(f"skipping snapshot: {exc}"), stacklevel=4
                 )
-                continue
-            scored.append((int(manifest.get("iteration", -1)), float(manifest["created"]), path))
-        for _, _, path in sorted(scored, reverse=True):
-            return path, load_snapshot(path, verify=False)  # verified above
-        return None, None
+        if not verified:
+            return None, None
+        newest = _newest_first(verified)[0]
+        return newest, load_snapshot(newest, verify=False)  # verified above
 
     # Saving -----------------------------------------------------------------------------------
     def __call__(self, manager: Any) -> None:
@@ -260,19 +274,12 @@ class _Snapshot(Extension):
     def _remove_old(self, out_dir: str, keep: str) -> None:
         """Delete all but the newest ``n_retains`` complete snapshots (never an incomplete one)."""
         complete = []
-        for path in glob.glob(os.path.join(out_dir, _glob_pattern(self.filename))):
-            if path.endswith(MANIFEST_SUFFIX) or os.path.basename(path).startswith("."):
-                continue
+        for path in self._files(out_dir):
             try:
-                with open(path + MANIFEST_SUFFIX, encoding="utf-8") as f:
-                    manifest = json.load(f)
-                if os.path.getsize(path) != manifest["size"]:
-                    continue
-            except (OSError, ValueError, KeyError, TypeError):
+                complete.append((_complete_manifest(path), path))
+            except SnapshotError:
                 continue  # not complete (yet): a background save may still be writing it
-            complete.append((int(manifest.get("iteration", -1)), float(manifest["created"]), path))
-        complete.sort(reverse=True)
-        for _, _, path in complete[self.n_retains :]:
+        for path in _newest_first(complete)[self.n_retains :]:
             if os.path.basename(path) == keep:
                 continue
             for victim in (path, path + MANIFEST_SUFFIX):
