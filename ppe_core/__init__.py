@@ -16,10 +16,13 @@ from ppe_core.runtime import to
 
 if TYPE_CHECKING:
     from ppe_core import (
+        distributed,
         engine,
         errors,
         handler,
         hookspecs,
+        logging,
+        nn,
         plugins,
         profiler,
         reporting,
@@ -28,31 +31,19 @@ if TYPE_CHECKING:
         training,
         writing,
     )
-
-__all__ = [
-    "__version__",
-    "engine",
-    "errors",
-    "handler",
-    "hookimpl",
-    "hookspec",
-    "hookspecs",
-    "plugins",
-    "profiler",
-    "reporting",
-    "runtime",
-    "testing",
-    "to",
-    "training",
-    "writing",
-]
+    from ppe_core._compile import compile
+    from ppe_core._map import map
+    from ppe_core._requires import requires
 
 _SUBMODULES = frozenset(
     {
+        "distributed",
         "engine",
         "errors",
         "handler",
         "hookspecs",
+        "logging",
+        "nn",
         "plugins",
         "profiler",
         "reporting",
@@ -63,12 +54,58 @@ _SUBMODULES = frozenset(
     }
 )
 
+# Public function -> defining module, imported on first access. ``map`` and ``compile`` keep
+# PPE's top-level names (they shadow the builtins only as ``ppe.map``/``ppe.compile``).
+_FUNCTIONS: dict[str, str] = {
+    "compile": "ppe_core._compile",
+    "map": "ppe_core._map",
+    "requires": "ppe_core._requires",
+}
+
+__all__ = [
+    "__version__",
+    "compile",
+    "distributed",
+    "engine",
+    "errors",
+    "handler",
+    "hookimpl",
+    "hookspec",
+    "hookspecs",
+    "logging",
+    "map",
+    "nn",
+    "plugins",
+    "profiler",
+    "reporting",
+    "requires",
+    "runtime",
+    "testing",
+    "to",
+    "training",
+    "writing",
+]
+
 
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module_name = _FUNCTIONS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise
+        raise AttributeError(
+            f"ppe_core.{name} is not available in this ppe-core installation "
+            f"({module_name} is missing); see docs/migration.md"
+        ) from None
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | _SUBMODULES)
+    return sorted(set(globals()) | set(__all__))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, SupportsFloat, TypeAlias
 
 import torch
@@ -19,15 +19,21 @@ if TYPE_CHECKING:
 __all__ = [
     "DictSummary",
     "EmptySummaryError",
+    "FloatLikeValue",
     "NoCurrentReporterError",
     "Observation",
     "Reporter",
     "Scalar",
     "Summary",
     "UnknownObserverError",
+    "Value",
+    "divide_scalar",
     "get_current_reporter",
+    "multiply_scalar",
     "report",
     "report_scope",
+    "subtract_scalar",
+    "to_floats",
 ]
 
 Observation: TypeAlias = dict[str, Any]
@@ -35,6 +41,12 @@ Observation: TypeAlias = dict[str, Any]
 
 Scalar: TypeAlias = torch.Tensor | SupportsFloat
 """A value a summary accepts: a one-element tensor or anything ``float()`` accepts."""
+
+FloatLikeValue: TypeAlias = Scalar | float
+"""A scalar or a Python float (PPE's name)."""
+
+Value: TypeAlias = Scalar | Callable[[], float]
+"""What can be reported: a scalar, or a callable evaluated when a summary reads it."""
 
 # Tensors are buffered and reduced on their device in chunks of this many values: large enough
 # that the handful of kernels per chunk is negligible per step, small enough that the buffer of
@@ -249,6 +261,55 @@ def report_scope(observation: Observation) -> AbstractContextManager[Observation
     return _ReportScope(get_current_reporter(), observation, False)
 
 
+# --- Scalar arithmetic shared with PPE's public helpers --------------------------------------
+
+
+def _as_tensor_like(value: Any, reference: torch.Tensor) -> torch.Tensor:
+    """Returns ``value`` as a tensor of ``reference``'s dtype, without a host-device copy.
+
+    A zero-dimensional CPU tensor combines with a tensor on any device as a scalar operand, so
+    a Python or NumPy number is only moved to the device when it is a real (non-0-d) array.
+    """
+    if isinstance(value, torch.Tensor):
+        return value
+    tensor = torch.as_tensor(value, dtype=reference.dtype)
+    return tensor if tensor.ndim == 0 else tensor.to(reference.device)
+
+
+def divide_scalar(numerator: Scalar, denominator: Scalar) -> Scalar:
+    """Returns ``numerator / denominator``; a tensor operand makes the result a tensor.
+
+    The non-tensor operand is converted to the tensor's dtype first, as in PPE, so that e.g. a
+    half-precision sum divided by an integer count stays half precision.
+    """
+    if isinstance(numerator, torch.Tensor):
+        return numerator / _as_tensor_like(denominator, numerator)
+    if isinstance(denominator, torch.Tensor):
+        return _as_tensor_like(numerator, denominator) / denominator
+    result: Scalar = numerator / denominator  # type: ignore[operator]
+    return result
+
+
+def multiply_scalar(left: Scalar, right: Scalar) -> Scalar:
+    """Returns ``left * right``; a tensor operand makes the result a tensor (see divide)."""
+    if isinstance(left, torch.Tensor):
+        return left * _as_tensor_like(right, left)
+    if isinstance(right, torch.Tensor):
+        return _as_tensor_like(left, right) * right
+    result: Scalar = left * right  # type: ignore[operator]
+    return result
+
+
+def subtract_scalar(minuend: Scalar, subtrahend: Scalar) -> Scalar:
+    """Returns ``minuend - subtrahend``; a tensor operand makes the result a tensor."""
+    if isinstance(minuend, torch.Tensor):
+        return minuend - _as_tensor_like(subtrahend, minuend)
+    if isinstance(subtrahend, torch.Tensor):
+        return _as_tensor_like(minuend, subtrahend) - subtrahend
+    result: Scalar = minuend - subtrahend  # type: ignore[operator]
+    return result
+
+
 def _host_values_to(
     values: list[float], dtype: torch.dtype | None, device: torch.device
 ) -> torch.Tensor:
@@ -263,21 +324,62 @@ def _is_one(weight: object) -> bool:
     return weight.__class__ is int and weight == 1
 
 
+def _is_host_number(value: object) -> bool:
+    """Whether ``value`` is a Python or NumPy number or array (what PPE's arithmetic takes)."""
+    if isinstance(value, numbers.Number):
+        return True
+    return hasattr(value, "ndim") and hasattr(value, "__mul__") and hasattr(value, "dtype")
+
+
+def _result_dtype(dtype: torch.dtype) -> torch.dtype:
+    # PPE starts its sums at 0.0, so integer and bool values give default-dtype float means.
+    return dtype if dtype.is_floating_point else torch.get_default_dtype()
+
+
+def _whole(n: float) -> float | int:
+    # PPE stores counts as ints; keep an int where the total weight is whole.
+    return int(n) if float(n).is_integer() else n
+
+
+def _host_sqrt(var: Any) -> Any:
+    """``sqrt(max(var, 0))`` the way PPE computes a host standard deviation (with NumPy)."""
+    try:
+        import numpy
+    except ImportError:  # NumPy is optional for ppe-core; PPE always had it
+        return math.sqrt(max(float(var), 0.0))
+    return numpy.sqrt(numpy.maximum(var, 0))
+
+
+def _mean_of(shift: torch.Tensor, s1: torch.Tensor, n: Any) -> torch.Tensor:
+    # The sum divided by the weight, as PPE computes it (so small cases round identically);
+    # the shift only serves the variance, where it prevents cancellation.
+    result: torch.Tensor = (s1 + n * shift) / n
+    return result
+
+
+#: Extra Summary state entry holding the unmerged accumulators (PPE ignores it).
+_EXACT_KEY = "_ppe_core_exact"
+
+
 class Summary:
     """Running weighted mean and standard deviation of a stream of scalars.
 
-    Python numbers are accumulated on the host. Tensors stay on their device: they are buffered
-    (detached) and reduced there every few hundred values, with no host synchronization; the
-    single device-to-host copy happens in :meth:`compute_mean`, :meth:`make_statistics` or
-    :meth:`state_dict`. Device sums are taken relative to the first value seen, which keeps the
-    standard deviation accurate in float32.
+    Results have PPE's types: Python and NumPy numbers are accumulated with PPE's arithmetic
+    and give a Python (or NumPy) mean; once a tensor was added, :meth:`compute_mean` and
+    :meth:`make_statistics` return zero-dimensional tensors on that tensor's device, computed
+    there without a host synchronization. Tensors are buffered (detached) and reduced on their
+    device every few hundred values, relative to the first value seen, which keeps the standard
+    deviation accurate in float32. A callable value is stored and called when the summary is
+    read (PPE's deferred values). :meth:`state_dict` is the one place that copies to the host.
     """
 
     __slots__ = (
+        "_deferred",
         "_dev_n",
         "_dev_n_tensor",
         "_dev_x",
         "_dev_x2",
+        "_dtype",
         "_n",
         "_pending",
         "_pending_weights",
@@ -290,9 +392,10 @@ class Summary:
         self._reset()
 
     def _reset(self) -> None:
-        self._x = 0.0
-        self._x2 = 0.0
-        self._n = 0.0
+        self._x: Any = 0.0
+        self._x2: Any = 0.0
+        self._n: Any = 0
+        self._deferred: list[tuple[Callable[[], Any], Any]] = []
         self._pending: list[torch.Tensor] = []
         self._pending_weights: list[Scalar] | None = None
         self._shift: torch.Tensor | None = None
@@ -300,12 +403,14 @@ class Summary:
         self._dev_x2: torch.Tensor | None = None
         self._dev_n = 0.0
         self._dev_n_tensor: torch.Tensor | None = None
+        self._dtype: torch.dtype | None = None
 
-    def add(self, value: Scalar, weight: Scalar = 1) -> None:
+    def add(self, value: Value, weight: Scalar = 1) -> None:
         """Accumulates ``value`` with ``weight``; a tensor is not copied to the host.
 
         Args:
-            value: A Python/NumPy number or a one-element tensor.
+            value: A Python/NumPy number, a one-element tensor, or a callable returning one,
+                which is called when the summary is read.
             weight: A number or one-element tensor; defaults to 1.
 
         Raises:
@@ -315,20 +420,24 @@ class Summary:
         if isinstance(value, torch.Tensor) or isinstance(weight, torch.Tensor):
             self._add_tensor(value, weight)
             return
-        try:
-            v = float(value)
-            w = float(weight)
-        except (TypeError, ValueError):
+        if callable(value):
+            self._deferred.append((value, weight))
+            return
+        if not (_is_host_number(value) and _is_host_number(weight)):
             raise ArgumentTypeError(
                 f"Summary.add() takes a number or a one-element tensor as value and weight, got "
                 f"{type(value).__name__} {value!r} (weight {weight!r}); add numbers, e.g. "
                 "summary.add(loss) or summary.add(accuracy, weight=batch_size)"
-            ) from None
-        self._x += w * v
-        self._x2 += w * v * v
-        self._n += w
+            )
+        wv: Any = weight * value  # type: ignore[operator]
+        self._x += wv
+        self._x2 += wv * value
+        self._n += weight
 
-    def _add_tensor(self, value: Scalar, weight: Scalar) -> None:
+    def _add_tensor(self, value: Value, weight: Scalar) -> None:
+        if callable(value) and not isinstance(value, torch.Tensor):
+            self._deferred.append((value, weight))
+            return
         if not isinstance(value, torch.Tensor):
             assert isinstance(weight, torch.Tensor)
             value = _host_values_to([float(value)], None, weight.device).reshape(())
@@ -376,6 +485,8 @@ class Summary:
         x = x.reshape(-1)
         if x.device != device:
             x = x.to(device)
+        out = _result_dtype(x.dtype)
+        self._dtype = out if self._dtype is None else torch.promote_types(self._dtype, out)
         dtype = torch.promote_types(x.dtype, _MIN_SUM_DTYPE)
         if x.dtype != dtype:
             x = x.to(dtype)
@@ -411,77 +522,203 @@ class Summary:
         self._dev_n_tensor = total if self._dev_n_tensor is None else self._dev_n_tensor + total
         return w
 
-    def _take_device_stats(self) -> tuple[torch.Tensor, float] | None:
-        """Folds pending tensors and hands the device accumulators over, resetting them.
+    def _add_deferred_values(self) -> None:
+        deferred = self._deferred
+        if deferred:
+            self._deferred = []
+            for fn, weight in deferred:
+                self.add(fn(), weight)
 
-        Returns:
-            ``None`` when nothing is on a device; otherwise a 3- or 4-element device tensor
-            ``[shift, sum w*d, sum w*d*d (, sum of tensor weights)]`` and the host-known weight.
+    def _moments(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any] | None:
+        """Returns ``(shift, sum w*d, sum w*d*d, total weight)`` on the device, or ``None``.
+
+        Host-side numbers added to the same summary are folded in relative to the shift; all of
+        it is device arithmetic with scalar operands, so nothing waits for the device.
         """
+        self._add_deferred_values()
         self._fold()
-        if self._dev_x is None or self._dev_x2 is None or self._shift is None:
+        shift, s1, s2 = self._shift, self._dev_x, self._dev_x2
+        if shift is None or s1 is None or s2 is None:
             return None
-        parts = [self._shift, self._dev_x, self._dev_x2]
+        n: Any = self._dev_n
         if self._dev_n_tensor is not None:
-            parts.append(self._dev_n_tensor.to(self._shift.device))
-        host_n = self._dev_n
-        self._shift = self._dev_x = self._dev_x2 = self._dev_n_tensor = None
-        self._dev_n = 0.0
-        return torch.stack([p.to(parts[0].dtype) for p in parts]), host_n
+            n = self._dev_n_tensor.to(shift.dtype) + n
+        if self._n != 0:
+            hx, hx2, hn = float(self._x), float(self._x2), float(self._n)
+            s1 = s1 + (hx - hn * shift)
+            s2 = s2 + (hx2 - 2.0 * hx * shift + hn * shift * shift)
+            n = n + hn
+        return shift, s1, s2, n
 
-    def _absorb(self, stats: list[float], host_n: float) -> None:
-        shift, s1, s2 = stats[0], stats[1], stats[2]
-        n = host_n + (stats[3] if len(stats) > 3 else 0.0)
-        self._x += n * shift + s1
-        self._x2 += s2 + 2.0 * shift * s1 + n * shift * shift
-        self._n += n
+    def _host_n_is_zero(self) -> bool:
+        # Only a plain number can be tested without a sync (or an ambiguous array truth value).
+        n: Any = self._n
+        return bool(n == 0) if isinstance(self._n, numbers.Number) else False
 
-    def _sync(self) -> None:
-        taken = self._take_device_stats()
-        if taken is not None:
-            self._absorb(taken[0].tolist(), taken[1])
+    def _empty_error(self) -> EmptySummaryError:
+        return EmptySummaryError(
+            "the summary is empty (total weight 0); add() values before computing a mean"
+        )
 
-    def _mean(self) -> float:
-        if self._n == 0:
-            raise EmptySummaryError(
-                "the summary is empty (total weight 0); add() values before computing a mean"
+    def compute_mean(self) -> Scalar:
+        """Returns the weighted mean, a tensor on the values' device if any value was one.
+
+        Raises:
+            EmptySummaryError: Only numbers were added and their total weight is 0.
+        """
+        moments = self._moments()
+        if moments is None:
+            if self._host_n_is_zero():
+                raise self._empty_error()
+            return divide_scalar(self._x, self._n)
+        shift, s1, _, n = moments
+        mean: torch.Tensor = _mean_of(shift, s1, n)
+        assert self._dtype is not None
+        return mean.to(self._dtype)
+
+    def make_statistics(self) -> tuple[Scalar, Scalar]:
+        """Returns the weighted mean and (population) standard deviation.
+
+        Both are tensors when a tensor was added; otherwise the mean is a Python/NumPy number
+        and the deviation a NumPy float, as in PPE.
+
+        Raises:
+            EmptySummaryError: Only numbers were added and their total weight is 0.
+        """
+        moments = self._moments()
+        if moments is None:
+            if self._host_n_is_zero():
+                raise self._empty_error()
+            mean = divide_scalar(self._x, self._n)
+            var = subtract_scalar(divide_scalar(self._x2, self._n), multiply_scalar(mean, mean))
+            return mean, _host_sqrt(var)
+        shift, s1, s2, n = moments
+        mean_d = s1 / n
+        var_t = (s2 / n - mean_d * mean_d).clamp_min(0.0)
+        assert self._dtype is not None
+        return _mean_of(shift, s1, n).to(self._dtype), var_t.sqrt().to(self._dtype)
+
+    def _device_stats(self) -> torch.Tensor | None:
+        """Folds and returns ``[shift, sum w*d, sum w*d*d, tensor weights]`` as one tensor."""
+        self._fold()
+        shift, s1, s2 = self._shift, self._dev_x, self._dev_x2
+        if shift is None or s1 is None or s2 is None:
+            return None
+        nt = self._dev_n_tensor
+        parts = [shift, s1, s2, torch.zeros_like(shift) if nt is None else nt.to(shift.device)]
+        return torch.stack([p.to(shift.dtype) for p in parts])
+
+    def _host_state(self, stats: list[float] | None) -> dict[str, Any]:
+        x, x2, n = float(self._x), float(self._x2), float(self._n)
+        if stats is not None:
+            shift, s1, s2, nt = stats
+            dn = self._dev_n + nt
+            x += dn * shift + s1
+            x2 += s2 + 2.0 * shift * s1 + dn * shift * shift
+            n += dn
+        state: dict[str, Any] = {"_x": x, "_x2": x2, "_n": _whole(n)}
+        if self._shift is not None:
+            state[_EXACT_KEY] = self._exact_state()
+        return state
+
+    def _exact_state(self) -> dict[str, Any]:
+        """The host and device accumulators as they are, so a resumed run sums bit-identically.
+
+        PPE readers ignore this entry and use the merged ``_x``/``_x2``/``_n``; ppe-core restores
+        it, because re-merging the sums on load would round differently from an uninterrupted run.
+        """
+        assert self._shift is not None and self._dev_x is not None and self._dev_x2 is not None
+        assert self._dtype is not None
+        exact: dict[str, Any] = {
+            "host": [self._x, self._x2, self._n],
+            "shift": self._shift.detach().cpu(),
+            "sum": self._dev_x.detach().cpu(),
+            "sum_sq": self._dev_x2.detach().cpu(),
+            "n": self._dev_n,
+            "dtype": str(self._dtype).removeprefix("torch."),
+        }
+        if self._dev_n_tensor is not None:
+            exact["n_tensor"] = self._dev_n_tensor.detach().cpu()
+        return exact
+
+    def _load_exact_state(self, exact: Mapping[str, Any]) -> None:
+        host = exact["host"]
+        self._x, self._x2, self._n = host[0], host[1], host[2]
+        self._shift, self._dev_x, self._dev_x2 = exact["shift"], exact["sum"], exact["sum_sq"]
+        self._dev_n = exact["n"]
+        self._dev_n_tensor = exact.get("n_tensor")
+        dtype = getattr(torch, str(exact["dtype"]), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ConfigurationError(
+                f"a Summary state names an unknown dtype {exact['dtype']!r}; it was not written "
+                "by this ppe-core version, drop its '_ppe_core_exact' entry to load the merged sums"
             )
-        return self._x / self._n
+        self._dtype = dtype
 
-    def compute_mean(self) -> float:
-        """Returns the weighted mean as a float (the one point where tensors reach the host).
+    def state_dict(self) -> dict[str, Any]:
+        """Returns the sums as plain Python numbers (loadable with ``weights_only=True``).
 
-        Raises:
-            EmptySummaryError: Nothing with non-zero weight was added.
+        The keys and types are PPE's (``_x``, ``_x2`` floats, ``_n`` an int for whole weights),
+        so PPE snapshots load here and ours load in PPE. Deferred values are evaluated first.
         """
-        self._sync()
-        return self._mean()
-
-    def make_statistics(self) -> tuple[float, float]:
-        """Returns the weighted mean and (population) standard deviation as floats.
-
-        Raises:
-            EmptySummaryError: Nothing with non-zero weight was added.
-        """
-        self._sync()
-        mean = self._mean()
-        var = self._x2 / self._n - mean * mean
-        return mean, math.sqrt(var) if var > 0.0 else 0.0
-
-    def state_dict(self) -> dict[str, float]:
-        """Returns the sums as plain floats (loadable with ``torch.load(weights_only=True)``).
-
-        The keys (``_x``, ``_x2``, ``_n``) are PPE's, so PPE snapshots load too.
-        """
-        self._sync()
-        return {"_x": self._x, "_x2": self._x2, "_n": self._n}
+        self._add_deferred_values()
+        stats = self._device_stats()
+        return self._host_state(None if stats is None else stats.tolist())
 
     def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
         """Replaces the accumulated statistics with those of :meth:`state_dict`."""
+        x, x2, n = float(to_load["_x"]), float(to_load["_x2"]), float(to_load["_n"])
         self._reset()
-        self._x = float(to_load["_x"])
-        self._x2 = float(to_load["_x2"])
-        self._n = float(to_load["_n"])
+        exact = to_load.get(_EXACT_KEY)
+        if exact is not None:
+            self._load_exact_state(exact)
+            return
+        self._x, self._x2, self._n = x, x2, _whole(n)
+
+    def __add__(self, other: Summary) -> Summary:
+        """Returns a new summary of both summaries' values (neither operand changes)."""
+        if not isinstance(other, Summary):
+            return NotImplemented
+        result = Summary()
+        result._x = self._x + other._x
+        result._x2 = self._x2 + other._x2
+        result._n = self._n + other._n
+        result._deferred = self._deferred + other._deferred
+        self._fold()
+        other._fold()
+        if other._shift is None:
+            result._take_device_part(self)
+        elif self._shift is None:
+            result._take_device_part(other)
+        else:
+            result._merge_device_parts(self, other)
+        return result
+
+    def _take_device_part(self, source: Summary) -> None:
+        # Accumulators are never modified in place, so sharing the tensors is safe.
+        self._shift, self._dev_x, self._dev_x2 = source._shift, source._dev_x, source._dev_x2
+        self._dev_n, self._dev_n_tensor = source._dev_n, source._dev_n_tensor
+        self._dtype = source._dtype
+
+    def _merge_device_parts(self, a: Summary, b: Summary) -> None:
+        assert a._shift is not None and a._dev_x is not None and a._dev_x2 is not None
+        assert b._shift is not None and b._dev_x is not None and b._dev_x2 is not None
+        shift = a._shift
+        device, dtype = shift.device, torch.promote_types(shift.dtype, b._shift.dtype)
+        shift = shift.to(dtype)
+        b_s1, b_s2 = b._dev_x.to(device, dtype), b._dev_x2.to(device, dtype)
+        delta = b._shift.to(device, dtype) - shift  # re-express b's sums relative to a's shift
+        b_n: Any = b._dev_n
+        if b._dev_n_tensor is not None:
+            b_n = b._dev_n_tensor.to(device, dtype) + b_n
+        self._shift = shift
+        self._dev_x = a._dev_x.to(dtype) + b_s1 + b_n * delta
+        self._dev_x2 = a._dev_x2.to(dtype) + b_s2 + 2.0 * delta * b_s1 + b_n * delta * delta
+        self._dev_n = a._dev_n + b._dev_n
+        tensors = [t.to(device) for t in (a._dev_n_tensor, b._dev_n_tensor) if t is not None]
+        self._dev_n_tensor = None if not tensors else sum(tensors[1:], tensors[0])
+        assert a._dtype is not None and b._dtype is not None
+        self._dtype = torch.promote_types(a._dtype, b._dtype)
 
 
 def _is_scalar(value: object) -> bool:
@@ -495,13 +732,43 @@ def _is_scalar(value: object) -> bool:
     return getattr(value, "ndim", -1) == 0 and hasattr(value, "__float__")
 
 
+def to_floats(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Returns ``values`` with every one-element tensor and NumPy number as a Python float.
+
+    Tensors are copied to the host with one transfer per device, not one per entry, so
+    ``to_floats(summary.compute_mean())`` is the cheap way to log a :class:`DictSummary`.
+    Other entries are returned unchanged.
+
+    Args:
+        values: E.g. the result of :meth:`DictSummary.compute_mean`.
+    """
+    result = dict(values)
+    by_device: dict[torch.device, list[str]] = {}
+    for key, value in result.items():
+        if isinstance(value, torch.Tensor):
+            if value.numel() == 1:
+                by_device.setdefault(value.device, []).append(key)
+        elif value.__class__ is not float and _is_scalar(value):
+            result[key] = float(value)
+    for keys in by_device.values():
+        tensors = [result[key].detach().reshape(()) for key in keys]
+        dtype = tensors[0].dtype
+        for tensor in tensors[1:]:
+            dtype = torch.promote_types(dtype, tensor.dtype)
+        dtype = torch.promote_types(dtype, _MIN_SUM_DTYPE)
+        floats = torch.stack([t.to(dtype) for t in tensors]).tolist()
+        result.update(zip(keys, (float(f) for f in floats), strict=True))
+    return result
+
+
 class DictSummary:
     """Running statistics for every scalar entry of a stream of dictionaries.
 
-    Only scalars (Python/NumPy numbers, zero-dimensional tensors or arrays) are summarised; other
-    entries (strings, images, ...) are skipped silently, as in PPE. A ``(value, weight)`` tuple
-    adds ``value`` with that weight. Tensors are kept on their device until a mean is computed,
-    and then all entries are copied to the host with one transfer per device.
+    Only scalars (Python/NumPy numbers, zero-dimensional tensors or arrays) and callables
+    (deferred values, called when the summary is read) are summarised; other entries (strings,
+    images, ...) are skipped silently. A ``(value, weight)`` tuple adds ``value`` with that
+    weight. Results have PPE's types (see :class:`Summary`): a tensor entry's mean stays a
+    tensor on its device; pass the result to :func:`to_floats` for Python floats.
     """
 
     __slots__ = ("_summaries",)
@@ -510,11 +777,11 @@ class DictSummary:
         self._summaries: dict[str, Summary] = {}
 
     def add(self, d: Mapping[str, Any]) -> None:
-        """Accumulates every scalar entry of ``d``.
+        """Accumulates every scalar (or callable) entry of ``d``.
 
         Raises:
             ConfigurationError: A ``(value, weight)`` tuple is malformed or its weight is not
-                a scalar.
+                a scalar (a ``ValueError``, as in PPE).
         """
         summaries = self._summaries
         for key, entry in d.items():
@@ -534,50 +801,47 @@ class DictSummary:
                         f"but got {entry!r}; pass a scalar or a (value, scalar weight) pair"
                     )
                 value, weight = entry
-            if not _is_scalar(value):
+            if not (callable(value) or _is_scalar(value)):
                 continue
             summary = summaries.get(key)
             if summary is None:
                 summary = summaries[key] = Summary()
             summary.add(value, weight)
 
-    def _sync(self) -> None:
-        # One device-to-host copy per device for all entries, instead of one per entry.
-        by_device: dict[torch.device, list[tuple[Summary, torch.Tensor, float]]] = {}
-        for summary in self._summaries.values():
-            taken = summary._take_device_stats()
-            if taken is not None:
-                by_device.setdefault(taken[0].device, []).append((summary, *taken))
-        for items in by_device.values():
-            dtype = items[0][1].dtype
-            for _, stats, _ in items[1:]:
-                dtype = torch.promote_types(dtype, stats.dtype)
-            flat = torch.cat([stats.to(dtype) for _, stats, _ in items]).tolist()
-            offset = 0
-            for summary, stats, host_n in items:
-                size = stats.numel()
-                summary._absorb(flat[offset : offset + size], host_n)
-                offset += size
-
-    def compute_mean(self) -> dict[str, float]:
-        """Returns the mean of every entry as floats."""
-        self._sync()
+    def compute_mean(self) -> dict[str, Scalar]:
+        """Returns the mean of every entry (tensors for tensor entries, without a sync)."""
         return {name: summary.compute_mean() for name, summary in self._summaries.items()}
 
-    def make_statistics(self) -> dict[str, float]:
-        """Returns ``{key: mean, key + ".std": std}`` for every entry, as floats."""
-        self._sync()
-        stats: dict[str, float] = {}
+    def make_statistics(self) -> dict[str, Scalar]:
+        """Returns ``{key: mean, key + ".std": std}`` for every entry (PPE's types)."""
+        stats: dict[str, Scalar] = {}
         for name, summary in self._summaries.items():
             mean, std = summary.make_statistics()
             stats[name] = mean
             stats[name + ".std"] = std
         return stats
 
-    def state_dict(self) -> dict[str, dict[str, float]]:
-        """Returns ``{key: Summary.state_dict()}`` of plain floats (PPE's layout)."""
-        self._sync()
-        return {name: summary.state_dict() for name, summary in self._summaries.items()}
+    def state_dict(self) -> dict[str, dict[str, Any]]:
+        """Returns ``{key: Summary.state_dict()}`` of plain numbers (PPE's layout).
+
+        All entries on one device are copied to the host together, in one transfer.
+        """
+        by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
+        host: dict[str, list[float] | None] = {}
+        for name, summary in self._summaries.items():
+            summary._add_deferred_values()
+            stats = summary._device_stats()
+            host[name] = None
+            if stats is not None:
+                by_device.setdefault(stats.device, []).append((name, stats))
+        for items in by_device.values():
+            dtype = items[0][1].dtype
+            for _, stats in items[1:]:
+                dtype = torch.promote_types(dtype, stats.dtype)
+            flat = torch.cat([stats.to(dtype) for _, stats in items]).tolist()
+            for index, (name, _) in enumerate(items):
+                host[name] = flat[4 * index : 4 * index + 4]
+        return {name: summary._host_state(host[name]) for name, summary in self._summaries.items()}
 
     def load_state_dict(self, to_load: Mapping[str, Mapping[str, Any]]) -> None:
         """Replaces all entries with those of :meth:`state_dict`."""
@@ -585,3 +849,16 @@ class DictSummary:
         for name, state in to_load.items():
             summary = self._summaries[name] = Summary()
             summary.load_state_dict(state)
+
+    def __add__(self, other: DictSummary) -> DictSummary:
+        """Returns a new summary with both summaries' entries, merging shared keys."""
+        if not isinstance(other, DictSummary):
+            return NotImplemented
+        result = DictSummary()
+        mine, theirs = self._summaries, other._summaries
+        for key in sorted({*mine, *theirs}):
+            if key in mine and key in theirs:
+                result._summaries[key] = mine[key] + theirs[key]
+            else:
+                result._summaries[key] = (mine[key] if key in mine else theirs[key]) + Summary()
+        return result

@@ -1,7 +1,32 @@
-"""Timing helpers (PPE's ``ppe.profiler``): named time sections summarised by ProfileReport."""
+"""Profiling helpers (PPE's ``ppe.profiler``): timed sections, the time summary, tracers."""
 
 from __future__ import annotations
 
+from ppe_core._record import record, record_function, record_iterable
+from ppe_core._tracing import (
+    ChromeTracer,
+    TraceableDataset,
+    Tracer,
+    clear_tracer,
+    enable_global_trace,
+    enable_thread_trace,
+    get_tracer,
+    load_chrome_trace_as_json,
+)
 from ppe_core.training.extensions._profile_report import TimeSummary, get_time_summary
 
-__all__ = ["TimeSummary", "get_time_summary"]
+__all__ = [
+    "ChromeTracer",
+    "TimeSummary",
+    "TraceableDataset",
+    "Tracer",
+    "clear_tracer",
+    "enable_global_trace",
+    "enable_thread_trace",
+    "get_time_summary",
+    "get_tracer",
+    "load_chrome_trace_as_json",
+    "record",
+    "record_function",
+    "record_iterable",
+]

@@ -25,7 +25,8 @@ from ppe_core.errors import (
 )
 from ppe_core.handler import BatchMismatchError, ModelOutputError, NoRuntimeError
 from ppe_core.reporting import EmptySummaryError, UnknownObserverError
-from ppe_core.training.extension import DuplicateExtensionError, ExtensionNameError
+from ppe_core.training._trainer import ValLoaderIgnoredWarning
+from ppe_core.training.extension import ExtensionNameError
 from ppe_core.training.extensions._fail_on_non_number import NonFiniteParameterError
 from ppe_core.training.extensions._lr_scheduler import MissingObservationError
 from ppe_core.training.manager import (
@@ -92,21 +93,27 @@ def manager_for(model: torch.nn.Module, **kwargs: Any) -> ppe.training.Extension
 
 
 # Model outputs and batches ---------------------------------------------------------------------
-def test_output_not_a_dict() -> None:
-    class ListOutput(Regressor):
-        def forward(self, x: torch.Tensor, t: torch.Tensor) -> Any:
-            return [self.fc(x).sum()]
+def test_closure_logic_with_grad_scaler() -> None:
+    scaler = torch.amp.GradScaler("cpu")
+    with pytest.raises(RuntimeError) as info:  # AMPOptionError: PPE raises RuntimeError here
+        ppe.handler.ClousureLogic(options={"grad_scaler": scaler})
+    assert isinstance(info.value, ConfigurationError)
+    says(info, "ClousureLogic cannot use a grad_scaler", "Remove the 'grad_scaler' option")
 
-    with pytest.raises(ModelOutputError) as info:
-        make_trainer(ListOutput()).run(batches())
-    says(info, "the model returned list", "Return a dict from forward", "{'loss': loss}")
+
+def warned(record: pytest.WarningsRecorder, *phrases: str) -> None:
+    """One warning was recorded, and its message holds every phrase."""
+    assert len(record) == 1, [str(w.message) for w in record]
+    message = str(record[0].message)
+    missing = [p for p in phrases if p not in message]
+    assert not missing, f"{missing} not in message:\n{message}"
 
 
 def test_backward_outputs_key_missing() -> None:
     trainer = make_trainer(options={"backward_outputs": ["los"]})
-    with pytest.raises(ModelOutputError) as info:
-        trainer.run(batches())
-    says(info, "backward_outputs names ['los']", "returned the keys ['loss']", "fix the option")
+    with pytest.warns(ppe.handler.BackwardOutputWarning) as record:  # PPE warns, then skips
+        trainer.run(batches(1))
+    warned(record, "backward value: los", "outputs ['loss']", "fix backward_outputs")
 
 
 def test_output_without_loss() -> None:
@@ -114,9 +121,9 @@ def test_output_without_loss() -> None:
         def forward(self, x: torch.Tensor, t: torch.Tensor) -> Any:
             return {"prediction": self.fc(x)}
 
-    with pytest.raises(ModelOutputError) as info:
+    with pytest.warns(ppe.handler.BackwardOutputWarning) as record:  # once per Logic
         make_trainer(NoLoss()).run(batches())
-    says(info, "nothing to backpropagate", "{'loss': loss}", "backward_outputs")
+    warned(record, "nothing is backpropagated", "{'loss': loss}", "backward_outputs")
 
 
 def test_loss_not_scalar() -> None:
@@ -136,9 +143,9 @@ def test_loss_without_grad() -> None:
             return {"loss": torch.nn.functional.mse_loss(self.fc(x), t).detach()}
 
     trainer = make_trainer(DetachedLoss(), options={"backward_outputs": ["loss"]})
-    with pytest.raises(ModelOutputError) as info:
-        trainer.run(batches())
-    says(info, "'loss' does not require grad", "not under torch.no_grad()", "detach")
+    with pytest.warns(ppe.handler.BackwardOutputWarning) as record:  # PPE skips it silently
+        trainer.run(batches(1))
+    warned(record, "'loss' does not require grad", "not under torch.no_grad()", "detach")
 
 
 def test_batch_keys_do_not_fit_forward() -> None:
@@ -223,8 +230,14 @@ def test_register_runtime_for_a_device() -> None:
 
 
 def test_duplicate_runtime_registration() -> None:
+    # User code replaces with a warning, as in PPE; a plugin claiming a taken device conflicts.
+    class Plugin:
+        @ppe.hookimpl
+        def ppe_register_runtimes(self, registry: Any) -> None:
+            registry.register("cpu", ppe.runtime.PyTorchRuntime)
+
     with pytest.raises(DuplicateRegistrationError) as info:
-        ppe.runtime.runtime_registry.register("cpu", ppe.runtime.PyTorchRuntime)
+        ppe.plugins.get_plugin_host().register(Plugin(), name="second_cpu")
     says(info, "'cpu' is already registered by plugin 'ppe_cpu'", "replace=True")
 
 
@@ -341,7 +354,7 @@ def test_several_models_with_default_logic() -> None:
 def test_logic_name_not_registered() -> None:
     with pytest.raises(RegistryLookupError) as info:
         make_trainer(logic="gan")
-    says(info, "No logic is registered under 'gan'", "Registered logics: default")
+    says(info, "No logic is registered under 'gan'", "Registered logics: codeblock, default")
     says(info, "install the plugin that provides it", "ppe_register_logics(registry)")
 
 
@@ -378,15 +391,6 @@ def test_trigger_fractional_iterations() -> None:
 
 
 # Extensions and the manager ----------------------------------------------------------------
-def test_extension_name_clash() -> None:
-    trainer = make_trainer()
-    trainer.extend(E.LogReport(), name="log")
-    trainer.extend(E.LogReport(filename="other"), name="log")
-    with pytest.raises(DuplicateExtensionError) as info:
-        trainer.run(batches())
-    says(info, "an extension named 'log' is already registered", "pass a different name=")
-
-
 def test_extension_name_reserved() -> None:
     manager = manager_for(Regressor())
     with pytest.raises(ExtensionNameError) as info:
@@ -485,9 +489,11 @@ def test_nan_loss_with_fail_on_non_number() -> None:
 
 # Loaders and evaluators ----------------------------------------------------------------------
 def test_val_loader_without_evaluator() -> None:
-    with pytest.raises(ConfigurationError) as info:
+    with pytest.warns(ValLoaderIgnoredWarning) as info:  # PPE warns too, and trains on
         make_trainer().run(batches(), batches())
-    says(info, "got a val_loader but the trainer has no evaluator", "evaluator=")
+    message = str(info[0].message)
+    assert "got a val_loader but the trainer has no evaluator" in message
+    assert "evaluator=" in message
 
 
 def test_evaluator_without_val_loader() -> None:

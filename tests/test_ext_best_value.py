@@ -10,15 +10,16 @@ import pytest
 import torch
 
 import ppe_core as ppe
+from ppe_core.errors import PPEError
 from ppe_core.training._extension import ExtensionEntry
 from ppe_core.training.extensions._best_value import (
     BestValue,
+    BestValueKeyError,
     MaxValue,
     MinValue,
     NoBestValueError,
 )
 from ppe_core.training.extensions._value_observation import observe_value
-from ppe_core.training.triggers import MissingObservationWarning
 
 # One value per epoch, reported by observe_value at the end of that epoch.
 SCORES = [3.0, 1.0, 2.0, 0.5, 4.0]
@@ -91,10 +92,11 @@ def test_reading_before_a_value_was_seen_raises() -> None:
             getattr(best, read)
 
 
-def test_a_missing_key_warns_and_keeps_the_best(tmp_path: Path) -> None:
+def test_a_missing_key_raises_a_key_error_like_ppe(tmp_path: Path) -> None:
     best = MinValue("val/loss")
-    with pytest.warns(MissingObservationWarning, match="'val/loss'.*train/loss"):
+    with pytest.raises(KeyError, match=r'Key "val/loss" not found in the observation.*train/loss'):
         train(tmp_path, 1, best)
+    assert issubclass(BestValueKeyError, PPEError)
     with pytest.raises(NoBestValueError):
         _ = best.best_value
 

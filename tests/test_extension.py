@@ -106,10 +106,11 @@ def test_make_extension_sets_defaults_and_attributes() -> None:
 
 
 def test_make_extension_honours_extra_attributes() -> None:
-    @make_extension(needs_model_state=True, is_async=True, custom_flag="yes")
+    @make_extension(needs_model_state=True, is_async=True)
     def reads_model(manager: ManagerView) -> None:
         pass
 
+    reads_model.custom_flag = "yes"  # type: ignore[attr-defined]
     extension = ExtensionEntry(reads_model).extension
     assert extension.needs_model_state is True
     assert extension.is_async is True

@@ -14,7 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ppe_core.errors import ConfigurationError, DuplicateRegistrationError
+import ppe_core
+from ppe_core.errors import ConfigurationError
 from ppe_core.reporting import report
 from ppe_core.training._protocols import ManagerView
 from ppe_core.training.extension import (
@@ -22,7 +23,6 @@ from ppe_core.training.extension import (
     PRIORITY_READER,
     PRIORITY_SNAPSHOT,
     PRIORITY_WRITER,
-    DuplicateExtensionError,
     Extension,
     ExtensionEntry,
     ExtensionNameError,
@@ -292,9 +292,11 @@ def test_on_error_runs_for_every_extension_and_original_error_propagates() -> No
     assert info.value is failure
     for recorder in recorders:
         assert recorder.errors == [failure]
-        assert recorder.finalized == 1
-    assert writer.finalized == 1
+        assert recorder.finalized == 0  # as in PPE: the manager stays usable after an error
+    assert writer.finalized == 0
     assert manager.iteration == 2
+    manager.finalize()
+    assert [r.finalized for r in recorders] == [1, 1] and writer.finalized == 1
 
 
 def test_error_in_user_code_reaches_on_error_and_leaves_the_count() -> None:
@@ -307,10 +309,25 @@ def test_error_in_user_code_reaches_on_error_and_leaves_the_count() -> None:
         raise failure
     assert info.value is failure
     assert recorder.errors == [failure]
-    assert (recorder.finalized, writer.finalized) == (1, 1)
+    assert (recorder.finalized, writer.finalized) == (0, 0)
     assert manager.iteration == 1
     report({"outside": 1.0})  # the manager's reporter is no longer current
     assert "outside" not in manager.observation
+    # A loop that catches the error continues with the same manager, as in PPE.
+    train(manager, model, 2)
+    assert recorder.iterations == [1, 2, 3]
+
+
+def test_interrupt_inside_an_iteration_finalizes() -> None:
+    manager, model, _, writer = make()
+    recorder = Recorder()
+    manager.extend(recorder)
+    with pytest.raises(KeyboardInterrupt), manager.run_iteration():
+        raise KeyboardInterrupt
+    assert len(recorder.errors) == 1 and isinstance(recorder.errors[0], KeyboardInterrupt)
+    assert (recorder.finalized, writer.finalized) == (1, 1)
+    with pytest.raises(ManagerStateError, match="finalized"):
+        train(manager, model, 1)
 
 
 def test_failing_error_handler_warns_without_masking() -> None:
@@ -328,8 +345,8 @@ def test_failing_error_handler_warns_without_masking() -> None:
         pytest.raises(KeyError, match="original"),
     ):
         train(manager, model, 1)
-    assert recorder.errors and recorder.finalized == 1
-    assert writer.finalized == 1
+    assert recorder.errors and recorder.finalized == 0
+    assert writer.finalized == 0
 
 
 # ------------------------------------------------------------------------- model state
@@ -364,7 +381,7 @@ def test_models_unavailable_to_undeclared_extensions() -> None:
 # ------------------------------------------------------------------------- naming
 
 
-def test_unnamed_duplicates_get_ordinals_and_explicit_duplicates_raise() -> None:
+def test_duplicate_names_get_ordinals_as_in_ppe() -> None:
     manager, _, _, _ = make()
     first, second, third = Recorder(), Recorder(), Recorder()
     manager.extend(first)
@@ -373,13 +390,14 @@ def test_unnamed_duplicates_get_ordinals_and_explicit_duplicates_raise() -> None
     assert [first.name, second.name, third.name] == ["Recorder", "Recorder_1", "Recorder_2"]
     assert manager.get_extension("Recorder_1") is second
 
-    manager.extend(Recorder(), name="mine")
-    with pytest.raises(DuplicateExtensionError, match=r"'mine'.*name=") as info:
-        manager.extend(Recorder(), name="mine")
-    assert isinstance(info.value, DuplicateRegistrationError)
-    assert isinstance(info.value, ValueError)
-    with pytest.raises(DuplicateExtensionError):
-        manager.extend(ExtensionEntry(Recorder(), name="Recorder_1"))
+    mine, again = Recorder(), Recorder()
+    manager.extend(mine, name="mine")
+    manager.extend(again, name="mine")  # PPE renames an explicit duplicate too
+    assert (mine.name, again.name) == ("mine", "mine_1")
+    assert manager.get_extension("mine_1") is again
+    entry = ExtensionEntry(Recorder(), name="Recorder_1")
+    manager.extend(entry)
+    assert entry.name == "Recorder_1_1"
 
 
 def test_get_extension_unknown_name_and_reserved_name() -> None:
@@ -550,8 +568,11 @@ def test_state_dict_layout() -> None:
         "_start_execution",
         "models",
         "optimizers",
+        "state_objects",
         "extensions",
+        "ppe_version",
     }
+    assert state["ppe_version"] == ppe_core.__version__ and state["state_objects"] == {}
     assert state["_start_iteration"] == 2
     assert set(state["models"]) == set(state["optimizers"]) == {"main"}
     assert set(state["extensions"]) == {"every3", "manual", "once"}

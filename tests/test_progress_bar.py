@@ -22,7 +22,8 @@ from ppe_core.training.triggers import TriggerLike
 
 ITERS_PER_EPOCH = 4
 PLAIN_LINE = re.compile(
-    r"^(\d+)/(\d+) iters \(\d+\.\d\d%\), epoch \d+\.\d\d/[\d.]+, [\d.e+inf]+ iters/sec, "
+    r"^\d+ iter, \d+ epoch / \d+ (epochs|iterations) \| "
+    r"(\d+)/(\d+) iters \(\d+\.\d\d%\), epoch \d+\.\d\d/[\d.]+, [\d.e+inf]+ iters/sec, "
     r"ETA (\d+:\d\d:\d\d|\?)$"
 )
 
@@ -67,7 +68,9 @@ def test_plain_lines_when_not_a_terminal(tmp_path: Path) -> None:
     # A 12-iteration run updates every iteration (PPE's interval of 100 would print nothing).
     assert len(lines) == 12
     assert all(PLAIN_LINE.match(line) for line in lines), lines
-    assert lines[-1].startswith("12/12 iters (100.00%), epoch 3.00/3, ")
+    assert lines[-1].startswith(
+        "12 iter, 3 epoch / 3 epochs | 12/12 iters (100.00%), epoch 3.00/3, "
+    )
     assert lines[-1].endswith("ETA 0:00:00")
 
 
@@ -76,7 +79,7 @@ def test_update_interval_is_an_upper_bound_for_short_runs(tmp_path: Path) -> Non
     bar = ProgressBar(out=out)  # update_interval=100, but 1000 iterations -> every 10
     _train(_manager(tmp_path, [bar], stop_trigger=(1000, "iteration")))
     lines = out.getvalue().splitlines()
-    assert [int(PLAIN_LINE.match(line).group(1)) for line in lines] == list(  # type: ignore[union-attr]
+    assert [int(PLAIN_LINE.match(line).group(2)) for line in lines] == list(  # type: ignore[union-attr]
         range(10, 1001, 10)
     )
 
@@ -93,7 +96,7 @@ def test_long_runs_update_every_update_interval(tmp_path: Path) -> None:
     bar = CountingProgressBar(training_length=(10_000, "iteration"), update_interval=50, out=out)
     _train(_manager(tmp_path, [bar], stop_trigger=(200, "iteration")))
     lines = out.getvalue().splitlines()
-    assert [line.split()[0] for line in lines] == [
+    assert [line.split(" | ")[1].split()[0] for line in lines] == [
         "50/10000",
         "100/10000",
         "150/10000",
@@ -107,7 +110,7 @@ def test_unknown_length_shows_counts_and_the_final_state(tmp_path: Path) -> None
     stop = _manager(tmp_path, [ProgressBar(out=out)], stop_trigger=lambda m: m.iteration >= 6)
     _train(stop)
     (line,) = out.getvalue().splitlines()  # interval 100 not reached: only the final state
-    assert re.match(r"^6 iters, epoch 1\.50, [\d.]+ iters/sec$", line)
+    assert re.match(r"^6 iter, 1 epoch \| epoch 1\.50, [\d.]+ iters/sec$", line)
 
 
 def test_terminal_gets_a_tqdm_bar_that_is_closed_at_the_end(tmp_path: Path) -> None:
@@ -134,7 +137,7 @@ def test_resumed_run_starts_the_bar_at_the_loaded_iteration(tmp_path: Path) -> N
     resumed.load_state_dict(torch.load(tmp_path / "snapshot", weights_only=True))
     _train(resumed)
     lines = out.getvalue().splitlines()
-    assert [line.split()[0] for line in lines] == [f"{i}/12" for i in range(7, 13)]
+    assert [line.split(" | ")[1].split()[0] for line in lines] == [f"{i}/12" for i in range(7, 13)]
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+import ppe_core as ppe
 from ppe_core.errors import ConfigurationError, PPEError
 from ppe_core.reporting import (
     DictSummary,
@@ -22,6 +23,7 @@ from ppe_core.reporting import (
     get_current_reporter,
     report,
     report_scope,
+    to_floats,
 )
 
 
@@ -189,13 +191,15 @@ def test_summary_weights_floats() -> None:
     assert summary.make_statistics() == pytest.approx(_wstats([1.0, 5.0], [3, 1]))
 
 
-def test_summary_of_many_tensors_returns_floats_matching_floats() -> None:
+def test_summary_of_many_tensors_returns_tensors_matching_floats() -> None:
     values = [math.sin(i) * 3 + 100 for i in range(1000)]  # crosses the fold size several times
     summary = Summary()
     for v in values:
         summary.add(torch.tensor(v))
     mean, std = summary.make_statistics()
-    assert type(mean) is float and type(std) is float
+    # PPE's types: tensors in the values' dtype, zero-dimensional.
+    assert isinstance(mean, torch.Tensor) and isinstance(std, torch.Tensor)
+    assert mean.dtype == std.dtype == torch.float32 and mean.ndim == 0
     assert mean == pytest.approx(statistics.fmean(values), rel=1e-6)
     # Offset data: a naive float32 sum of squares would lose most of these digits.
     assert std == pytest.approx(statistics.pstdev(values), rel=1e-4)
@@ -222,7 +226,10 @@ def test_summary_accumulates_low_precision_and_integer_tensors_in_float(
     summary = Summary()
     for i in range(300):
         summary.add(torch.tensor(i % 2, dtype=dtype))
-    assert summary.compute_mean() == pytest.approx(0.5)
+    mean = summary.compute_mean()
+    assert isinstance(mean, torch.Tensor)
+    assert mean.dtype == (dtype if dtype.is_floating_point else torch.float32)  # as in PPE
+    assert float(mean) == pytest.approx(0.5)
 
 
 def test_summary_add_does_not_copy_tensors_to_the_host() -> None:
@@ -235,10 +242,14 @@ def test_summary_add_does_not_copy_tensors_to_the_host() -> None:
         summary.add(value)
         summary.add(value, torch.ones((), device="meta"))
         dict_summary.add({"loss": value, "w": (value, 2.0)})
+    # The means are computed on the device too: still no host copy, so meta tensors come back.
+    assert summary.compute_mean().device.type == "meta"
+    means = dict_summary.compute_mean()
+    assert {k: v.device.type for k, v in means.items()} == {"loss": "meta", "w": "meta"}
     with pytest.raises(NotImplementedError, match="meta"):
-        summary.compute_mean()
+        to_floats(means)  # the host copy happens here, and only here
     with pytest.raises(NotImplementedError, match="meta"):
-        dict_summary.compute_mean()
+        dict_summary.state_dict()
 
 
 def test_summary_keeps_no_autograd_graph() -> None:
@@ -268,15 +279,18 @@ def test_summary_state_dict_round_trips_with_weights_only_load() -> None:
         full.add(torch.tensor(v))
         first.add(torch.tensor(v))
     state = _roundtrip(first.state_dict())
-    assert set(state) == {"_x", "_x2", "_n"}
-    assert all(type(v) is float for v in state.values())
+    # PPE's keys, plus the unmerged accumulators PPE readers ignore.
+    assert set(state) == {"_x", "_x2", "_n", "_ppe_core_exact"}
+    assert type(state["_x"]) is float and type(state["_x2"]) is float
+    assert type(state["_n"]) is int  # PPE's type for a count
     resumed = Summary()
     resumed.load_state_dict(state)
     for v in values[250:]:
         full.add(torch.tensor(v))
         resumed.add(v)
-    assert resumed.make_statistics() == pytest.approx(full.make_statistics(), rel=1e-6)
-    assert resumed.compute_mean() == pytest.approx(statistics.fmean(values), rel=1e-6)
+    expected = tuple(float(v) for v in full.make_statistics())
+    assert tuple(float(v) for v in resumed.make_statistics()) == pytest.approx(expected, rel=1e-6)
+    assert float(resumed.compute_mean()) == pytest.approx(statistics.fmean(values), rel=1e-6)
 
 
 def test_summary_loads_ppe_style_state_with_tensors_and_int_count() -> None:
@@ -294,8 +308,10 @@ def test_dict_summary_means_stats_and_skipped_entries() -> None:
     summary.add({"a": 3.0, "b": torch.tensor(20.0), "w": (torch.tensor(4.0), 3)})
     summary.add({"w": (0.0, 1.0)})
     means = summary.compute_mean()
-    assert means == pytest.approx({"a": 2.0, "b": 15.0, "w": 3.0})
-    assert all(type(v) is float for v in means.values())
+    assert to_floats(means) == pytest.approx({"a": 2.0, "b": 15.0, "w": 3.0})
+    assert type(means["a"]) is float
+    assert isinstance(means["b"], torch.Tensor) and isinstance(means["w"], torch.Tensor)
+    assert all(type(v) is float for v in to_floats(means).values())
     stats = summary.make_statistics()
     assert stats == pytest.approx(
         {"a": 2.0, "a.std": 1.0, "b": 15.0, "b.std": 5.0, "w": 3.0, "w.std": math.sqrt(3.0)}
@@ -318,4 +334,28 @@ def test_dict_summary_state_dict_round_trips_with_weights_only_load() -> None:
     restored = DictSummary()
     restored.add({"stale": 1.0})  # replaced by the loaded entries
     restored.load_state_dict(state)
-    assert restored.make_statistics() == pytest.approx(expected)
+    assert to_floats(restored.make_statistics()) == pytest.approx(to_floats(expected))
+
+
+def test_summary_state_round_trip_continues_bit_identically() -> None:
+    """A resumed summary sums exactly like the uninterrupted one (bit-exact resume of logs)."""
+    torch.manual_seed(0)
+    values = [torch.rand(()) * 3 for _ in range(700)]
+    uninterrupted = ppe.reporting.DictSummary()
+    resumed = ppe.reporting.DictSummary()
+    for v in values[:333]:
+        uninterrupted.add({"loss": v, "acc": float(v) / 2})
+        resumed.add({"loss": v, "acc": float(v) / 2})
+    state = uninterrupted.state_dict()  # the snapshot the uninterrupted run also takes
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    resumed = ppe.reporting.DictSummary()
+    resumed.load_state_dict(torch.load(buffer, weights_only=True))
+    for v in values[333:]:
+        uninterrupted.add({"loss": v, "acc": float(v) / 2})
+        resumed.add({"loss": v, "acc": float(v) / 2})
+    a, b = uninterrupted.make_statistics(), resumed.make_statistics()
+    assert a.keys() == b.keys()
+    for key in a:
+        assert float(a[key]) == float(b[key]), key

@@ -55,9 +55,21 @@ def test_base_runtime_requires_data_movement_methods() -> None:
     runtime = BaseRuntime("cpu")
     with pytest.raises(NotImplementedError, match="move_module"):
         runtime.move_module(torch.nn.Linear(1, 1))
-    assert runtime.execute(lambda b: b * 2, 21) == 42
+    with pytest.raises(NotImplementedError, match="move_tensor"):
+        runtime.convert_batch({"x": torch.ones(1)})
+    assert runtime.convert_batch({"n": 3}) == {"n": 3}  # nothing to move: no call
     with runtime.trace("step", None):
         pass
+
+
+def test_undeclared_options_reach_the_runtime_as_in_ppe() -> None:
+    class Loose(PyTorchRuntime):  # declares no accepted_options of its own
+        pass
+
+    assert Loose("cpu", {"anything": 1}).options == {"anything": 1}
+    assert BaseRuntime("cpu", {"x": 2}).options == {"x": 2}
+    with pytest.raises(ConfigurationError, match="accepted options: autocast, grad_scaler"):
+        PyTorchRuntime("cpu", {"pin_memory": True})
 
 
 def test_to_moves_tensors_without_tagging() -> None:

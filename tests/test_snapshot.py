@@ -19,6 +19,7 @@ from ppe_core.training.extensions._snapshot import (
     SnapshotVerificationWarning,
     UnsafeSnapshotError,
     load_snapshot,
+    manifest_path,
     verify_snapshot,
 )
 
@@ -93,8 +94,8 @@ def test_n_retains_keeps_the_newest_complete_snapshots(tmp_path: Path) -> None:
     trainer.run(loader())
     assert snapshots(tmp_path) == ["snapshot_iter_30", "snapshot_iter_40"]
     assert sorted(p for p in os.listdir(tmp_path) if p.endswith(MANIFEST_SUFFIX)) == [
-        "snapshot_iter_30" + MANIFEST_SUFFIX,
-        "snapshot_iter_40" + MANIFEST_SUFFIX,
+        ".snapshot_iter_30" + MANIFEST_SUFFIX,
+        ".snapshot_iter_40" + MANIFEST_SUFFIX,
     ]
 
 
@@ -127,21 +128,36 @@ def test_truncated_newest_snapshot_is_skipped_with_warning_and_falls_back(
     resumed = make_trainer(out, 4, ext)
     with pytest.warns(SnapshotVerificationWarning, match="snapshot_iter_28.*truncated"):
         resumed.run(loader())
-    assert resumed.manager.get_extension("snapshot").loaded_from == str(out / "snapshot_iter_21")
+    assert resumed.manager.get_extension("_Snapshot").loaded_from == str(out / "snapshot_iter_21")
     for key, value in weights(reference).items():
         assert torch.equal(value, weights(resumed)[key])
 
 
-def test_snapshot_without_manifest_is_not_trusted(tmp_path: Path) -> None:
-    trainer = make_trainer(tmp_path, 2, E.snapshot())
+def test_snapshot_without_manifest_is_loaded_unverified(tmp_path: Path) -> None:
+    trainer = make_trainer(tmp_path, 3, E.snapshot(), stop=(2, "epoch"))
     trainer.run(loader())
-    os.remove(tmp_path / ("snapshot_iter_20" + MANIFEST_SUFFIX))  # killed between the writes
+    # Killed between the two writes: the data file is complete (renamed into place).
+    os.remove(manifest_path(str(tmp_path / "snapshot_iter_20")))
     with pytest.raises(SnapshotError, match="no manifest"):
         verify_snapshot(str(tmp_path / "snapshot_iter_20"))
-    again = make_trainer(tmp_path, 2, E.snapshot(autoload=True))
-    with pytest.warns(SnapshotVerificationWarning, match="snapshot_iter_20"):
+    again = make_trainer(tmp_path, 3, E.snapshot(autoload=True))
+    again.run(loader())
+    loaded = again.manager.get_extension("_Snapshot").loaded_from
+    assert loaded == str(tmp_path / "snapshot_iter_20")
+    assert snapshots(tmp_path) == ["snapshot_iter_10", "snapshot_iter_20", "snapshot_iter_30"]
+
+
+def test_torn_snapshot_without_manifest_is_skipped(tmp_path: Path) -> None:
+    trainer = make_trainer(tmp_path, 3, E.snapshot(), stop=(2, "epoch"))
+    trainer.run(loader())
+    newest = tmp_path / "snapshot_iter_20"
+    os.remove(manifest_path(str(tmp_path / "snapshot_iter_20")))
+    newest.write_bytes(newest.read_bytes()[:200])  # torn, as a non-atomic writer leaves it
+    again = make_trainer(tmp_path, 3, E.snapshot(autoload=True))
+    with pytest.warns(SnapshotVerificationWarning, match="snapshot_iter_20.*without a manifest"):
         again.run(loader())
-    assert again.manager.get_extension("snapshot").loaded_from == str(tmp_path / "snapshot_iter_10")
+    loaded = again.manager.get_extension("_Snapshot").loaded_from
+    assert loaded == str(tmp_path / "snapshot_iter_10")
 
 
 class _CreatesAFile:
@@ -169,7 +185,7 @@ def test_planted_pickle_is_refused_and_never_executed(tmp_path: Path) -> None:
         "iteration": 99,
         "created": time.time(),
     }
-    (tmp_path / ("snapshot_iter_99" + MANIFEST_SUFFIX)).write_text(json.dumps(manifest))
+    Path(manifest_path(str(planted))).write_text(json.dumps(manifest))
     resumed = make_trainer(tmp_path, 2, E.snapshot(autoload=True))
     with pytest.raises(UnsafeSnapshotError, match="snapshot_iter_99") as info:
         resumed.run(loader())
@@ -227,10 +243,14 @@ def test_snapshot_object_saves_a_loadable_model_state(tmp_path: Path) -> None:
 
 
 def test_bad_snapshot_arguments_are_rejected() -> None:
-    with pytest.raises(ValueError, match="n_retains"):
-        E.snapshot(n_retains=0)
+    with pytest.raises(TypeError, match="n_retains"):
+        E.snapshot(n_retains="2")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="filename"):
         E.snapshot(filename="")
+    with pytest.raises(TypeError, match="together"):
+        E.snapshot(savefun=torch.save, writer=ppe.writing.SimpleWriter())
+    with pytest.raises(ValueError, match="callable filename"):
+        E.snapshot(filename=lambda m: "x", autoload=True)
 
 
 def test_every_standard_extension_survives_a_snapshot_round_trip(tmp_path: Path) -> None:
@@ -309,3 +329,19 @@ def test_failing_extension_keeps_the_written_log_and_reraises(tmp_path: Path) ->
     assert sorted(errors) == ["Boom saw boom at 25", "Witness saw boom at 25"]
     log = json.loads((tmp_path / "log").read_text())
     assert [e["iteration"] for e in log] == [10, 20]
+
+
+def test_state_from_an_earlier_ppe_core_layout_still_resumes(tmp_path: Path) -> None:
+    reference = make_trainer(tmp_path / "ref", 2)
+    reference.run(loader())
+    first = make_trainer(tmp_path / "run", 2, stop=(15, "iteration"))
+    first.run(loader())
+    state = first.state_dict()
+    # Earlier ppe-core versions kept the trainer state among the extensions.
+    trainer_state = state.pop("_ppe_core")["trainer_state"]
+    state["extensions"]["_trainer_state"] = {"extension": trainer_state, "trigger": {}}
+    resumed = make_trainer(tmp_path / "run", 2)
+    resumed.load_state_dict(state)
+    resumed.run(loader())
+    for key, value in weights(reference).items():
+        assert torch.equal(value, weights(resumed)[key])  # bit-exact: the RNG states were found

@@ -344,14 +344,16 @@ def test_best_value_trigger_state_round_trip_resumes_the_same_sequence() -> None
     assert fire_by_next_check(MinValueTrigger("val/loss"), length, stop, observe, 9)[0] == 12
 
 
-def test_best_value_trigger_ignores_checks_without_the_key() -> None:
+def test_best_value_trigger_warns_at_checks_without_the_key() -> None:
     trigger = MinValueTrigger("val/loss", trigger=(2, "iteration"))
     manager = FakeManager(4, iteration=2, observation={"main/loss": 1.0})
-    assert not trigger(manager)
+    with pytest.warns(MissingObservationWarning, match=r"MinValueTrigger monitors 'val/loss'"):
+        assert not trigger(manager)
     assert trigger.best_value is None
     manager.iteration, manager.observation = 4, {"val/loss": 1.0}
     assert trigger(manager)
-    assert trigger.next_check(4, 4) == 6
+    # It must see every iteration's value (interval mean), so the manager calls it each step.
+    assert trigger.next_check(4, 4) is None
     assert trigger.may_fire(6, 4) and not trigger.may_fire(5, 4)
 
 
@@ -392,9 +394,9 @@ def test_early_stopping_max_trigger_bounds_training() -> None:
     trigger = EarlyStoppingTrigger(monitor="val/loss", max_trigger=(3, "epoch"))
     assert fire_by_next_check(trigger, 4, 12, observe) == [12]
     assert trigger.get_training_length() == (3, "epoch")
-    # next_check is the earlier of the check and max triggers.
+    # It averages the monitored value over each interval, so it is called every iteration.
     combined = EarlyStoppingTrigger(check_trigger=(5, "iteration"), max_trigger=(7, "iteration"))
-    assert [combined.next_check(i, 100) for i in (0, 5, 7, 10)] == [5, 7, 10, 14]
+    assert [combined.next_check(i, 100) for i in (0, 5, 7, 10)] == [None] * 4
     assert combined.may_fire(7, 100) and combined.may_fire(5, 100)
     assert not combined.may_fire(6, 100)
 

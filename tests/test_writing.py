@@ -272,3 +272,133 @@ def test_manager_uses_a_simple_writer_on_its_out_dir(tmp_path: Path) -> None:
     torch.save(manager.state_dict(), buffer)
     manager.writer("state", manager.out, buffer.getvalue(), savefun=_write_bytes)
     assert (tmp_path / "r" / "state").read_bytes() == buffer.getvalue()
+
+
+# --- PPE compatibility: the writer classes' signatures and subclassing hooks -------------------
+
+_WRITER_CLASSES = [
+    "Writer",
+    "SimpleWriter",
+    "StandardWriter",
+    "ThreadWriter",
+    "ProcessWriter",
+    "QueueWriter",
+    "ThreadQueueWriter",
+    "ProcessQueueWriter",
+    "TensorBoardWriter",
+]
+
+
+@pytest.mark.parametrize("name", _WRITER_CLASSES)
+def test_writer_signatures_accept_what_ppe_accepts(name: str) -> None:
+    import inspect
+
+    import pytorch_pfn_extras
+
+    import ppe_core
+
+    ours, theirs = getattr(ppe_core.writing, name), getattr(pytorch_pfn_extras.writing, name)
+    for method in ["__init__", "__call__", "save", "initialize", "finalize", "create_worker"]:
+        if not hasattr(theirs, method):
+            continue
+        ppe_params = list(inspect.signature(getattr(theirs, method)).parameters.values())
+        our_params = inspect.signature(getattr(ours, method)).parameters
+        positional = [p.name for p in our_params.values() if p.kind <= p.POSITIONAL_OR_KEYWORD]
+        for index, param in enumerate(ppe_params):
+            if param.kind is param.VAR_KEYWORD:
+                assert any(p.kind is p.VAR_KEYWORD for p in our_params.values()), (method, param)
+                continue
+            assert param.name in our_params, (method, param.name)
+            if param.kind is param.POSITIONAL_OR_KEYWORD:
+                assert positional[index] == param.name, (method, param.name)
+    for hook in ["create_worker", "create_queue", "create_consumer", "consume", "create_task"]:
+        assert hasattr(ours, hook) == hasattr(theirs, hook), hook
+
+
+def test_ppe_style_subclasses_of_the_base_writers_work(tmp_path: Path) -> None:
+    import queue
+    import threading
+
+    from ppe_core.writing import QueueWriter, StandardWriter
+
+    class MyThreadWriter(StandardWriter[threading.Thread]):
+        def create_worker(
+            self,
+            filename: str,
+            out_dir: str,
+            target: Any,
+            *,
+            savefun: Any = None,
+            append: bool = False,
+            **savefun_kwargs: Any,
+        ) -> threading.Thread:
+            return threading.Thread(
+                target=self.save, args=(filename, out_dir, target, savefun, append)
+            )
+
+    class MyQueueWriter(QueueWriter[threading.Thread]):
+        def create_queue(self) -> Any:
+            return queue.Queue()
+
+        def create_consumer(self, q: Any) -> threading.Thread:
+            return threading.Thread(target=self.consume, args=(q,))
+
+    standard = MyThreadWriter(savefun=_write_bytes, out_dir=str(tmp_path))
+    standard("one", "", b"1")
+    standard("two", "", b"2")
+    standard.finalize()
+    queued = MyQueueWriter(savefun=_write_bytes, out_dir=str(tmp_path))
+    queued("three", "", b"3")
+    queued("bad", "", b"xx", savefun=_PartialThenFail())
+    with pytest.raises(WriterError, match="'bad'"):
+        queued.finalize()
+    assert [(tmp_path / n).read_bytes() for n in ["one", "two", "three"]] == [b"1", b"2", b"3"]
+    assert not (tmp_path / "bad").exists()
+
+
+def test_consume_runs_ppe_layout_items_and_acknowledges_each(tmp_path: Path) -> None:
+    import queue
+
+    task = SimpleWriter(savefun=_write_bytes, out_dir=str(tmp_path))
+    writer = ThreadQueueWriter(out_dir=str(tmp_path))
+    q: queue.Queue[Any] = queue.Queue()
+    for name in ["a", "b"]:
+        q.put((task, name, "", name.encode(), None, False))
+    q.put(None)
+    writer.consume(q)
+    q.join()  # returns only if every item, the stop marker included, was acknowledged
+    writer.finalize()
+    assert (tmp_path / "a").read_bytes() == b"a" and (tmp_path / "b").read_bytes() == b"b"
+
+
+def test_process_writers_default_to_multiprocessing_process() -> None:
+    import multiprocessing
+
+    worker = ProcessWriter().create_worker("f", "", b"", savefun=_write_bytes)
+    assert isinstance(worker, multiprocessing.Process)
+
+
+class _CountedPickles:
+    """A savefun that counts how often the parent process pickles it."""
+
+    pickled = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        type(self).pickled += 1
+        return {}
+
+    def __call__(self, target: bytes, file_obj: IO[bytes]) -> None:
+        file_obj.write(target)
+
+
+def test_process_queue_writer_sends_its_task_once_not_per_save(tmp_path: Path) -> None:
+    _CountedPickles.pickled = 0
+    writer = ProcessQueueWriter(
+        savefun=_CountedPickles(), out_dir=str(tmp_path), mp_context=MP_CONTEXT
+    )
+    for name in ["a", "b", "c"]:
+        writer(name, "", name.encode())
+    writer.finalize()
+    assert [(tmp_path / n).read_bytes() for n in "abc"] == [b"a", b"b", b"c"]
+    # At most once, when a spawned consumer starts (a forked one inherits it).
+    assert _CountedPickles.pickled <= 1

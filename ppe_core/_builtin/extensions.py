@@ -26,6 +26,20 @@ BUILTIN_EXTENSIONS: dict[str, str] = {
     "PlotReport": _EXT + "_plot_report:PlotReport",
     "ProfileReport": _EXT + "_profile_report:ProfileReport",
     "TensorBoard": _EXT + "_tensorboard:TensorBoard",
+    "Evaluator": _EXT + "_evaluator:Evaluator",
+    "DistributedEvaluator": _EXT + "_evaluator:DistributedEvaluator",
+    "IgniteEvaluator": _EXT + "_evaluator:IgniteEvaluator",
+    "AverageAccumulate": _EXT + "_accumulate:AverageAccumulate",
+    "MaxAccumulate": _EXT + "_accumulate:MaxAccumulate",
+    "MinAccumulate": _EXT + "_accumulate:MinAccumulate",
+    "StandardDeviationAccumulate": _EXT + "_accumulate:StandardDeviationAccumulate",
+    "UnbiasedStandardDeviationAccumulate": _EXT + "_accumulate:UnbiasedStandardDeviationAccumulate",
+    "PrintReportCLI": _EXT + "_print_report:PrintReport",
+    "ProgressBarCLI": _EXT + "_progress_bar:ProgressBar",
+    "VariableStatisticsPlot": _EXT + "_variable_statistics_plot:VariableStatisticsPlot",
+    "Slack": _EXT + "_slack:Slack",
+    "SlackWebhook": _EXT + "_slack:SlackWebhook",
+    "TimelineTrace": _EXT + "_timeline_trace:TimelineTrace",
 }
 
 

@@ -7,7 +7,10 @@ from typing import Any
 from ppe_core.hookspecs import hookimpl
 
 #: Logic name -> "module:attribute"; imported when the registry is first filled.
-BUILTIN_LOGICS: dict[str, str] = {"default": "ppe_core.handler:Logic"}
+BUILTIN_LOGICS: dict[str, str] = {
+    "default": "ppe_core.handler:Logic",
+    "codeblock": "ppe_core.handler:CodeBlockLogic",
+}
 
 
 @hookimpl

@@ -1,7 +1,28 @@
-"""Factories for the Trainer and the Evaluator: the entry points users call."""
+"""Factories for the Trainer and the Evaluator: the entry points users call.
+
+As in PPE, the classes they create (and ``default_transform_model``, create_trainer's default
+``transform_model``) are importable from here too.
+"""
 
 from __future__ import annotations
 
-from ppe_core.engine._factories import create_evaluator, create_trainer
+from ppe_core.engine._factories import (
+    create_evaluator,
+    create_trainer,
+    filter_state_objects,
+    filter_state_objects_dict,
+)
+from ppe_core.training._evaluator import DistributedEvaluator, Evaluator
+from ppe_core.training._manager import default_transform_model
+from ppe_core.training._trainer import Trainer
 
-__all__ = ["create_evaluator", "create_trainer"]
+__all__ = [
+    "DistributedEvaluator",
+    "Evaluator",
+    "Trainer",
+    "create_evaluator",
+    "create_trainer",
+    "default_transform_model",
+    "filter_state_objects",
+    "filter_state_objects_dict",
+]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -13,12 +13,19 @@ import torch
 from ppe_core.errors import ArgumentTypeError, ConfigurationError
 from ppe_core.handler import BaseLogic, Handler, Logic
 from ppe_core.runtime import BaseRuntime, DeviceLike
+from ppe_core.training._manager import default_transform_model, identity_transform_model
+from ppe_core.training._protocols import StateObjectProtocol
 
 if TYPE_CHECKING:
     from ppe_core.training._evaluator import Evaluator, Metric
     from ppe_core.training._trainer import EvaluatorSpec, Trainer
 
-__all__ = ["create_evaluator", "create_trainer"]
+__all__ = [
+    "create_evaluator",
+    "create_trainer",
+    "filter_state_objects",
+    "filter_state_objects_dict",
+]
 
 
 def _as_dict(value: Any, kind: type, kind_name: str, argument: str, example: str) -> dict[str, Any]:
@@ -37,17 +44,21 @@ def _as_dict(value: Any, kind: type, kind_name: str, argument: str, example: str
     return items
 
 
-def _reject_unknown(function: Callable[..., Any], kwargs: Mapping[str, Any]) -> None:
-    if not kwargs:
+def _reject_unknown(
+    function: Callable[..., Any], kwargs: Mapping[str, Any], also: Sequence[str] = ()
+) -> None:
+    known = [k for k in inspect.signature(function).parameters if k != "kwargs"]
+    known += [k for k in also if k not in known]
+    if set(kwargs) <= set(also):
         return
-    known = list(inspect.signature(function).parameters)
+    kwargs = {k: v for k, v in kwargs.items() if k not in also}
     hints = []
     for key in sorted(kwargs):
         close = difflib.get_close_matches(key, known, n=1)
         hints.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
-    raise ConfigurationError(
+    raise ArgumentTypeError(
         f"{function.__name__} got unexpected argument(s) {', '.join(hints)}; its arguments are "
-        f"{', '.join(k for k in known if k != 'kwargs')}."
+        f"{', '.join(known)}."
     )
 
 
@@ -133,20 +144,86 @@ def _resolve_logic(logic: BaseLogic | str | None) -> BaseLogic:
     return logic
 
 
+def _split_runtime_options(
+    options: Mapping[str, Any] | None, runtime_options: Mapping[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """PPE's older spelling ``options={'runtime': {...}}`` counts when ``runtime_options`` is
+    not given; otherwise a ``'runtime'`` option is left over and reported as unknown."""
+    _check_mapping(options, "options")
+    _check_mapping(runtime_options, "runtime_options")
+    remaining = dict(options or {})
+    if not runtime_options:
+        runtime_options = remaining.pop("runtime", None) or {}
+        _check_mapping(runtime_options, "options['runtime']")
+    return remaining, dict(runtime_options)
+
+
+def _has_state(value: Any) -> bool:
+    return callable(getattr(value, "state_dict", None)) and callable(
+        getattr(value, "load_state_dict", None)
+    )
+
+
+def filter_state_objects(args: Any, key_name: str = "") -> list[tuple[str, StateObjectProtocol]]:
+    """The objects with state (``state_dict``/``load_state_dict``) inside ``args``, named.
+
+    Dict entries (and named-tuple fields) add ``__::__<key>`` to the name, sorted by key, and
+    list or tuple items ``.__<i>__``, so the names match PPE's ``state_objects`` keys.
+
+    Args:
+        args: A value, possibly nested dicts, lists and tuples.
+        key_name: The name of ``args`` itself.
+
+    Returns:
+        ``(name, object)`` pairs in a stable order.
+    """
+    if isinstance(args, tuple) and hasattr(args, "_asdict"):
+        return filter_state_objects_dict(args._asdict(), key_name)
+    if isinstance(args, Mapping):
+        return filter_state_objects_dict(args, key_name)
+    if isinstance(args, (list, tuple)):
+        return [
+            item
+            for i, v in enumerate(args)
+            for item in filter_state_objects(v, f"{key_name}.__{i}__")
+        ]
+    return [(key_name, args)] if _has_state(args) else []
+
+
+def filter_state_objects_dict(
+    args: Mapping[str, Any], key_name: str = "option"
+) -> list[tuple[str, StateObjectProtocol]]:
+    """:func:`filter_state_objects` for a dict: each entry is named ``key_name__::__<key>``."""
+    return [
+        item for k in sorted(args) for item in filter_state_objects(args[k], f"{key_name}__::__{k}")
+    ]
+
+
+def _collect_state_objects(
+    options: Mapping[str, Any], runtime_options: Mapping[str, Any]
+) -> dict[str, StateObjectProtocol]:
+    """What ``options``/``runtime_options`` hold with state (a GradScaler, ...), as PPE names
+    it in a manager's ``state_objects``."""
+    found = {f"options_{k}": v for k, v in filter_state_objects(dict(options))}
+    for key, value in runtime_options.items():
+        if _has_state(value):
+            found[f"runtime_options_{key}"] = value
+    return found
+
+
 def _build_handler(
     logic: BaseLogic | str | None,
     device: DeviceLike,
     handler_class: type[Handler] | None,
-    options: Mapping[str, Any] | None,
-    runtime_options: Mapping[str, Any] | None,
+    remaining: dict[str, Any],
+    runtime_options: Mapping[str, Any],
 ) -> Handler:
-    _check_mapping(options, "options")
-    _check_mapping(runtime_options, "runtime_options")
     _check_handler_class(handler_class)
-    remaining = dict(options or {})
     runtime = _resolve_runtime(device, runtime_options)
     resolved = _resolve_logic(logic)
     handler = (handler_class or Handler)(resolved, runtime, remaining)
+    # PPE's Handler accepts and ignores "async" (its asynchronous mode was removed).
+    remaining.pop("async", None)
     resolved.consume_options(remaining)  # the handler took its options first
     if remaining:
         raise ConfigurationError(
@@ -169,7 +246,8 @@ def create_trainer(
     evaluator: EvaluatorSpec | None = None,
     device: DeviceLike = "cpu",
     logic: BaseLogic | str | None = None,
-    transform_model: Callable[[str, torch.nn.Module], torch.nn.Module] | None = None,
+    transform_model: Callable[[str, torch.nn.Module], torch.nn.Module]
+    | None = default_transform_model,
     handler_class: type[Handler] | None = None,
     options: Mapping[str, Any] | None = None,
     runtime_options: Mapping[str, Any] | None = None,
@@ -191,16 +269,29 @@ def create_trainer(
         device: ``"cpu"``, ``"cuda:0"``, ... or ``"auto"`` (asks the ``ppe_default_device``
             hook).
         logic: A :class:`~ppe_core.handler.BaseLogic` instance or a registered logic name.
-        transform_model: ``fn(name, model)`` applied when saving models (e.g. unwrap DDP).
+        transform_model: ``fn(name, model)`` giving the module whose state is saved and
+            whose reports are named; by default DistributedDataParallel is unwrapped, so
+            state keys lack ``module.`` (as in PPE).
         handler_class: A :class:`~ppe_core.handler.Handler` subclass.
-        options: Options for the handler, then the logic; leftovers raise.
+        options: Options for the handler, then the logic; leftovers raise. PPE's
+            ``options['runtime']`` is taken as ``runtime_options`` when those are not given,
+            and ``options['async']`` is accepted and ignored. Objects with state in them
+            (a GradScaler, ...) are saved in the trainer's ``state_dict`` under
+            ``'state_objects'``, with PPE's key names.
         runtime_options: Options for the device runtime.
-        profile: A ``torch.profiler.profile`` stepped after every iteration.
-        **kwargs: Rejected with a clear error (reserved for compatibility).
+        profile: A ``torch.profiler.profile``, entered around training and stepped after
+            every iteration.
+        **kwargs: Further :class:`~ppe_core.training.ExtensionsManager` arguments, as in
+            PPE: ``enable_profile`` (record each step and extension for ``torch.profiler``)
+            and ``enable_trace`` (also for ``ppe.profiler``'s tracer); others raise
+            :class:`~ppe_core.errors.ArgumentTypeError` naming the closest argument.
     """
-    _reject_unknown(create_trainer, kwargs)
+    from ppe_core.training._trainer import Trainer, manager_arguments
+
+    handled = {"optimizers", "max_epochs", "extensions", "out_dir", "writer", "stop_trigger"}
+    handled |= {"transform_model", "state_objects"}
+    _reject_unknown(create_trainer, kwargs, [k for k in manager_arguments() if k not in handled])
     _check_trainer_arguments(max_epochs, extensions, out_dir, transform_model)
-    from ppe_core.training._trainer import Trainer
 
     _check_profile(profile)
     model_dict = _as_dict(models, torch.nn.Module, "torch.nn.Module", "models", "MyModel()")
@@ -211,7 +302,13 @@ def create_trainer(
         "optimizers",
         "torch.optim.SGD(model.parameters(), lr=0.1)",
     )
-    handler = _build_handler(logic, device, handler_class, options, runtime_options)
+    if transform_model is None:  # ppe-core's earlier spelling of "no transform"
+        transform_model = identity_transform_model
+    remaining, runtime_dict = _split_runtime_options(options, runtime_options)
+    state_objects = _collect_state_objects(remaining, runtime_dict)
+    handler = _build_handler(logic, device, handler_class, remaining, runtime_dict)
+    if state_objects:
+        kwargs["state_objects"] = state_objects
     return Trainer(
         handler,
         evaluator=evaluator,
@@ -224,6 +321,7 @@ def create_trainer(
         stop_trigger=stop_trigger,
         transform_model=transform_model,
         profile=profile,
+        **kwargs,
     )
 
 
@@ -232,7 +330,7 @@ def create_evaluator(
     *,
     progress_bar: bool = False,
     device: DeviceLike = "cpu",
-    metrics: list[Metric] | None = None,
+    metrics: Sequence[Metric] | None = None,
     logic: BaseLogic | str | None = None,
     handler_class: type[Handler] | None = None,
     options: Mapping[str, Any] | None = None,
@@ -240,17 +338,33 @@ def create_evaluator(
     profile: Any = None,
     distributed: bool = False,
 ) -> Evaluator:
-    """Create an :class:`~ppe_core.training.Evaluator` (arguments as in ``create_trainer``)."""
-    from ppe_core.training._evaluator import Evaluator
+    """Create an :class:`~ppe_core.training.Evaluator` (arguments as in ``create_trainer``).
+
+    Args:
+        models: A module (named ``"main"``) or a dict of modules, usually the trainer's.
+        progress_bar: Show a progress bar during each evaluation.
+        device: As in ``create_trainer``.
+        metrics: Callables ``metric(batch, outputs) -> dict`` whose values are reported like
+            outputs (``val/<name>``).
+        logic: As in ``create_trainer``; its ``eval_step`` runs each batch.
+        handler_class: As in ``create_trainer``.
+        options: As in ``create_trainer``.
+        runtime_options: As in ``create_trainer``.
+        profile: A ``torch.profiler.profile`` entered for each evaluation, stepped per batch.
+        distributed: Return a :class:`~ppe_core.training.DistributedEvaluator`, whose means
+            cover every rank's batches (``torch.distributed`` must be initialised).
+    """
+    from ppe_core.training._evaluator import DistributedEvaluator, Evaluator
 
     _check_profile(profile)
     model_dict = _as_dict(models, torch.nn.Module, "torch.nn.Module", "models", "MyModel()")
-    handler = _build_handler(logic, device, handler_class, options, runtime_options)
-    return Evaluator(
+    remaining, runtime_dict = _split_runtime_options(options, runtime_options)
+    handler = _build_handler(logic, device, handler_class, remaining, runtime_dict)
+    evaluator_class = DistributedEvaluator if distributed else Evaluator
+    return evaluator_class(
         handler,
         model_dict,
         progress_bar=progress_bar,
         metrics=metrics,
         profile=profile,
-        distributed=distributed,
     )

@@ -2,15 +2,40 @@
 
 from __future__ import annotations
 
+from ppe_core.handler._code_block import (
+    CodeBlock,
+    CodeBlockError,
+    CodeBlockLogic,
+    forward,
+    update_parameters,
+)
 from ppe_core.handler._handler import BaseHandler, Handler, NoRuntimeError
-from ppe_core.handler._logic import BaseLogic, BatchMismatchError, Logic, ModelOutputError
+from ppe_core.handler._logic import (
+    AMPOptionError,
+    BackwardOutputWarning,
+    BaseLogic,
+    BatchMismatchError,
+    ClousureLogic,
+    Logic,
+    ModelOutputError,
+    torch_autocast,
+)
 
 __all__ = [
+    "AMPOptionError",
+    "BackwardOutputWarning",
     "BaseHandler",
     "BaseLogic",
     "BatchMismatchError",
+    "ClousureLogic",
+    "CodeBlock",
+    "CodeBlockError",
+    "CodeBlockLogic",
     "Handler",
     "Logic",
     "ModelOutputError",
     "NoRuntimeError",
+    "forward",
+    "torch_autocast",
+    "update_parameters",
 ]

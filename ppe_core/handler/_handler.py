@@ -9,10 +9,12 @@ import torch
 
 from ppe_core._reporting import report
 from ppe_core.errors import ConfigurationError, PPEError
-from ppe_core.handler._logic import BaseLogic
-from ppe_core.runtime import BaseRuntime, iter_runtime_modules
+from ppe_core.handler._logic import BaseLogic, Logic, _normalize_outputs
+from ppe_core.runtime import BaseRuntime, device_type_of, iter_runtime_modules
 
 __all__ = ["BaseHandler", "Handler", "NoRuntimeError"]
+
+CompleteFn = Callable[[int, Any], None]
 
 
 class NoRuntimeError(PPEError, RuntimeError):
@@ -20,16 +22,18 @@ class NoRuntimeError(PPEError, RuntimeError):
 
 
 class BaseHandler:
-    """Base of handlers; a handler consumes its options at construction.
+    """Base of handlers: the callbacks the Trainer and the Evaluator call, all no-ops here.
 
     Args:
         logic: The step logic.
         options: Handler options; the handler pops what it understands.
     """
 
-    def __init__(self, logic: BaseLogic, options: dict[str, Any]) -> None:
+    def __init__(
+        self, logic: BaseLogic, options: dict[str, Any] | None, *args: Any, **kwargs: Any
+    ) -> None:
         self._logic = logic
-        self.consume_options(options)
+        self.consume_options(options if options is not None else {})
 
     @property
     def logic(self) -> BaseLogic:
@@ -37,6 +41,59 @@ class BaseHandler:
 
     def consume_options(self, options: dict[str, Any]) -> None:
         """Pop the options this handler understands from ``options``."""
+
+    # Trainer --------------------------------------------------------------------------------
+    def train_setup(self, trainer: Any, loader: Iterable[Any]) -> None:
+        """Called once when a training run starts."""
+
+    def train_epoch_begin(self, trainer: Any, loader: Iterable[Any]) -> None:
+        """Called at the start of every epoch."""
+
+    def train_epoch_end(self, trainer: Any) -> None:
+        """Called at the end of every epoch."""
+
+    def train_cleanup(self, trainer: Any) -> None:
+        """Called once when a training run ends, successfully or not."""
+
+    def train_validation_begin(self, trainer: Any, evaluator: Any) -> None:
+        """Called before the trainer runs an evaluator."""
+
+    def train_validation_end(self, trainer: Any, evaluator: Any) -> None:
+        """Called after the trainer ran an evaluator."""
+
+    def train_step(
+        self, trainer: Any, batch_idx: int, batch: Any, complete_fn: CompleteFn | None = None
+    ) -> Any:
+        """One training step; ``complete_fn(batch_idx, outputs)`` is called when it is done."""
+
+    def train_post_step(self, trainer: Any, batch_idx: int, batch: Any, outputs: Any) -> None:
+        """Called after every training step with the loader's batch and the outputs."""
+
+    # Evaluator ------------------------------------------------------------------------------
+    def eval_setup(self, evaluator: Any, loader: Iterable[Any]) -> None:
+        """Called when an evaluation run starts."""
+
+    def eval_loop_begin(self, evaluator: Any) -> None:
+        """Called before the first evaluation step of a run."""
+
+    def eval_step(
+        self, evaluator: Any, batch_idx: int, batch: Any, complete_fn: CompleteFn | None = None
+    ) -> Any:
+        """One evaluation step; ``complete_fn(batch_idx, outputs)`` is called when it is done."""
+
+    def eval_loop_end(self, evaluator: Any) -> None:
+        """Called after the last evaluation step of a run."""
+
+    def eval_post_step(self, evaluator: Any, batch_idx: int, batch: Any, outputs: Any) -> None:
+        """Called after every evaluation step with the loader's batch and the outputs."""
+
+    # Snapshots ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """State to save with the trainer (none here)."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
 
 
 def _report_keys(value: Any, name: str) -> list[str] | None:
@@ -53,6 +110,9 @@ def _report_keys(value: Any, name: str) -> list[str] | None:
 class Handler(BaseHandler):
     """Drives the runtimes of every module tagged by ``ppe.to`` and the Logic.
 
+    A subclass may override any callback; ``train_post_step`` / ``eval_post_step`` overrides
+    are called after every step with PPE's arguments (the loader's batch, unconverted).
+
     Options:
         train_report_keys: Output keys reported as ``train/<key>`` each step (default: every
             scalar tensor or number the model returns). Reporting keeps tensors on the
@@ -66,16 +126,23 @@ class Handler(BaseHandler):
     """
 
     def __init__(
-        self, logic: BaseLogic, entry_runtime: BaseRuntime, options: dict[str, Any]
+        self, logic: BaseLogic, entry_runtime: BaseRuntime, options: dict[str, Any] | None
     ) -> None:
         super().__init__(logic, options)
         self._entry_runtime = entry_runtime
+        self._modules: list[tuple[str, torch.nn.Module, BaseRuntime]] = []
         self._runtimes: list[tuple[torch.nn.Module, BaseRuntime]] = []
+        self._discovered = False
+        self._eval_initialized = False
         # Per-step callbacks, only of runtimes that override them (the rest are no-ops).
         self._train_pre: list[tuple[torch.nn.Module, BaseRuntime]] = []
         self._train_post: list[tuple[torch.nn.Module, BaseRuntime]] = []
         self._eval_pre: list[tuple[torch.nn.Module, BaseRuntime]] = []
         self._eval_post: list[tuple[torch.nn.Module, BaseRuntime]] = []
+        # Decided once: a subclass's post-step override is called per step, else the inline path.
+        cls = type(self)
+        self._custom_train_post = cls.train_post_step is not Handler.train_post_step
+        self._custom_eval_post = cls.eval_post_step is not Handler.eval_post_step
 
     def consume_options(self, options: dict[str, Any]) -> None:
         self._train_report_keys = _report_keys(
@@ -84,6 +151,7 @@ class Handler(BaseHandler):
         self._eval_report_keys = _report_keys(
             options.pop("eval_report_keys", None), "eval_report_keys"
         )
+        options.pop("async", None)  # PPE accepts it for backward compatibility; no effect
 
     @property
     def runtimes(self) -> list[BaseRuntime]:
@@ -95,34 +163,62 @@ class Handler(BaseHandler):
         return unique
 
     # Runtime discovery ----------------------------------------------------------------------
-    def _setup_runtimes(self, models: Mapping[str, torch.nn.Module]) -> None:
-        found: list[tuple[torch.nn.Module, BaseRuntime]] = []
-        for model in models.values():
-            found.extend((module, runtime) for _, module, runtime in iter_runtime_modules(model))
-        if not found:
+    def _discover(self, models: Mapping[str, torch.nn.Module]) -> None:
+        found = [
+            triple for name, model in models.items() for triple in iter_runtime_modules(model, name)
+        ]
+        self._modules = found
+        self._runtimes = pairs = [(module, runtime) for _, module, runtime in found]
+        self._train_pre = _overriding(pairs, "train_pre_step")
+        self._train_post = _overriding(pairs, "train_post_step")
+        self._eval_pre = _overriding(pairs, "eval_pre_step")
+        self._eval_post = _overriding(pairs, "eval_post_step")
+        self._discovered = True
+
+    def _ensure(self, models: Mapping[str, torch.nn.Module]) -> None:
+        # Callbacks called outside a run (or before setup) find the runtimes on first use.
+        if not self._discovered:
+            self._discover(models)
+
+    def _setup(self, models: Mapping[str, torch.nn.Module]) -> None:
+        self._discover(models)
+        if not self._modules:
             names = ", ".join(models)
             raise NoRuntimeError(
                 f"none of the models ({names}) was moved with ppe.to, so ppe-core does not know "
                 "which device runtime executes them. Call ppe.to(model, device) before running, "
                 "e.g. ppe.to(model, 'cpu')."
             )
-        self._runtimes = found
-        self._train_pre = _overriding(found, "train_pre_step")
-        self._train_post = _overriding(found, "train_post_step")
-        self._eval_pre = _overriding(found, "eval_pre_step")
-        self._eval_post = _overriding(found, "eval_post_step")
+        logic = self._logic
+        if isinstance(logic, Logic) and logic._autocast._enabled:
+            model = models.get(logic.model_name)
+            runtime = next((rt for m, rt in self._runtimes if m is model), self._runtimes[0][1])
+            logic._autocast.bind(device_type_of(runtime.device_spec))
+
+    def _initialize(
+        self,
+        loader: Any,
+        optimizers: Mapping[str, torch.optim.Optimizer],
+    ) -> None:
+        sole = next(iter(optimizers.values())) if len(optimizers) == 1 else None
+        for name, module, runtime in self._modules:
+            load = loader.get(name) if isinstance(loader, dict) else loader
+            runtime.initialize_module(module, load, optimizers.get(name, sole))
 
     # Trainer --------------------------------------------------------------------------------
     def train_setup(self, trainer: Any, loader: Iterable[Any]) -> None:
         """Find runtimes and let each initialise its module before the first step."""
-        self._setup_runtimes(trainer.models)
-        for module, runtime in self._runtimes:
-            runtime.initialize_module(module, loader)
+        for model in trainer.models.values():
+            model.train()
+        self._setup(trainer.models)
+        self._initialize(loader, getattr(trainer, "optimizers", {}))
 
     def train_epoch_begin(self, trainer: Any, loader: Iterable[Any]) -> None:
+        self._ensure(trainer.models)
         sampler = getattr(loader, "sampler", None)
-        if sampler is not None and hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(trainer.epoch)
+        # Logic.train_epoch_begin sets the sampler's epoch itself (as in PPE); do it for others.
+        if not isinstance(self._logic, Logic) and hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(trainer.epoch)  # type: ignore[union-attr]
         batch_sampler = getattr(loader, "batch_sampler", None)
         inner = getattr(batch_sampler, "sampler", None)
         if inner is not None and inner is not sampler and hasattr(inner, "set_epoch"):
@@ -132,49 +228,70 @@ class Handler(BaseHandler):
             runtime.train_epoch_begin(module)
 
     def train_epoch_end(self, trainer: Any) -> None:
+        self._ensure(trainer.models)
         self._logic.train_epoch_end(trainer.models, trainer.epoch)
         for module, runtime in self._runtimes:
             runtime.train_epoch_end(module)
 
     def train_validation_begin(self, trainer: Any, evaluator: Any) -> None:
-        self._logic.train_validation_begin(trainer.models)
+        self._ensure(evaluator.models)
+        self._logic.train_validation_begin(evaluator.models)
         for module, runtime in self._runtimes:
             runtime.train_validation_begin(module)
 
     def train_validation_end(self, trainer: Any, evaluator: Any) -> None:
-        self._logic.train_validation_end(trainer.models)
+        self._ensure(evaluator.models)
+        self._logic.train_validation_end(evaluator.models)
         for module, runtime in self._runtimes:
             runtime.train_validation_end(module)
 
     def train_step(
-        self,
-        trainer: Any,
-        batch_idx: int,
-        batch: Any,
-        callback: Callable[[int, Any], None] | None = None,
+        self, trainer: Any, batch_idx: int, batch: Any, complete_fn: CompleteFn | None = None
     ) -> Any:
-        """One training step in PPE's order; returns the model outputs."""
+        """One training step in PPE's order; returns the model outputs.
+
+        With ``complete_fn`` (PPE's Trainer passes one), it is called with the outputs and is
+        responsible for :meth:`train_post_step`; without it the post-step runs here.
+        """
+        if not self._discovered:
+            self._discover(trainer.models)
         for module, runtime in self._train_pre:
             runtime.train_pre_step(trainer, module, batch_idx, batch)
-        batch = self._entry_runtime.convert_batch(batch)
+        converted = self._entry_runtime.convert_batch(batch)
         models, optimizers, logic = trainer.models, trainer.optimizers, self._logic
-        outputs = logic.train_step(models, optimizers, batch_idx, batch)
+        outputs = logic.train_step(models, optimizers, batch_idx, converted)
         logic.train_step_optimizers(models, optimizers, batch_idx)
+        if complete_fn is not None:
+            complete_fn(batch_idx, outputs)
+        elif self._custom_train_post:
+            self.train_post_step(trainer, batch_idx, batch, outputs)
+        else:  # inline: the default post-step, without a call per step
+            for module, runtime in self._train_post:
+                runtime.train_post_step(trainer, module, batch_idx, batch, outputs)
+            _report_outputs(outputs, "train/", self._train_report_keys)
+        return outputs
+
+    def train_post_step(self, trainer: Any, batch_idx: int, batch: Any, outputs: Any) -> None:
+        """Every runtime's ``train_post_step``, then the outputs reported as ``train/<key>``."""
+        self._ensure(trainer.models)
         for module, runtime in self._train_post:
             runtime.train_post_step(trainer, module, batch_idx, batch, outputs)
         _report_outputs(outputs, "train/", self._train_report_keys)
-        if callback is not None:
-            callback(batch_idx, outputs)
-        return outputs
 
     def train_cleanup(self, trainer: Any) -> None:
+        self._ensure(trainer.models)
         for module, runtime in self._runtimes:
             runtime.train_cleanup(module)
 
     # Evaluator ------------------------------------------------------------------------------
     def eval_setup(self, evaluator: Any, loader: Iterable[Any]) -> None:
-        """Find runtimes (the evaluator may run standalone)."""
-        self._setup_runtimes(evaluator.models)
+        """Find runtimes (the evaluator may run standalone); initialise modules once."""
+        for model in evaluator.models.values():
+            model.eval()
+        self._setup(evaluator.models)
+        if not self._eval_initialized:
+            self._eval_initialized = True
+            self._initialize(loader, {})
 
     def eval_loop_begin(self, evaluator: Any) -> None:
         for model in evaluator.models.values():
@@ -184,23 +301,55 @@ class Handler(BaseHandler):
         pass
 
     def eval_step(
-        self,
-        evaluator: Any,
-        batch_idx: int,
-        batch: Any,
-        callback: Callable[[int, Any], None] | None = None,
+        self, evaluator: Any, batch_idx: int, batch: Any, complete_fn: CompleteFn | None = None
     ) -> Any:
-        """One evaluation step (the evaluator holds ``torch.no_grad``)."""
+        """One evaluation step (the evaluator holds ``torch.no_grad``); returns the outputs.
+
+        ``complete_fn`` works as in :meth:`train_step`, with :meth:`eval_post_step`.
+        """
+        if not self._discovered:
+            self._discover(evaluator.models)
         for module, runtime in self._eval_pre:
             runtime.eval_pre_step(evaluator, module, batch_idx, batch)
-        batch = self._entry_runtime.convert_batch(batch)
-        outputs = self._logic.eval_step(evaluator.models, batch_idx, batch)
+        converted = self._entry_runtime.convert_batch(batch)
+        outputs = self._logic.eval_step(evaluator.models, batch_idx, converted)
+        if complete_fn is not None:
+            complete_fn(batch_idx, outputs)
+        elif self._custom_eval_post:
+            self.eval_post_step(evaluator, batch_idx, batch, outputs)
+        else:
+            for module, runtime in self._eval_post:
+                runtime.eval_post_step(evaluator, module, batch_idx, batch, outputs)
+            _report_outputs(outputs, "val/", self._eval_report_keys)
+        return outputs
+
+    def eval_post_step(self, evaluator: Any, batch_idx: int, batch: Any, outputs: Any) -> None:
+        """Every runtime's ``eval_post_step``, then the outputs reported as ``val/<key>``."""
+        self._ensure(evaluator.models)
         for module, runtime in self._eval_post:
             runtime.eval_post_step(evaluator, module, batch_idx, batch, outputs)
         _report_outputs(outputs, "val/", self._eval_report_keys)
-        if callback is not None:
-            callback(batch_idx, outputs)
-        return outputs
+
+    # Snapshots ------------------------------------------------------------------------------
+    def _grad_scaler(self) -> torch.amp.GradScaler | None:
+        """The logic's grad scaler, else the one given in the runtime options."""
+        scaler = getattr(self._logic, "_grad_scaler", None)
+        if not isinstance(scaler, torch.amp.GradScaler):
+            scaler = self._entry_runtime.options.get("grad_scaler")
+        return scaler if isinstance(scaler, torch.amp.GradScaler) else None
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"grad_scaler": scaler.state_dict()}`` when training with a grad scaler (from
+        the options or the runtime options), else ``{}``; saved in trainer snapshots."""
+        scaler = self._grad_scaler()
+        return {} if scaler is None else {"grad_scaler": scaler.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the grad scaler's state (ignored without a grad scaler)."""
+        scaler = self._grad_scaler()
+        scaler_state = state.get("grad_scaler")
+        if scaler is not None and scaler_state is not None:
+            scaler.load_state_dict(scaler_state)
 
 
 def _overriding(
@@ -213,9 +362,14 @@ def _overriding(
 def _report_outputs(outputs: Any, prefix: str, keys: list[str] | None) -> None:
     """Report model outputs under ``prefix`` (the reporter detaches; nothing syncs)."""
     if not isinstance(outputs, Mapping):
-        if keys is None and isinstance(outputs, torch.Tensor) and outputs.ndim == 0:
-            report({prefix + "loss": outputs})
-        return
+        if isinstance(outputs, (list, tuple)):
+            outputs = _normalize_outputs(outputs)  # keys "0", "1", ... or namedtuple fields
+        elif keys is None:
+            if isinstance(outputs, torch.Tensor) and outputs.ndim == 0:
+                report({prefix + "loss": outputs})
+            return
+        else:
+            outputs = _normalize_outputs(outputs)
     if keys is None:
         # Scalars only: a batch of logits has no meaningful running mean. (Inline: per step.)
         values = {

@@ -3,38 +3,123 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
-from collections.abc import Callable, Iterable, Mapping
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
-from ppe_core.errors import ConfigurationError, PPEError
+from ppe_core.errors import ConfigurationError, PPEError, PPEWarning
 from ppe_core.runtime import device_type_of, get_runtime
 
-__all__ = ["BaseLogic", "BatchMismatchError", "Logic", "ModelOutputError"]
+__all__ = [
+    "AMPOptionError",
+    "BackwardOutputWarning",
+    "BaseLogic",
+    "BatchMismatchError",
+    "ClousureLogic",
+    "ClousureModelOutput",
+    "Logic",
+    "ModelOutputError",
+    "torch_autocast",
+]
 
 
-class ModelOutputError(PPEError, TypeError):
-    """The model's output cannot be used for backward or reporting."""
+class ModelOutputError(PPEError, TypeError, RuntimeError):
+    """The model's output cannot be used for backward (a ``RuntimeError`` too, as in PyTorch)."""
 
 
 class BatchMismatchError(PPEError, TypeError):
     """A batch from the loader does not fit the model's ``forward`` signature."""
 
 
+class AMPOptionError(ConfigurationError, RuntimeError):
+    """An AMP option cannot be used as given (a ``RuntimeError`` too, as PPE raises)."""
+
+
+class BackwardOutputWarning(PPEWarning):
+    """An output named for backward is missing or has no graph, so it is skipped (as in PPE)."""
+
+
+@contextlib.contextmanager
+def torch_autocast(enabled: bool = True) -> Iterator[None]:
+    """PPE's deprecated autocast helper: autocast on the default accelerator, if there is one.
+
+    The device is the one ``device="auto"`` resolves to through the plugins; on a CPU-only setup
+    this is a no-op, as PPE's helper is without CUDA. Prefer ``options={"autocast": ...}``.
+    """
+    from ppe_core._plugins import get_plugin_host
+
+    try:
+        device_type = device_type_of(get_plugin_host().default_device())
+    except ConfigurationError:
+        device_type = "cpu"
+    if device_type == "cpu":
+        yield
+        return
+    with torch.autocast(device_type, enabled=enabled):
+        yield
+
+
+def _normalize_outputs(outputs: Any) -> Mapping[str, Any]:
+    """Outputs keyed by name: a dict as is, a namedtuple by field, a list/tuple by index."""
+    if isinstance(outputs, Mapping):
+        return outputs
+    if isinstance(outputs, tuple) and hasattr(outputs, "_asdict"):
+        return outputs._asdict()  # type: ignore[no-any-return]
+    if isinstance(outputs, (list, tuple)):
+        return {str(i): value for i, value in enumerate(outputs)}
+    return {"0": outputs}
+
+
+class _AutocastManager:
+    """How the Logic's forward runs under ``torch.autocast`` (PPE's ``Logic._autocast``).
+
+    Subclasses write ``with self._autocast.autocast(): ...``. Without a ``device_type``
+    option the device type is that of the model's runtime, bound when training starts.
+    """
+
+    def __init__(self, options: bool | Mapping[str, Any]) -> None:
+        kwargs: dict[str, Any] = (
+            dict(options) if isinstance(options, Mapping) else {"enabled": bool(options)}
+        )
+        self._enabled = bool(kwargs.pop("enabled", True))
+        self._device_type: str | None = kwargs.pop("device_type", None)
+        self._options = kwargs
+        #: The device type autocast runs on: the option, else bound from the runtime.
+        self.resolved_device_type: str | None = self._device_type
+
+    def bind(self, device_type: str) -> None:
+        """Use ``device_type`` unless the options named one."""
+        if self._device_type is None:
+            self.resolved_device_type = device_type
+
+    def autocast(self, enabled: bool = True) -> contextlib.AbstractContextManager[Any]:
+        """The context the forward runs in (a no-op context when autocast is off)."""
+        if not (self._enabled and enabled):
+            return contextlib.nullcontext()
+        return torch.autocast(self.resolved_device_type or "cpu", **self._options)
+
+
 class BaseLogic:
     """The step callbacks the Handler calls; subclass it for custom flows (GANs, RL, ...).
 
     Each method receives the trainer's ``models`` and ``optimizers`` dicts, so a subclass can
-    drive several models and optimizers per step.
+    drive several models and optimizers per step. As in PPE, ``train_step_optimizers`` does
+    nothing here: a subclass steps its optimizers in ``train_step`` or overrides it.
+
+    Args:
+        options: Options for :meth:`consume_options` (the dict is copied, not modified).
     """
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         self.consume_options(dict(options or {}))
 
     def consume_options(self, options: dict[str, Any]) -> None:
-        """Pop the options this logic understands from ``options`` (leftovers are errors)."""
+        """Pop the options this logic understands from ``options``; options not given keep
+        their current values, so ``create_trainer(options=...)`` adds to the constructor's."""
 
     def train_epoch_begin(
         self, models: Mapping[str, torch.nn.Module], epoch: int, loader: Iterable[Any]
@@ -62,9 +147,7 @@ class BaseLogic:
         optimizers: Mapping[str, torch.optim.Optimizer],
         batch_idx: int,
     ) -> None:
-        """Apply the gradients (default: step every optimizer)."""
-        for optimizer in optimizers.values():
-            optimizer.step()
+        """Apply the gradients after ``train_step`` (default: nothing, as in PPE)."""
 
     def train_validation_begin(self, models: Mapping[str, torch.nn.Module]) -> None:
         """Called before a validation pass during training (default: eval mode)."""
@@ -80,19 +163,31 @@ class BaseLogic:
         """Compute one evaluation step's outputs (called under ``torch.no_grad``)."""
         raise NotImplementedError(f"{type(self).__name__} must implement eval_step")
 
+    def state_dict(self) -> dict[str, Any]:
+        """State to save in snapshots (none here); see :meth:`Logic.state_dict`."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` (nothing here)."""
+
 
 class Logic(BaseLogic):
     """The standard supervised step for one model: zero_grad, forward, backward, step.
 
     The batch is passed to ``forward`` as keyword arguments when it is a dict, as positional
-    arguments when it is a list/tuple, else as the single argument.
+    arguments when it is a list/tuple, else as the single argument. The outputs may be a
+    dict, a (named) tuple or list (keys ``"0"``, ``"1"``, ... or the field names) or a single
+    tensor (key ``"0"``).
 
     Options:
-        backward_outputs: Output keys to backpropagate (default: every scalar tensor output
-            that requires grad). All are backpropagated in one pass, gradients summed.
+        backward_outputs: Output key, or list of keys, to backpropagate (default: every
+            floating scalar tensor output that has a graph). All are backpropagated in one
+            pass, gradients summed. A named key that is missing or has no graph is skipped
+            with a :class:`BackwardOutputWarning`.
         backward_function: ``fn(tensor)`` used instead of ``tensor.backward()``.
-        autocast: ``True`` or a dict of ``torch.autocast`` keyword arguments; the device type
-            comes from the model's runtime, the default dtype from PyTorch for that device.
+        autocast: ``True``/``False`` or a dict of ``torch.autocast`` keyword arguments
+            (``device_type``, ``dtype``, ``enabled``, ...); without ``device_type`` the device
+            type is that of the model's runtime, the dtype PyTorch's default for it.
         grad_scaler: A ``torch.amp.GradScaler`` (any device) used to scale the loss.
         grad_accumulation_steps: Accumulate gradients over this many batches before an
             optimizer step; losses are divided by the window size so the update equals one
@@ -105,53 +200,74 @@ class Logic(BaseLogic):
 
     def __init__(self, model_name: str = "main", options: Mapping[str, Any] | None = None) -> None:
         self.model_name = model_name
+        self.backward_outputs: str | list[str] | tuple[str, ...] | None = None
+        self._backward_fn: Callable[[torch.Tensor], Any] | None = None
+        self._grad_scaler: torch.amp.GradScaler | None = None
+        self._autocast_options: bool | dict[str, Any] = False
+        self._autocast = _AutocastManager(False)
+        self.grad_accumulation_steps = 1
+        self._epoch_length: int | None = None
+        self._warned_nothing = False
         super().__init__(options)
 
     def consume_options(self, options: dict[str, Any]) -> None:
         super().consume_options(options)
         keys = options.pop("backward_outputs", None)
-        if keys is not None and (
-            isinstance(keys, str)
-            or not isinstance(keys, Iterable)
-            or not all(isinstance(k, str) for k in keys)
-        ):
-            raise ConfigurationError(
-                f"option 'backward_outputs' must be a list of output keys, got {keys!r}; "
-                "e.g. options={'backward_outputs': ['loss']}"
-            )
-        self.backward_outputs: list[str] | None = None if keys is None else list(keys)
+        if keys:
+            if not isinstance(keys, (str, list, tuple)) or not all(
+                isinstance(k, str) for k in ([keys] if isinstance(keys, str) else keys)
+            ):
+                raise ConfigurationError(
+                    f"option 'backward_outputs' must be an output key or a list of them, got "
+                    f"{keys!r}; e.g. options={{'backward_outputs': ['loss']}}"
+                )
+            self.backward_outputs = keys
         backward_fn = options.pop("backward_function", None)
-        if backward_fn is not None and not callable(backward_fn):
-            raise ConfigurationError(
-                f"option 'backward_function' must be a callable fn(tensor), got "
-                f"{type(backward_fn).__name__}; e.g. options={{'backward_function': "
-                "lambda loss: loss.backward()}, or leave it out to call tensor.backward()"
-            )
-        self._backward_fn: Callable[[torch.Tensor], None] | None = backward_fn
-        autocast = options.pop("autocast", False)
-        if not isinstance(autocast, (bool, dict)):
-            raise ConfigurationError(
-                f"option 'autocast' must be a bool or a dict of torch.autocast arguments, "
-                f"got {autocast!r}"
-            )
-        self._autocast_kwargs: dict[str, Any] | None = (
-            (autocast if isinstance(autocast, dict) else {}) if autocast else None
-        )
+        if backward_fn is not None:
+            if not callable(backward_fn):
+                raise ConfigurationError(
+                    f"option 'backward_function' must be a callable fn(tensor), got "
+                    f"{type(backward_fn).__name__}; e.g. options={{'backward_function': "
+                    "lambda loss: loss.backward()}, or leave it out to call tensor.backward()"
+                )
+            self._backward_fn = backward_fn
+        autocast = options.pop("autocast", None)
+        if autocast is not None:
+            if not isinstance(autocast, (bool, dict)):
+                raise ConfigurationError(
+                    f"option 'autocast' must be a bool or a dict of torch.autocast arguments, "
+                    f"got {autocast!r}; e.g. options={{'autocast': {{'dtype': torch.bfloat16}}}}"
+                )
+            self._autocast_options = autocast
+        self._autocast = _AutocastManager(self._autocast_options)
         scaler = options.pop("grad_scaler", None)
-        if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
-            raise ConfigurationError(
-                f"option 'grad_scaler' must be a torch.amp.GradScaler, got "
-                f"{type(scaler).__name__}; e.g. options={{'grad_scaler': "
-                "torch.amp.GradScaler('cuda')}"
-            )
-        self._grad_scaler: torch.amp.GradScaler | None = scaler
-        steps = options.pop("grad_accumulation_steps", 1)
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-            raise ConfigurationError(
-                f"option 'grad_accumulation_steps' must be an int >= 1, got {steps!r}"
-            )
-        self.grad_accumulation_steps = steps
-        self._epoch_length: int | None = None
+        if scaler is not None:
+            if not isinstance(scaler, torch.amp.GradScaler):
+                raise AMPOptionError(
+                    f"option 'grad_scaler' must be a torch.amp.GradScaler, got "
+                    f"{type(scaler).__name__}; e.g. options={{'grad_scaler': "
+                    "torch.amp.GradScaler('cuda')}"
+                )
+            self._grad_scaler = scaler
+        steps = options.pop("grad_accumulation_steps", None)
+        if steps is not None:
+            if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+                raise ConfigurationError(
+                    f"option 'grad_accumulation_steps' must be an int >= 1, got {steps!r}"
+                )
+            self.grad_accumulation_steps = steps
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"grad_scaler": scaler.state_dict()}`` with a grad scaler, else ``{}``."""
+        if self._grad_scaler is None:
+            return {}
+        return {"grad_scaler": self._grad_scaler.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the grad scaler's state (ignored when this logic has no grad scaler)."""
+        scaler_state = state.get("grad_scaler")
+        if scaler_state is not None and self._grad_scaler is not None:
+            self._grad_scaler.load_state_dict(scaler_state)
 
     # Helpers --------------------------------------------------------------------------------
     def _model(self, models: Mapping[str, torch.nn.Module]) -> torch.nn.Module:
@@ -190,12 +306,11 @@ class Logic(BaseLogic):
             f"{names}. {fix}"
         )
 
-    def _autocast(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
-        if self._autocast_kwargs is None:
-            return contextlib.nullcontext()
+    def _bind_autocast(self, model: torch.nn.Module) -> None:
+        """Autocast on the device type of ``model``'s runtime (unless the options name one)."""
         runtime = get_runtime(model)
-        device_type = device_type_of(runtime.device_spec) if runtime is not None else "cpu"
-        return torch.autocast(device_type, **self._autocast_kwargs)
+        if runtime is not None:
+            self._autocast.bind(device_type_of(runtime.device_spec))
 
     def _forward(self, model: torch.nn.Module, batch: Any) -> Any:
         try:
@@ -217,67 +332,83 @@ class Logic(BaseLogic):
             end = self._epoch_length
         return end - start, batch_idx + 1 >= end
 
-    def _to_backward(self, outputs: Any) -> list[torch.Tensor]:
-        if isinstance(outputs, torch.Tensor):
-            return self._checked({"<the returned tensor>": outputs})
-        if not isinstance(outputs, Mapping):
-            raise ModelOutputError(
-                f"the model returned {type(outputs).__name__}; the Logic needs a dict such as "
-                "{'loss': loss} (or a scalar tensor) to know what to backpropagate. Return a "
-                "dict from forward, or subclass ppe_core.handler.Logic for other outputs."
-            )
-        if self.backward_outputs is not None:
-            missing = [k for k in self.backward_outputs if k not in outputs]
-            if missing:
-                raise ModelOutputError(
-                    f"backward_outputs names {missing} but the model returned the keys "
-                    f"{sorted(outputs)}; fix the option or the model's output dict."
-                )
-            return self._checked({k: outputs[k] for k in self.backward_outputs})
-        tensors = [
-            v
-            for v in outputs.values()
-            if isinstance(v, torch.Tensor) and v.requires_grad and v.ndim == 0
-        ]
-        if not tensors:
-            raise ModelOutputError(
-                f"none of the model's outputs {sorted(outputs)} is a scalar tensor that requires "
-                "grad, so there is nothing to backpropagate. Return the loss, e.g. "
-                "{'loss': loss}, or name it with options={'backward_outputs': ['loss']}."
-            )
-        return tensors
+    def _to_backward(self, outputs: Mapping[str, Any]) -> list[torch.Tensor]:
+        """The tensors to backpropagate, chosen as PPE chooses them.
 
-    def _checked(self, named: Mapping[str, Any]) -> list[torch.Tensor]:
-        """The tensors to backpropagate, checked so misuse is named before torch fails.
-
-        Without a ``backward_function`` each must be a scalar that requires grad, or
-        ``backward()`` raises a torch error that names neither the output nor the fix.
+        Without ``backward_outputs``: every floating scalar tensor with a graph. Named keys
+        that are missing or have no graph are skipped with a warning (PPE skips them too); a
+        named non-scalar is an error before ``backward()`` fails with a message naming
+        neither the output nor the fix.
         """
+        keys = self.backward_outputs
+        if keys is None:
+            tensors = [
+                v
+                for v in outputs.values()
+                if isinstance(v, torch.Tensor)
+                and v.grad_fn is not None
+                and v.numel() == 1
+                and (v.dtype.is_floating_point or v.dtype.is_complex)
+            ]
+            if not tensors and not self._warned_nothing:
+                self._warn_nothing(outputs)
+            return tensors
         tensors = []
-        for key, value in named.items():
-            if not isinstance(value, torch.Tensor):
-                raise ModelOutputError(
-                    f"the model output {key!r} is a {type(value).__name__}, not a tensor, so it "
-                    "cannot be backpropagated; name the loss tensor in backward_outputs."
+        for key in (keys,) if isinstance(keys, str) else keys:
+            if key not in outputs:
+                warnings.warn(
+                    f"requested backward value: {key} is not among the model's outputs "
+                    f"{sorted(outputs)}, so it is skipped; fix backward_outputs or the model's "
+                    "outputs.",
+                    BackwardOutputWarning,
+                    stacklevel=2,
                 )
-            if self._backward_fn is None:
-                if value.numel() != 1:
-                    raise ModelOutputError(
-                        f"the model output {key!r} has shape {tuple(value.shape)}, but backward "
-                        "needs a scalar; reduce it in forward (e.g. loss.mean()), or pass "
-                        "options={'backward_function': fn} to backpropagate it yourself."
-                    )
-                if not value.requires_grad:
-                    raise ModelOutputError(
-                        f"the model output {key!r} does not require grad, so there is nothing "
-                        "to backpropagate; compute it from the parameters with autograd "
-                        "enabled (not under torch.no_grad(), not .detach()ed or .item()ed)."
-                    )
-            tensors.append(value)
+                continue
+            value = outputs[key]
+            if not isinstance(value, torch.Tensor) or value.grad_fn is None:
+                what = (
+                    "does not require grad"
+                    if isinstance(value, torch.Tensor)
+                    else f"is a {type(value).__name__}, not a tensor"
+                )
+                warnings.warn(
+                    f"the backward output {key!r} {what}, so it is skipped and nothing is "
+                    "backpropagated for it; compute it from the parameters with autograd "
+                    "enabled (not under torch.no_grad(), not .detach()ed or .item()ed).",
+                    BackwardOutputWarning,
+                    stacklevel=2,
+                )
+                continue
+            if self._backward_fn is None and value.numel() != 1:
+                raise ModelOutputError(
+                    f"the model output {key!r} has shape {tuple(value.shape)}, but backward "
+                    "needs a scalar; reduce it in forward (e.g. loss.mean()), or pass "
+                    "options={'backward_function': fn} to backpropagate it yourself."
+                )
+            if all(value is not t for t in tensors):
+                tensors.append(value)
         return tensors
 
-    def _backward(self, outputs: Any, scale: int) -> None:
-        tensors = self._to_backward(outputs)
+    def _warn_nothing(self, outputs: Mapping[str, Any]) -> None:
+        # Only outputs with a graph but no scalar among them look like a forgotten loss; a
+        # model returning no graph at all is left alone, as PPE leaves it.
+        if any(isinstance(v, torch.Tensor) and v.grad_fn is not None for v in outputs.values()):
+            self._warned_nothing = True
+            warnings.warn(
+                f"none of the model's outputs {sorted(outputs)} is a floating scalar tensor, so "
+                "nothing is backpropagated and the parameters do not change. Return the loss, "
+                "e.g. {'loss': loss}, or name it with options={'backward_outputs': ['loss']}.",
+                BackwardOutputWarning,
+                stacklevel=3,
+            )
+
+    def _backward(self, outputs: Any, scale: int = 1) -> None:
+        """Backpropagate the chosen outputs (``outputs`` raw or normalized), divided by
+        ``scale`` (the accumulation window) and scaled by the grad scaler."""
+        named = outputs if type(outputs) is dict else _normalize_outputs(outputs)
+        tensors = self._to_backward(named)
+        if not tensors:
+            return
         if scale != 1:
             tensors = [t / scale for t in tensors]
         if self._grad_scaler is not None:
@@ -295,10 +426,16 @@ class Logic(BaseLogic):
         self, models: Mapping[str, torch.nn.Module], epoch: int, loader: Iterable[Any]
     ) -> None:
         self._model(models).train()
+        sampler = getattr(loader, "sampler", None)
+        if sampler is not None and hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)  # DistributedSampler reshuffles per epoch
         try:
             self._epoch_length = len(loader)  # type: ignore[arg-type]
         except TypeError:
             self._epoch_length = None
+
+    def train_epoch_end(self, models: Mapping[str, torch.nn.Module], epoch: int) -> None:
+        self._model(models).eval()
 
     def train_step(
         self,
@@ -324,10 +461,13 @@ class Logic(BaseLogic):
             return self._forward_backward(model, batch, window)
 
     def _forward_backward(self, model: torch.nn.Module, batch: Any, window: int) -> Any:
-        if self._autocast_kwargs is None:  # the common case: no context object per step
+        autocast = self._autocast
+        if not autocast._enabled:  # the common case: no context object per step
             outputs = self._forward(model, batch)
         else:
-            with self._autocast(model):
+            if autocast.resolved_device_type is None:
+                self._bind_autocast(model)
+            with autocast.autocast():
                 outputs = self._forward(model, batch)
         self._backward(outputs, window)
         return outputs
@@ -355,10 +495,101 @@ class Logic(BaseLogic):
 
     def eval_step(self, models: Mapping[str, torch.nn.Module], batch_idx: int, batch: Any) -> Any:
         model = self._model(models)
-        if self._autocast_kwargs is None:
+        autocast = self._autocast
+        if not autocast._enabled:
             return self._forward(model, batch)
-        with self._autocast(model):
+        if autocast.resolved_device_type is None:
+            self._bind_autocast(model)
+        with autocast.autocast():
             return self._forward(model, batch)
+
+
+@dataclasses.dataclass
+class ClousureModelOutput:
+    """What :class:`ClousureLogic`'s closure returns: the outputs, and the loss the optimizer
+    reads through ``float()``."""
+
+    outs: Any
+    loss: torch.Tensor
+
+    def __float__(self) -> float:
+        return float(self.loss)
+
+
+class ClousureLogic(Logic):
+    """The step for optimizers that take a closure (``torch.optim.LBFGS``; PPE's spelling).
+
+    ``train_step`` calls ``optimizer.step(closure)``; the closure zeroes the gradients, runs the
+    forward and backward, and may run several times per step. ``train_step_optimizers``
+    does nothing. The model must yield one loss to backpropagate (the outputs named by
+    ``backward_outputs``, or its single floating scalar output). A ``grad_scaler`` and
+    ``grad_accumulation_steps`` are not supported: the closure owns the step.
+    """
+
+    def consume_options(self, options: dict[str, Any]) -> None:
+        super().consume_options(options)
+        if self._grad_scaler is not None:
+            raise AMPOptionError(
+                "ClousureLogic cannot use a grad_scaler: GradScaler.step does not support "
+                "closures. Remove the 'grad_scaler' option, or use ppe.handler.Logic with an "
+                "optimizer that needs no closure."
+            )
+        if self.grad_accumulation_steps != 1:
+            raise ConfigurationError(
+                "ClousureLogic cannot accumulate gradients: the optimizer steps inside every "
+                "train_step. Remove the 'grad_accumulation_steps' option."
+            )
+
+    def train_step(
+        self,
+        models: Mapping[str, torch.nn.Module],
+        optimizers: Mapping[str, torch.optim.Optimizer],
+        batch_idx: int,
+        batch: Any,
+    ) -> Any:
+        model = self._model(models)
+        optimizer = self._optimizer(optimizers)
+        autocast = self._autocast
+        if autocast._enabled and autocast.resolved_device_type is None:
+            self._bind_autocast(model)
+
+        def closure() -> ClousureModelOutput:
+            optimizer.zero_grad()
+            with autocast.autocast():
+                outs = self._forward(model, batch)
+            tensors = self._to_backward(_normalize_outputs(outs))
+            if not tensors:
+                raise ModelOutputError(
+                    "ClousureLogic found no loss to backpropagate in the model's outputs; "
+                    "return the loss (e.g. {'loss': loss}) or name it with "
+                    "options={'backward_outputs': ['loss']}."
+                )
+            if self._backward_fn is not None:
+                for t in tensors:
+                    self._backward_fn(t)
+            elif len(tensors) == 1:
+                tensors[0].backward()  # type: ignore[no-untyped-call]
+            else:
+                torch.autograd.backward(tensors)
+            loss = tensors[0] if len(tensors) == 1 else torch.stack(tensors).sum()
+            return ClousureModelOutput(outs=outs, loss=loss)
+
+        result = optimizer.step(closure)  # type: ignore[arg-type]
+        if not isinstance(result, ClousureModelOutput):
+            raise ModelOutputError(
+                f"optimizer.step(closure) returned {type(result).__name__}, but ClousureLogic "
+                "needs the closure's result back (torch.optim.LBFGS returns it). Use an "
+                "optimizer whose step returns the closure's value, or ppe.handler.Logic."
+            )
+        return result.outs
+
+    def train_step_optimizers(
+        self,
+        models: Mapping[str, torch.nn.Module],
+        optimizers: Mapping[str, torch.optim.Optimizer],
+        batch_idx: int,
+    ) -> None:
+        """Nothing: the optimizer already stepped inside ``train_step``."""
 
 
 def _explain_forward_mismatch(model: torch.nn.Module, batch: Any, exc: TypeError) -> None:

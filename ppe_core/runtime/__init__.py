@@ -4,13 +4,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ppe_core.runtime._registry import RuntimeRegistry, device_type_of
+from ppe_core.runtime._registry import (
+    RuntimeRegistry,
+    RuntimeReplacedWarning,
+    _RuntimeRegistry,  # noqa: F401  (PPE's name, reachable as ppe.runtime._RuntimeRegistry)
+    device_type_of,
+)
 from ppe_core.runtime._runtime import (
     BaseRuntime,
     DeviceLike,
     PyTorchRuntime,
+    RuntimeOptionError,
     get_runtime,
     iter_runtime_modules,
+    named_runtime_modules,
 )
 from ppe_core.runtime._to import to
 
@@ -18,10 +25,13 @@ __all__ = [
     "BaseRuntime",
     "DeviceLike",
     "PyTorchRuntime",
+    "RuntimeOptionError",
     "RuntimeRegistry",
+    "RuntimeReplacedWarning",
     "device_type_of",
     "get_runtime",
     "iter_runtime_modules",
+    "named_runtime_modules",
     "runtime_registry",
     "to",
 ]

@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 
 import torch
 
-from ppe_core._registry import Registry
-from ppe_core.errors import ArgumentTypeError, ConfigurationError, RuntimeNotFoundError
+from ppe_core._registry import Registry, _caller_registrant, _describe
+from ppe_core.errors import (
+    ArgumentTypeError,
+    ConfigurationError,
+    PPEWarning,
+    RuntimeNotFoundError,
+)
 from ppe_core.runtime._runtime import BaseRuntime, DeviceLike, PyTorchRuntime
 
-__all__ = ["RuntimeRegistry", "device_type_of"]
+__all__ = ["RuntimeRegistry", "RuntimeReplacedWarning", "device_type_of"]
+
+
+class RuntimeReplacedWarning(PPEWarning):
+    """User code registered a runtime for a device type that already had one (PPE's way)."""
+
 
 #: Device types whose runtime ships as a first-party plugin, for install hints.
 FIRST_PARTY_PROVIDERS = {"cpu": "ppe-cpu", "cuda": "ppe-cuda"}
@@ -46,7 +57,13 @@ class RuntimeRegistry(Registry[type[BaseRuntime]]):
     """Maps device types to :class:`BaseRuntime` subclasses.
 
     Keeps PPE's calls: ``register(device_type, runtime_class)`` and
-    ``get_runtime_class_for_device_spec(device)``.
+    ``get_runtime_class_for_device_spec(device)``. As in PPE, user code may register over a
+    device type that already has a runtime: the new class replaces the old one, with a
+    :class:`RuntimeReplacedWarning` naming both (``replace=True`` replaces silently; the same
+    class again changes nothing). A plugin that registers a taken device type from its
+    ``ppe_register_runtimes`` hook still raises
+    :class:`~ppe_core.errors.DuplicateRegistrationError` unless it passes ``replace=True``: two
+    installed plugins claiming one device is a conflict to resolve, not to guess.
     """
 
     def __init__(
@@ -57,6 +74,41 @@ class RuntimeRegistry(Registry[type[BaseRuntime]]):
         super().__init__("runtime", describe_failures)
         # Returns why a device type's known provider is unavailable (failed or blocked).
         self._provider_failure = provider_failure
+
+    def register(
+        self, name: str, obj: type[BaseRuntime], *, replace: bool = False
+    ) -> type[BaseRuntime]:
+        """Register ``obj`` for the device type ``name`` and return it.
+
+        Raises:
+            DuplicateRegistrationError: a plugin hook registers a taken device type without
+                ``replace=True``.
+            ArgumentTypeError: ``obj`` is not a runtime class, or ``name`` not a string.
+            ConfigurationError: ``name`` is a device (``"cuda:1"``), not a device type.
+        """
+        if self._current_registrant is not None:  # inside a plugin's hook
+            return super().register(name, obj, replace=replace)
+        previous = self._entries.get(name) if isinstance(name, str) else None
+        if previous is not None and previous.obj is obj and not replace:
+            return obj  # the same class again (e.g. set-up code run twice): nothing changes
+        if previous is not None and not replace:
+            self._validate(name, obj)  # a bad object raises before anything is replaced
+            warnings.warn(
+                RuntimeReplacedWarning(
+                    f"runtime for device type {name!r} replaced: {_describe(obj)} now serves "
+                    f"{name!r} instead of {_describe(previous.obj)} (registered by "
+                    f"{previous.registrant}). Pass replace=True to replace it without this "
+                    f"warning; unregister({name!r}) restores the previous runtime."
+                ),
+                stacklevel=2,
+            )
+            replace = True
+        # Attribute the entry to our caller, not to this override.
+        self._current_registrant = _caller_registrant(1)
+        try:
+            return super().register(name, obj, replace=replace)
+        finally:
+            self._current_registrant = None
 
     def _validate(self, name: str, obj: object) -> None:
         if not (isinstance(obj, type) and issubclass(obj, BaseRuntime)):
@@ -104,3 +156,20 @@ class RuntimeRegistry(Registry[type[BaseRuntime]]):
                 f"({device_type!r}, MyRuntime)."
             )
         raise RuntimeNotFoundError(self._not_found_message(device_type, hint))
+
+
+class _RuntimeRegistry(RuntimeRegistry):
+    """PPE's registry class: unknown device types resolve to ``fallback_class``.
+
+    ``ppe.runtime.runtime_registry`` is the plugin host's :class:`RuntimeRegistry`; this class
+    exists for code that builds a registry of its own the PPE way.
+    """
+
+    def __init__(self, fallback_class: type[BaseRuntime]) -> None:
+        super().__init__()
+        self._fallback_class = fallback_class
+
+    def get_runtime_class_for_device_spec(self, device: DeviceLike) -> type[BaseRuntime]:
+        """The class registered for ``device``'s type, else the fallback class."""
+        entry = self._entries.get(device_type_of(device))
+        return self._fallback_class if entry is None else entry.obj

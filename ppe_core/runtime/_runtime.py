@@ -4,60 +4,86 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from ppe_core.errors import ConfigurationError
+from ppe_core.runtime._execute import run_code_block
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
+
+    from ppe_core.handler._code_block import CodeBlock
 
 __all__ = [
     "BaseRuntime",
     "DeviceLike",
     "PyTorchRuntime",
+    "RuntimeOptionError",
     "get_runtime",
     "iter_runtime_modules",
+    "named_runtime_modules",
 ]
 
 DeviceLike = str | torch.device
 _TAG = "_ppe_runtime"
-_T = TypeVar("_T")
+#: PPE's name for the attribute ``ppe.to`` sets on every module it moves.
+_RUNTIME_TAG_NAME = _TAG
+
+
+class RuntimeOptionError(ConfigurationError, RuntimeError):
+    """A runtime option has a value the runtime cannot use (also a ``RuntimeError``, as in PPE)."""
 
 
 class BaseRuntime:
     """Device-specific callbacks used by ``ppe.to``, the Handler, the Trainer and the Evaluator.
 
-    A plugin subclasses this for its device and registers the class for a device type. Every
-    method has a no-op or pass-through default except the data-movement ones, so a subclass
-    only writes what its device needs.
+    A plugin subclasses this for its device and registers the class for a device type. A
+    subclass must provide :meth:`move_module` and :meth:`move_tensor`; every other method has a
+    working default (``convert_batch`` maps ``move_tensor`` over the batch, ``execute`` runs a
+    code block, the step callbacks do nothing), so a runtime written against PPE that implements
+    only the data movement trains end to end.
 
     Args:
         device_spec: The device modules and tensors go to, e.g. ``"cuda:1"``.
-        options: Runtime options; keys not in :attr:`accepted_options` raise
-            :class:`~ppe_core.errors.ConfigurationError`.
+        options: Runtime options (``ppe.to(options=...)``, ``create_trainer(runtime_options=...)``).
+            A class that declares :attr:`accepted_options` in its own body rejects other keys
+            with :class:`~ppe_core.errors.ConfigurationError`; a class that does not (any
+            PPE-style runtime) receives every key, as in PPE.
     """
 
-    #: Option keys this runtime understands; anything else is rejected at construction.
-    accepted_options: ClassVar[frozenset[str]] = frozenset()
+    #: Option keys this runtime understands; declared in a class body, other keys are rejected
+    #: at construction. ``None``: not declared, any key is accepted.
+    accepted_options: ClassVar[frozenset[str] | None] = None
 
     def __init__(self, device_spec: DeviceLike, options: Mapping[str, Any] | None = None) -> None:
         self.device_spec = device_spec
         self.options: dict[str, Any] = dict(options or {})
-        unknown = sorted(set(self.options) - self.accepted_options)
-        if unknown:
-            accepted = ", ".join(sorted(self.accepted_options)) or "(none)"
-            raise ConfigurationError(
-                f"{type(self).__name__} does not understand the runtime option(s) "
-                f"{', '.join(map(repr, unknown))}; accepted options: {accepted}. "
-                "Remove them from runtime_options / ppe.to(options=...)."
-            )
+        accepted = type(self).__dict__.get("accepted_options")
+        if accepted is not None:
+            unknown = sorted(set(self.options) - accepted)
+            if unknown:
+                listed = ", ".join(sorted(accepted)) or "(none)"
+                raise ConfigurationError(
+                    f"{type(self).__name__} does not understand the runtime option(s) "
+                    f"{', '.join(map(repr, unknown))}; accepted options: {listed}. "
+                    "Remove them from runtime_options / ppe.to(options=...)."
+                )
 
     # Data and module movement -------------------------------------------------------------
     def convert_batch(self, args: Any) -> Any:
-        """Move a batch (tensors nested in dicts/lists/tuples/namedtuples) to the device."""
-        raise NotImplementedError(f"{type(self).__name__} must implement convert_batch")
+        """Move a batch to the device with :meth:`move_tensor`.
+
+        Tensors nested in dicts, lists, tuples and namedtuples are moved and the container
+        types kept; anything else passes through unchanged.
+        """
+        return _map_tensors(args, self.move_tensor)
+
+    def _convert_batch_dict(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """PPE's helper: a dict batch with its top-level tensors moved (subclasses call it)."""
+        move = self.move_tensor
+        return {k: move(v) if isinstance(v, torch.Tensor) else v for k, v in args.items()}
 
     def move_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """Move ``module`` to the device and return it (possibly a new object)."""
@@ -70,7 +96,7 @@ class BaseRuntime:
     def initialize_module(
         self,
         module: torch.nn.Module,
-        loader_or_batch: Iterable[Any] | Any,
+        loader_or_batch: Iterable[Any] | torch.Tensor | None,
         optimizer: torch.optim.Optimizer | None = None,
     ) -> None:
         """Prepare ``module`` once before the first training or evaluation step."""
@@ -123,10 +149,31 @@ class BaseRuntime:
     def set_rng_state(self, state: Any) -> None:
         """Restore a state returned by :meth:`rng_state` when resuming."""
 
-    # Execution ------------------------------------------------------------------------------
-    def execute(self, code_block: Callable[[Any], _T], batch: Any) -> _T:
-        """Run one step's code on this device; devices that compile or stage work override it."""
-        return code_block(batch)
+    # Code blocks ----------------------------------------------------------------------------
+    def execute(self, code_block: CodeBlock, batch: Any) -> Any:
+        """Run a code block (``ppe.handler.forward`` / ``update_parameters``) on this device.
+
+        The default zeroes the block's optimizers' gradients, calls its function with the
+        batch (a dict as keyword arguments, a list/tuple as positional ones, else as the one
+        argument), backpropagates when the block asks for it, steps the optimizers and returns
+        the function's outputs. Devices that compile or stage work override it.
+        """
+        return run_code_block(code_block, batch)
+
+    def map(
+        self,
+        func: CodeBlock,
+        iterable: Iterable[Any],
+        out_keys: set[str] | None = None,
+        device: Any = "cpu",
+    ) -> Iterable[Any]:
+        """Apply ``func`` to each item of ``iterable`` lazily (``ppe.map``).
+
+        Yields each output with only ``out_keys`` kept (when given; the output must be a dict)
+        and its tensors moved to ``device``. Devices that can overlap transfers and compute
+        override it.
+        """
+        return _map_outputs(func, iterable, out_keys, device)
 
     @classmethod
     def trace(cls, event_name: str | None, arg: Any) -> AbstractContextManager[Any]:
@@ -139,7 +186,15 @@ class PyTorchRuntime(BaseRuntime):
 
     It makes no assumption about a particular device, so 'mps', 'xpu' or 'meta' work without a
     plugin. Device plugins subclass it to add what their hardware needs.
+
+    Options (used by :meth:`execute`, i.e. code blocks and ``CodeBlockLogic``):
+        autocast: ``True``, or a dict of ``torch.autocast`` arguments (``enabled`` defaults to
+            true, ``device_type`` to this runtime's device type).
+        grad_scaler: A ``torch.amp.GradScaler`` that scales the losses a code block
+            backpropagates and steps its optimizers.
     """
+
+    accepted_options: ClassVar[frozenset[str] | None] = frozenset({"autocast", "grad_scaler"})
 
     def __init__(self, device_spec: DeviceLike, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(device_spec, options)
@@ -152,6 +207,15 @@ class PyTorchRuntime(BaseRuntime):
                 f"{type(self).__name__} cannot use the device {device_spec!r}: {exc}. Pass a "
                 "device type with an optional index, e.g. 'cpu', 'cuda' or 'cuda:1'."
             ) from exc
+        self._autocast_kwargs = _autocast_kwargs(self.options.get("autocast"), self._device.type)
+        scaler = self.options.get("grad_scaler")
+        if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
+            raise RuntimeOptionError(
+                f"runtime option 'grad_scaler' must be a torch.amp.GradScaler, got "
+                f"{type(scaler).__name__}; e.g. options={{'grad_scaler': "
+                f"torch.amp.GradScaler({self._device.type!r})}}"
+            )
+        self._grad_scaler: torch.amp.GradScaler | None = scaler
 
     @property
     def device(self) -> torch.device:
@@ -175,6 +239,51 @@ class PyTorchRuntime(BaseRuntime):
 
     def move_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(self._device)
+
+    def execute(self, code_block: CodeBlock, batch: Any) -> Any:
+        """Run a code block as :meth:`BaseRuntime.execute`, with the autocast/scaler options."""
+        return run_code_block(code_block, batch, self._autocast_kwargs, self._grad_scaler)
+
+    @classmethod
+    def trace(cls, event_name: str | None, arg: Any) -> AbstractContextManager[Any]:
+        """Label the region ``event_name`` in the PyTorch profiler."""
+        if event_name is None:
+            return contextlib.nullcontext()
+        return torch.autograd.profiler.record_function(event_name)
+
+
+def _autocast_kwargs(option: Any, device_type: str) -> dict[str, Any] | None:
+    """``torch.autocast`` keyword arguments for the ``autocast`` option (``None``: off)."""
+    if option is None or option is False:
+        return None
+    if option is True:
+        return {"device_type": device_type}
+    if not isinstance(option, Mapping):
+        raise RuntimeOptionError(
+            f"runtime option 'autocast' must be a bool or a dict of torch.autocast arguments, "
+            f"got {option!r}; e.g. options={{'autocast': True}} or "
+            "{'autocast': {'dtype': torch.bfloat16}}"
+        )
+    kwargs = dict(option)
+    kwargs.setdefault("device_type", device_type)
+    if not kwargs.pop("enabled", True):
+        return None
+    return kwargs
+
+
+def _map_outputs(
+    func: Callable[[Any], Any], iterable: Iterable[Any], out_keys: set[str] | None, device: Any
+) -> Iterator[Any]:
+    for data in iterable:
+        out = func(data)
+        if out_keys is not None:
+            if not isinstance(out, Mapping):
+                raise ConfigurationError(
+                    f"ppe.map was given out_keys={sorted(out_keys)}, but the function returned "
+                    f"{type(out).__name__}, not a dict; return a dict or omit out_keys"
+                )
+            out = {key: out[key] for key in out_keys}
+        yield _map_tensors(out, lambda t: t.to(device))
 
 
 def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -230,3 +339,34 @@ def _walk(
         parent_runtime = runtime
     for child_name, child in module.named_children():
         yield from _walk(child, f"{name}.{child_name}" if name else child_name, parent_runtime)
+
+
+# PPE's helpers under PPE's names -----------------------------------------------------------
+def named_runtime_modules(
+    module: torch.nn.Module,
+    module_name: str = "",
+    first_level: bool = True,
+    recursive: bool = True,
+) -> Iterator[tuple[str, torch.nn.Module]]:
+    """PPE's walk: ``(name, module)`` of the top-most tagged module on each branch.
+
+    Unlike :func:`iter_runtime_modules`, names are the module's own attribute name (not a
+    dotted path), tagged modules nested in a tagged module are not yielded, and with
+    ``recursive=False`` only the direct children of an untagged ``module`` are looked at.
+    """
+    if get_runtime(module) is not None:
+        yield module_name, module
+        return
+    if first_level or recursive:
+        for child_name, child in module.named_children():
+            yield from named_runtime_modules(child, child_name, False, recursive)
+
+
+def _module_runtime_tag(module: torch.nn.Module) -> BaseRuntime | None:
+    """PPE's name for :func:`get_runtime`."""
+    return get_runtime(module)
+
+
+def _set_module_runtime_tag(module: torch.nn.Module, runtime: BaseRuntime) -> None:
+    """Tag ``module`` alone (not its submodules) with ``runtime``, as PPE's helper does."""
+    object.__setattr__(module, _TAG, runtime)

@@ -7,7 +7,7 @@ from typing import Any, TypeVar, overload
 
 import torch
 
-from ppe_core.errors import ArgumentTypeError
+from ppe_core.errors import ArgumentTypeError, ConfigurationError
 from ppe_core.runtime._runtime import BaseRuntime, DeviceLike, _tag
 
 __all__ = ["to"]
@@ -22,6 +22,7 @@ def to(
     *,
     options: Mapping[str, Any] | None = None,
     runtime_class: type[BaseRuntime] | None = None,
+    config: Mapping[str, Any] | None = None,
 ) -> _M: ...
 
 
@@ -32,6 +33,7 @@ def to(
     *,
     options: Mapping[str, Any] | None = None,
     runtime_class: type[BaseRuntime] | None = None,
+    config: Mapping[str, Any] | None = None,
 ) -> torch.Tensor: ...
 
 
@@ -41,6 +43,7 @@ def to(
     *,
     options: Mapping[str, Any] | None = None,
     runtime_class: type[BaseRuntime] | None = None,
+    config: Mapping[str, Any] | None = None,
 ) -> torch.nn.Module | torch.Tensor:
     """Move a module or tensor to ``device`` with the runtime registered for it.
 
@@ -53,6 +56,7 @@ def to(
             ``"auto"`` (the ``ppe_default_device`` hook's answer, as in ``create_trainer``).
         options: Runtime options, passed to the runtime's constructor.
         runtime_class: Use this runtime instead of looking the device type up.
+        config: PPE's older name for ``options`` (deprecated there); give one of the two.
 
     Returns:
         The moved module (the object ``move_module`` returned) or tensor.
@@ -61,7 +65,15 @@ def to(
         RuntimeNotFoundError: no runtime is available for the device type.
         ArgumentTypeError: ``module_or_tensor`` is neither a module nor a tensor, or
             ``runtime_class`` is not a runtime class (also a ``TypeError``).
+        ConfigurationError: both ``options`` and ``config`` were given (a ``ValueError``).
     """
+    if config is not None:
+        if options is not None:
+            raise ConfigurationError(
+                "ppe.to got both options= and config=; config is the older name of options, "
+                "pass only options=..."
+            )
+        options = config
     if not isinstance(module_or_tensor, (torch.nn.Module, torch.Tensor)):
         raise ArgumentTypeError(
             "ppe.to expects a torch.nn.Module or torch.Tensor, got "

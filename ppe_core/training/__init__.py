@@ -17,21 +17,46 @@ _EXPORTS: dict[str, str] = {
     "PRIORITY_SNAPSHOT": "ppe_core.training.extension",
     "Trainer": "ppe_core.training._trainer",
     "Evaluator": "ppe_core.training._evaluator",
+    "DistributedEvaluator": "ppe_core.training._evaluator",
+    "IgniteExtensionsManager": "ppe_core.training.manager",
+    "AccuracyMetric": "ppe_core.training.metrics",
+    "ExtensionsManagerProtocol": "ppe_core.training._protocols",
+    "StateObjectProtocol": "ppe_core.training._protocols",
 }
-_SUBMODULES = frozenset({"extension", "extensions", "manager", "triggers"})
+_SUBMODULES = frozenset({"extension", "extensions", "manager", "metrics", "trigger", "triggers"})
 
 __all__ = sorted(_EXPORTS) + sorted(_SUBMODULES)
 
 
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
-        return importlib.import_module(f"{__name__}.{name}")
-    module = _EXPORTS.get(name)
-    if module is None:
+        return _import(f"{__name__}.{name}", name)
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    try:
+        value = getattr(_import(module_name, name), name)
+    except AttributeError:
+        raise AttributeError(
+            f"ppe_core.training.{name} is not available in this ppe-core installation "
+            f"({module_name} does not define it); see docs/migration.md"
+        ) from None
     globals()[name] = value
     return value
+
+
+def _import(module_name: str, name: str) -> Any:
+    # A missing module reads as a missing attribute, so hasattr() and getattr(..., default)
+    # work while parts of the PPE namespace are still absent.
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise
+        raise AttributeError(
+            f"ppe_core.training.{name} is not available in this ppe-core installation "
+            f"({module_name} is missing); see docs/migration.md"
+        ) from None
 
 
 def __dir__() -> list[str]:

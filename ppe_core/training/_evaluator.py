@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ppe_core._reporting import DictSummary, Reporter
-from ppe_core.errors import ArgumentTypeError, ConfigurationError
+from ppe_core._reporting import DictSummary, Reporter, report
+from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError
 
 if TYPE_CHECKING:
     from ppe_core.handler import BaseHandler
 
-__all__ = ["Evaluator", "Metric"]
+__all__ = ["DistributedEvaluator", "DistributedNotInitializedError", "Evaluator", "Metric"]
 
 #: ``metric(batch, outputs) -> {name: value}``; values are reported as ``val/<name>``.
 Metric = Callable[[Any, Any], Mapping[str, Any]]
@@ -46,6 +48,41 @@ def loader_length(loader: Iterable[Any], given: int | None, argument: str) -> in
     return length
 
 
+class DistributedNotInitializedError(PPEError, RuntimeError):
+    """A distributed evaluator was created before ``torch.distributed`` was initialised."""
+
+
+def _as_models(models: Any) -> dict[str, torch.nn.Module]:
+    named = dict(models) if isinstance(models, Mapping) else {"main": models}
+    for name, model in named.items():
+        if not isinstance(model, torch.nn.Module):
+            raise ArgumentTypeError(
+                f"model must be an instance of torch.nn.Module or a dict of them, but "
+                f"models[{name!r}] is {type(model).__name__}; pass e.g. models=MyModel() or "
+                "models={'main': MyModel()}"
+            )
+    return named
+
+
+def _observing_reporter(models: Mapping[str, torch.nn.Module]) -> Reporter:
+    """A reporter naming each model (and its submodules) as the trainer's manager does.
+
+    ``report(values, model)`` inside ``forward`` then works during evaluation too, with the
+    same ``main/...`` keys as in training. A data-parallel wrapper's inner module gets the
+    wrapper's name, as ``default_transform_model`` gives it in the trainer.
+    """
+    from ppe_core.training._manager import default_transform_model
+
+    reporter = Reporter()
+    for name, model in models.items():
+        reporter.add_observer(name, model)
+        reporter.add_observers(name, model.named_modules())
+        inner = default_transform_model(name, model)
+        if inner is not model:
+            reporter.add_observers(name, inner.named_modules())
+    return reporter
+
+
 class Evaluator:
     """Runs the models over a loader under ``torch.no_grad`` and reports mean outputs.
 
@@ -53,83 +90,170 @@ class Evaluator:
     modes are restored afterwards. Each run reports the means over the whole loader into the
     current reporter (the trainer's observation) and returns them.
 
+    The handler calls ``complete_fn(batch_idx, outputs)`` (this evaluator's ``_complete_step``)
+    when a step's outputs are ready: the metrics run, then the handler's ``eval_post_step``,
+    then the step's observation joins the summary. Models are registered as reporter
+    observers, so ``ppe.reporting.report(values, model)`` in ``forward`` reports
+    ``<name>/<key>`` (``main/...``) as in training.
+
     Args:
         handler: Drives runtimes and the logic's ``eval_step``.
-        models: The models, by name.
-        progress_bar: Show a tqdm bar with the real number of batches.
-        metrics: Callables ``metric(batch, outputs) -> dict`` whose values are averaged too.
-        profile: A ``torch.profiler.profile`` stepped after each batch.
-        distributed: Average the means over all ``torch.distributed`` ranks.
+        models: A module (named ``"main"``) or a dict of modules.
+        progress_bar: Show a progress bar with the real number of batches.
+        metrics: Callables ``metric(batch, outputs) -> dict``; their values join the outputs
+            (a dict) and are reported like them as ``val/<name>``.
+        profile: A ``torch.profiler.profile``, entered for each run and stepped after each
+            batch.
     """
 
     def __init__(
         self,
         handler: BaseHandler,
-        models: Mapping[str, torch.nn.Module],
+        models: torch.nn.Module | Mapping[str, torch.nn.Module],
         *,
         progress_bar: bool = False,
-        metrics: list[Metric] | None = None,
+        metrics: Sequence[Metric] | None = None,
         profile: Any = None,
-        distributed: bool = False,
     ) -> None:
         self.handler = handler
-        self.models = dict(models)
+        self.models: dict[str, torch.nn.Module] = _as_models(models)
         self._progress_bar = progress_bar
         self._metrics = _check_metrics(metrics)
         self._profile = profile
-        self._distributed = distributed
-        self.summary = DictSummary()
+        self._reporter = _observing_reporter(self.models)
+        self._summary = DictSummary()
+        self._set_up = False
+        # Set for each step; read by _complete_step (steps complete in order, synchronously).
+        self._batch: Any = None
+        self._observation: dict[str, Any] = {}
+        self._post_step: Callable[..., Any] | None = None
 
-    def run(self, loader: Iterable[Any], *, eval_len: int | None = None) -> dict[str, float]:
-        """Evaluate over ``loader`` (``eval_len`` batches when it has no ``len``)."""
+    @property
+    def progress_bar(self) -> bool:
+        """Whether a progress bar is shown during a run."""
+        return self._progress_bar
+
+    @property
+    def summary(self) -> DictSummary:
+        """The statistics of the latest run (after ``run``: gathered over ranks if distributed)."""
+        return self._summary
+
+    def _setup(self, loader: Iterable[Any]) -> None:
+        """Call the handler's ``eval_setup`` once (the trainer calls it before training)."""
+        if not self._set_up:
+            self.handler.eval_setup(self, loader)
+            self._set_up = True
+
+    def _complete_step(self, batch_idx: int, outputs: Any) -> None:
+        """``complete_fn`` for the handler: metrics, ``eval_post_step``, then the summary."""
+        observation = self._observation
+        with self._reporter.scope(observation):
+            post_step = self._post_step
+            for metric in self._metrics:
+                values = metric(self._batch, outputs)
+                if not isinstance(values, Mapping):
+                    raise _metric_result_error(metric, values)
+                if post_step is not None and isinstance(outputs, dict):
+                    outputs.update(values)  # reported by eval_post_step with the outputs
+                else:
+                    report({f"val/{k}": v for k, v in values.items()})
+            if post_step is not None:
+                post_step(self, batch_idx, self._batch, outputs)
+        self._summary.add(observation)
+
+    def _gather_summaries(self) -> None:
+        """Combine ``self._summary`` over processes; a single process keeps its own."""
+
+    def run(self, loader: Iterable[Any], *, eval_len: int | None = None) -> dict[str, Any]:
+        """Evaluate over ``loader`` (``eval_len`` batches when it has no ``len``).
+
+        Returns:
+            The mean of every reported value (PPE returns None; the same means are reported
+            into the current reporter either way).
+        """
         from ppe_core._plugins import get_plugin_host
 
         length = loader_length(loader, eval_len, "eval_len")
         handler: Any = self.handler
         hook = get_plugin_host().pm.hook
         modes = {name: model.training for name, model in self.models.items()}
-        handler.eval_setup(self, loader)
+        self._setup(loader)
         hook.ppe_evaluator_setup(evaluator=self)
+        # Handlers that split reporting out of eval_step (PPE's protocol) have eval_post_step.
+        self._post_step = getattr(handler, "eval_post_step", None)
         error: BaseException | None = None
         bar = _make_bar(length) if self._progress_bar else None
-        self.summary = summary = DictSummary()
-        reporter = Reporter()
-        batches = 0
+        self._summary = DictSummary()
+        reporter = self._reporter
+        step, complete, profile = handler.eval_step, self._complete_step, self._profile
         try:
             handler.eval_loop_begin(self)
-            with torch.no_grad(), reporter:
+            with torch.no_grad(), profile if profile is not None else contextlib.nullcontext():
                 for batch_idx, batch in zip(range(length), loader, strict=False):
+                    self._batch = batch
                     observation: dict[str, Any] = {}
+                    self._observation = observation
                     with reporter.scope(observation):
-                        outputs = handler.eval_step(self, batch_idx, batch)
-                    for metric in self._metrics:
-                        values = metric(batch, outputs)
-                        if not isinstance(values, Mapping):
-                            raise _metric_result_error(metric, values)
-                        observation.update({f"val/{k}": v for k, v in values.items()})
-                    summary.add(observation)
-                    batches += 1
+                        step(self, batch_idx, batch, complete)
                     if bar is not None:
                         bar.update(1)
-                    if self._profile is not None:
-                        self._profile.step()
+                    if profile is not None:
+                        profile.step()
             handler.eval_loop_end(self)
         except BaseException as exc:
             error = exc
             raise
         finally:
+            self._batch = None
             if bar is not None:
                 bar.close()
             for name, model in self.models.items():
                 model.train(modes[name])
             hook.ppe_evaluator_teardown(evaluator=self, exception=error)
-        means = summary.compute_mean()
-        if self._distributed:
-            means = _all_reduce_mean(means, batches, handler._entry_runtime.move_tensor)
-        from ppe_core._reporting import report
-
+        self._gather_summaries()
+        means = self._summary.compute_mean()
         report(means)
         return means
+
+
+class DistributedEvaluator(Evaluator):
+    """An :class:`Evaluator` whose means cover the batches of every ``torch.distributed`` rank.
+
+    Each rank evaluates its own shard (e.g. through a ``DistributedSampler``); the per-key
+    sums and counts are then all-reduced, so every rank reports the same global mean. The
+    reduction travels on the evaluator's device (the handler's entry runtime moves it), as
+    collective backends such as NCCL require.
+
+    Raises:
+        DistributedNotInitializedError: ``torch.distributed`` is not initialised yet (also a
+            ``RuntimeError``, as in PPE).
+    """
+
+    def __init__(
+        self,
+        handler: BaseHandler,
+        models: torch.nn.Module | Mapping[str, torch.nn.Module],
+        *,
+        progress_bar: bool = False,
+        metrics: Sequence[Metric] | None = None,
+        profile: Any = None,
+    ) -> None:
+        super().__init__(
+            handler, models, progress_bar=progress_bar, metrics=metrics, profile=profile
+        )
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise DistributedNotInitializedError(
+                "a distributed evaluator needs torch.distributed to be initialised: run under "
+                "torchrun and call torch.distributed.init_process_group() before "
+                "create_evaluator(..., distributed=True)"
+            )
+
+    def _gather_summaries(self) -> None:
+        runtime = getattr(self.handler, "_entry_runtime", None)
+        move = runtime.move_tensor if runtime is not None else (lambda t: t)
+        self._summary = _all_reduce_summary(self._summary, move)
 
 
 def _check_metrics(metrics: Any) -> list[Metric]:
@@ -200,23 +324,41 @@ class _PlainBar:
         )
 
 
-def _all_reduce_mean(
-    means: dict[str, float], batches: int, move: Callable[[torch.Tensor], torch.Tensor]
-) -> dict[str, float]:
-    """Average per-rank means over all ranks, weighted by each rank's number of batches.
+def _all_reduce_summary(
+    summary: DictSummary, move: Callable[[torch.Tensor], torch.Tensor]
+) -> DictSummary:
+    """Sum each key's statistics over all ranks into a new summary.
 
-    The values travel on the evaluator's device (``move``), as collective backends such as
-    NCCL require; nothing here names a device.
+    The ranks must have reported the same keys; a first small reduction checks that, so a
+    mismatch raises on every rank instead of hanging in the collective.
     """
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
+    state = summary.state_dict()
+    keys = sorted(state)
+    digest = zlib.crc32("\0".join(keys).encode())
+    check = move(torch.tensor([len(keys), -len(keys), digest, -digest], dtype=torch.float64))
+    dist.all_reduce(check, op=dist.ReduceOp.MAX)
+    high_n, low_n, high_d, low_d = check.tolist()
+    if high_n != -low_n or high_d != -low_d:
         raise ConfigurationError(
-            "create_evaluator(distributed=True) needs torch.distributed to be initialised "
-            "(run under torchrun and call torch.distributed.init_process_group first)."
+            f"the ranks reported different values during distributed evaluation (this rank: "
+            f"{keys}); every rank must report the same keys, e.g. give each rank batches from a "
+            "DistributedSampler and report values unconditionally"
         )
-    keys = sorted(means)
-    values = move(torch.tensor([means[k] * batches for k in keys] + [batches], dtype=torch.float64))
+    flat = [state[k][field] for k in keys for field in ("_x", "_x2", "_n")]
+    values = move(torch.tensor(flat, dtype=torch.float64))
     dist.all_reduce(values)
-    *totals, count = values.tolist()
-    return {k: total / count for k, total in zip(keys, totals, strict=True)}
+    totals = values.tolist()
+    merged = DictSummary()
+    merged.load_state_dict(
+        {
+            k: {"_x": totals[3 * i], "_x2": totals[3 * i + 1], "_n": totals[3 * i + 2]}
+            for i, k in enumerate(keys)
+        }
+    )
+    return merged
+
+
+# For PPE code that imports the old private name.
+_Evaluator = Evaluator

@@ -8,10 +8,10 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ppe_core.errors import ArgumentTypeError, ConfigurationError, DuplicateRegistrationError
+from ppe_core.training._protocols import ExtensionsManagerProtocol, ManagerView
 from ppe_core.training.triggers import get_trigger
 
 if TYPE_CHECKING:
-    from ppe_core.training._protocols import ManagerView
     from ppe_core.training.triggers import Trigger, TriggerLike
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "ExtensionEntry",
     "ExtensionLike",
     "ExtensionNameError",
+    "ExtensionsManagerProtocol",
     "make_extension",
 ]
 
@@ -42,6 +43,9 @@ PRIORITY_SNAPSHOT = -100
 ExtensionLike = Callable[["ManagerView"], object]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+
+#: Keyword arguments of :func:`make_extension` beyond PPE's own, set as attributes.
+_MAKE_EXTENSION_FLAGS = ("needs_model_state", "is_async")
 
 # PPE reserves this name (Chainer's trainer used it); keeping the rule keeps names portable.
 _RESERVED_NAMES = frozenset({"training"})
@@ -223,6 +227,16 @@ def check_priority(priority: object) -> int:
         ) from None
 
 
+def _no_hook(manager: ManagerView) -> None:
+    """The ``initialize``/``finalize`` :func:`make_extension` sets when none is given."""
+
+
+def _no_error_hook(
+    manager: ManagerView, exc: BaseException, tb: types.TracebackType | None
+) -> None:
+    """The ``on_error`` :func:`make_extension` sets when none is given."""
+
+
 def make_extension(
     trigger: TriggerLike = None,
     default_name: str | None = None,
@@ -235,21 +249,25 @@ def make_extension(
 ) -> Callable[[_F], _F]:
     """Decorator that turns a function of the manager into an extension.
 
-    It only sets attributes on the function; the manager reads them when the function is
-    registered. Extra keyword arguments become attributes too and are honoured, for
-    example ``needs_model_state=True`` or ``is_async=True``.
+    It only sets attributes on the function (``trigger``, ``default_name``, ``priority``,
+    ``initialize``, ``finalize``, ``on_error``, as PPE does); the manager reads them when the
+    function is registered. Beyond PPE's arguments it accepts ``needs_model_state=`` and
+    ``is_async=``, which the manager honours like the :class:`Extension` attributes.
 
     Args:
         trigger: Default trigger; ``(1, 'iteration')`` when None.
         default_name: Default name; the function's ``__name__`` when None.
         priority: Default priority; :data:`PRIORITY_READER` when None.
-        finalizer: Called with the manager at the end of training.
-        initializer: Called with the manager before the first iteration.
-        on_error: Called with ``(manager, exc, tb)`` when training raises.
-        **kwargs: Further attributes to set on the function.
+        finalizer: Called with the manager at the end of training; a no-op when None.
+        initializer: Called with the manager before the first iteration; a no-op when None.
+        on_error: Called with ``(manager, exc, tb)`` when training raises; a no-op when None.
+        **kwargs: ``needs_model_state`` and/or ``is_async`` (booleans).
 
     Returns:
         The decorator, which returns the function itself.
+
+    Raises:
+        ArgumentTypeError: An unknown keyword argument (a ``TypeError``, as in PPE).
 
     Example::
 
@@ -257,19 +275,23 @@ def make_extension(
         def log_norm(manager):
             ...
     """
+    unknown = sorted(set(kwargs) - set(_MAKE_EXTENSION_FLAGS))
+    if unknown:
+        raise ArgumentTypeError(
+            f"make_extension() got unexpected keyword arguments {unknown}; it accepts trigger, "
+            "default_name, priority, finalizer, initializer, on_error, needs_model_state and "
+            "is_async (set other attributes on the function yourself)"
+        )
 
     def decorator(ext: _F) -> _F:
         attributes: dict[str, Any] = {
             "trigger": Extension.trigger if trigger is None else trigger,
             "default_name": default_name or getattr(ext, "__name__", type(ext).__name__),
             "priority": Extension.priority if priority is None else priority,
+            "finalize": _no_hook if finalizer is None else finalizer,
+            "initialize": _no_hook if initializer is None else initializer,
+            "on_error": _no_error_hook if on_error is None else on_error,
         }
-        if finalizer is not None:
-            attributes["finalize"] = finalizer
-        if initializer is not None:
-            attributes["initialize"] = initializer
-        if on_error is not None:
-            attributes["on_error"] = on_error
         attributes.update(kwargs)
         for key, value in attributes.items():
             setattr(ext, key, value)
@@ -279,7 +301,11 @@ def make_extension(
 
 
 def _check_name(name: object) -> str:
-    if not isinstance(name, str) or not name:
+    if not isinstance(name, str):
+        # PPE takes any value as a name (a trigger tuple passed positionally as
+        # extend(ext, (1, 'iteration')) becomes the name); keep that, as its text.
+        name = str(name)
+    if not name:
         raise ExtensionNameError(f"An extension name must be a non-empty string, got {name!r}.")
     if name in _RESERVED_NAMES:
         raise ExtensionNameError(

@@ -19,24 +19,27 @@ from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError, PPE
 from ppe_core.reporting import Observation, Reporter
 from ppe_core.training._extension import (
     PRIORITY_SNAPSHOT,
-    DuplicateExtensionError,
     Extension,
     ExtensionEntry,
     ExtensionLike,
     ExtensionNameError,
     check_priority,
 )
+from ppe_core.training._protocols import StateObjectProtocol
 from ppe_core.training.triggers import NEVER, Trigger, TriggerLike, get_trigger
 
 __all__ = [
     "ExtensionErrorHandlerWarning",
     "ExtensionsManager",
+    "IgniteExtensionsManager",
+    "IgniteNotInstalledError",
     "IgnoredArgumentWarning",
     "ManagerStateError",
     "MissingExtensionStateWarning",
     "ModelStateUnavailableError",
     "StateDictKeyError",
     "StateDictMismatchError",
+    "StateVersionWarning",
     "TransformModel",
     "default_transform_model",
     "identity_transform_model",
@@ -90,6 +93,25 @@ class ExtensionErrorHandlerWarning(PPEWarning):
 
 class IgnoredArgumentWarning(PPEWarning):
     """A keyword argument PPE accepts for compatibility was passed and has no effect."""
+
+
+class IgniteNotInstalledError(PPEError, ImportError):
+    """``IgniteExtensionsManager`` was created without pytorch-ignite installed."""
+
+
+class StateVersionWarning(PPEWarning):
+    """A loaded state was written by another (or an unknown) version.
+
+    A ``UserWarning`` mentioning "version", as PPE's. States written by ppe-core itself and by
+    the PPE release ppe-core is compatible with load without it.
+    """
+
+
+#: The key under which ppe-core keeps its own resume data in a state dictionary. PPE's
+#: ``load_state_dict`` ignores unknown top-level keys, so such states still load into PPE.
+PPE_CORE_STATE_KEY = "_ppe_core"
+# PPE releases whose states load without a StateVersionWarning (the format is the same).
+_COMPATIBLE_PPE_VERSIONS = ("0.9.",)
 
 
 class _Writer(Protocol):
@@ -206,6 +228,15 @@ class ExtensionsManager:
             :attr:`models`, observation names and state dictionaries; identity by default
             (pass :func:`default_transform_model` to unwrap data-parallel wrappers).
         enable_profile: Whether to wrap each extension call in a profiler ``record_function``.
+        enable_trace: Accepted for PPE compatibility (its tracer); extension calls are
+            recorded for ``torch.profiler`` when this or ``enable_profile`` is set.
+        state_objects: Further objects with ``state_dict``/``load_state_dict`` (a GradScaler,
+            a sampler, ...) saved under ``'state_objects'`` in :meth:`state_dict`, by name.
+
+    An exception raised inside ``run_iteration()`` (by the block or an extension) runs every
+    extension's ``on_error`` and propagates; as in PPE the manager stays usable, so a loop may
+    catch it and continue. Interrupts (``KeyboardInterrupt``, ``SystemExit``) also finalize
+    the extensions and the writer.
 
     Raises:
         ConfigurationError: A model is not a module, or ``iters_per_epoch`` is not >= 1.
@@ -222,9 +253,13 @@ class ExtensionsManager:
         out_dir: str = "result",
         stop_trigger: TriggerLike = None,
         writer: _Writer | None = None,
-        transform_model: TransformModel = identity_transform_model,
+        transform_model: TransformModel | None = identity_transform_model,
         enable_profile: bool = False,
+        enable_trace: bool = False,
+        state_objects: Mapping[str, StateObjectProtocol] | None = None,
     ) -> None:
+        if transform_model is None:
+            transform_model = identity_transform_model
         if isinstance(iters_per_epoch, bool) or not isinstance(iters_per_epoch, int):
             raise ConfigurationError(
                 f"iters_per_epoch must be an integer >= 1, got {iters_per_epoch!r}"
@@ -247,7 +282,25 @@ class ExtensionsManager:
         )
         self.max_epochs = max_epochs
         self._iters_per_epoch = iters_per_epoch
-        self._enable_profile = enable_profile
+        self._enable_profile = enable_profile or enable_trace
+        self._state_objects: dict[str, StateObjectProtocol] = dict(state_objects or {})
+        for name, obj in self._state_objects.items():
+            if not (
+                callable(getattr(obj, "state_dict", None))
+                and callable(getattr(obj, "load_state_dict", None))
+            ):
+                raise ArgumentTypeError(
+                    f"state object {name!r} must have state_dict() and load_state_dict(), got "
+                    f"{type(obj).__name__}"
+                )
+        # ppe-core's own resume data (the Trainer's RNG/loader state, the handler's state):
+        # saved under PPE_CORE_STATE_KEY, which PPE's load_state_dict ignores.
+        self._internal_states: dict[str, Any] = {}
+        # State objects a state may lack (added by ppe-core for PPE's layout, not by the user).
+        self._optional_state_objects: set[str] = set()
+        # Set by the Trainer: report each step's duration as ``elapsed_time``, as PPE's does.
+        self._report_step_time = False
+        self._step_begin = 0.0
 
         self.observation: Observation = {}
         self.reporter = Reporter()
@@ -267,12 +320,15 @@ class ExtensionsManager:
         self._iteration = 0
         #: Iterations run by this process since the (possibly restored) start; PPE's name.
         self.execution = 0
+        self._start_iteration = 0
+        self._start_execution = 0
         self._start_time: float | None = None
         self._started = False
         self._finalized = False
         # True once started and until finalized: the one check on the hot path.
         self._ready = False
-        self._on_error_called = False
+        # The exception whose on_error handlers ran (each error is handled once).
+        self._handled_error: BaseException | None = None
         self._model_available = True
         # While an iteration is open: the reporter's observation before it (restored after).
         self._scope: Observation | None = None
@@ -432,15 +488,15 @@ class ExtensionsManager:
         trigger: TriggerLike = None,
         priority: int | None = None,
         *,
-        call_before_training: bool = False,
+        call_before_training: bool | None = None,
         **kwargs: Any,
     ) -> None:
         """Registers an extension.
 
         Options left as None come from the extension's attributes (see :class:`Extension`).
-        Names are unique: an extension registered without an explicit name under a taken name
-        is renamed ``<name>_1``, ``<name>_2``, ... (the first free ordinal, as PPE does); an
-        explicit name that is taken raises instead of silently renaming.
+        Names are unique: an extension registered under a taken name (explicit or not) is
+        renamed ``<name>_1``, ``<name>_2``, ... (the first free ordinal, as PPE does); the
+        name it got is ``extension.name`` (and ``entry.name``).
 
         An extension added after the extensions started is initialized right away.
 
@@ -454,7 +510,6 @@ class ExtensionsManager:
             **kwargs: Accepted for PPE compatibility; ignored with a warning.
 
         Raises:
-            DuplicateExtensionError: ``name`` (or the entry's explicit name) is already taken.
             ExtensionNameError: The name is empty or reserved (``"training"``).
         """
         if kwargs:
@@ -470,17 +525,10 @@ class ExtensionsManager:
             entry._update_trigger(trigger)
         if priority is not None:
             entry.priority = check_priority(priority)
-        if call_before_training:
-            entry.call_before_training = True
+        if call_before_training is not None:
+            entry.call_before_training = bool(call_before_training)
 
-        explicit = name is not None or entry._explicit_name
         base = name if name is not None else entry.name
-        if explicit and base in self._entries:
-            raise DuplicateExtensionError(
-                f"an extension named {base!r} is already registered "
-                f"({type(self._entries[base].extension).__name__}); pass a different "
-                "name=... to register both"
-            )
         unique = base
         ordinal = 0
         while unique in self._entries:
@@ -549,8 +597,10 @@ class ExtensionsManager:
         On entry the named optimizers' gradients are zeroed and a fresh observation becomes the
         reporter's target; on normal exit the optimizers step, the iteration count grows, and
         due extensions run. If the block or an extension raises, every extension's
-        ``on_error`` runs once, the extensions and the writer are finalized, and the original
-        exception propagates unchanged. The returned object is cached and reusable.
+        ``on_error`` runs once and the original exception propagates unchanged; the manager
+        stays usable (as in PPE), so a loop may catch the error and go on. An interrupt
+        (``KeyboardInterrupt``, ...) also finalizes the extensions and the writer. The returned
+        object is cached and reusable.
 
         Args:
             step_optimizers: Names of optimizers to ``zero_grad`` before and ``step`` after
@@ -588,6 +638,8 @@ class ExtensionsManager:
         # object, because this runs every step.
         observation: Observation = {}
         self.observation = observation
+        if self._report_step_time:
+            self._step_begin = time.perf_counter()
         reporter = self.reporter
         self._scope = reporter.observation
         reporter.observation = observation
@@ -608,6 +660,8 @@ class ExtensionsManager:
         exception it runs the error handling of :meth:`_abort_iteration` and re-raises.
         """
         try:
+            if self._report_step_time:
+                self.observation["elapsed_time"] = time.perf_counter() - self._step_begin
             for name in step_optimizers:
                 self._optimizers[name].step()
             iteration = self._iteration = self._iteration + 1
@@ -630,9 +684,26 @@ class ExtensionsManager:
     def _abort_iteration(self, exc: BaseException) -> None:
         """Handles an exception raised inside an iteration; the caller re-raises ``exc``.
 
-        Runs every extension's ``on_error`` (once per manager), closes the reporter scope, and
-        finalizes the extensions and the writer. Failures of those handlers are reported as
-        :class:`ExtensionErrorHandlerWarning` so they never mask ``exc``.
+        Runs every extension's ``on_error`` (once per exception) and closes the reporter
+        scope. As in PPE an ``Exception`` leaves the manager usable, so the user's loop may
+        catch it and run further iterations; an interrupt (``KeyboardInterrupt``,
+        ``SystemExit``, ...) also finalizes the extensions and the writer. Failures of those
+        handlers are reported as :class:`ExtensionErrorHandlerWarning` so they never mask
+        ``exc``.
+        """
+        self._model_available = True
+        try:
+            self._run_on_error(exc)
+        finally:
+            self._close_scope()
+            if not isinstance(exc, Exception):
+                self._finalize(exc)
+
+    def _on_error(self, exc: BaseException) -> None:
+        """Handles an error that ends training (a trainer's ``except`` clause calls it).
+
+        Like :meth:`_abort_iteration` (``on_error`` is not run twice for one exception),
+        then finalizes the extensions and the writer: a trainer is not reused after an error.
         """
         self._model_available = True
         try:
@@ -658,9 +729,6 @@ class ExtensionsManager:
             _reporter_local.reporters.pop()
             self.reporter.observation = previous
 
-    # The name a trainer's ``except`` clause calls (the error may arise outside an iteration).
-    _on_error = _abort_iteration
-
     def finalize(self) -> None:
         """Finalizes the extensions (if started) and the writer; later calls do nothing.
 
@@ -669,19 +737,56 @@ class ExtensionsManager:
         """
         self._finalize(None)
 
+    def run_extensions(self) -> None:
+        """Runs the extensions due at the current iteration (what leaving an iteration does).
+
+        For loops that advance ``iteration`` themselves (as :class:`IgniteExtensionsManager`
+        does); ``run_iteration()`` calls it for you.
+        """
+        iteration = self.iteration
+        if iteration >= self._next_due:
+            self._run_due_extensions(iteration)
+        elif self._every:
+            self._run_every(iteration)
+
+    def needs_state_this_iteration(self) -> bool:
+        """Whether an extension declaring ``needs_model_state`` may run in the next iteration."""
+        return self.needs_model_state(self.execution + 1)
+
+    @property
+    def updater(self) -> ExtensionsManager:
+        """Deprecated alias of the manager itself (PPE keeps it for Chainer-era code)."""
+        warnings.warn(
+            "manager.updater is deprecated: use manager.iteration, manager.epoch and "
+            "manager.epoch_detail directly (and '{.iteration}' rather than "
+            "'{.updater.iteration}' in snapshot filenames)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self
+
+    def _prepare_for_training(
+        self, start_iteration: int, start_execution: int, iters_per_epoch: int
+    ) -> None:
+        """Sets the counts and the epoch length (PPE's hook for loops that own them)."""
+        self._iteration = start_iteration
+        self.execution = start_execution
+        self._iters_per_epoch = iters_per_epoch
+        self._invalidate_schedule()
+
     def _prepare_first_iteration(self) -> None:
         if self._finalized:
             raise ManagerStateError(
-                "the manager is finalized (training ended or failed); create a new manager "
-                "(and load_state_dict) to train further"
+                "cannot run a finalized manager: the manager is finalized when training ends "
+                "(or a trainer fails); create a new manager (and load_state_dict) to train further"
             )
         self.start_extensions()
         self._ready = True
 
     def _run_on_error(self, exc: BaseException) -> None:
-        if self._on_error_called:
+        if exc is self._handled_error:
             return
-        self._on_error_called = True
+        self._handled_error = exc
         tb = exc.__traceback__
         for slot in list(self._schedule):
             try:
@@ -847,31 +952,47 @@ class ExtensionsManager:
     def state_dict(self, *, transform_models: TransformModel | None = None) -> dict[str, Any]:
         """Returns the training state in PPE's layout.
 
-        The layout is ``{'_start_iteration': int, '_start_execution': int, 'models': {name:
-        state}, 'optimizers': {name: state}, 'extensions': {name: {'extension': ...,
-        'trigger': ...}}}``; it holds only tensors, numbers, strings and containers, so
+        The layout is PPE's: ``{'_start_iteration': int, '_start_execution': int, 'models':
+        {name: state}, 'optimizers': {name: state}, 'state_objects': {name: state},
+        'extensions': {name: {'extension': ..., 'trigger': ...}}, 'ppe_version': str}``, so
+        PPE's ``load_state_dict`` reads it. ppe-core's own resume data (a Trainer's RNG and
+        loader states, its handler's state) is added under ``'_ppe_core'``, a key PPE ignores.
+        With the standard extensions it holds only tensors, numbers, strings and containers, so
         ``torch.load(..., weights_only=True)`` reads it.
 
         Args:
             transform_models: ``(name, module) -> module`` whose result's state is saved;
                 the manager's ``transform_model`` by default.
         """
+        from ppe_core._version import __version__
+
         transform = self._transform_model if transform_models is None else transform_models
-        return {
+        state: dict[str, Any] = {
             "_start_iteration": self._iteration,
             "_start_execution": self.execution,
             "models": {name: transform(name, m).state_dict() for name, m in self._models.items()},
             "optimizers": {name: opt.state_dict() for name, opt in self._optimizers.items()},
+            "state_objects": {name: obj.state_dict() for name, obj in self._state_objects.items()},
             "extensions": {name: entry.state_dict() for name, entry in self._entries.items()},
+            "ppe_version": __version__,
         }
+        internal = {name: obj.state_dict() for name, obj in self._internal_states.items()}
+        internal = {name: value for name, value in internal.items() if value}
+        if internal:
+            state[PPE_CORE_STATE_KEY] = internal
+        return state
 
     def load_state_dict(
         self, to_load: Mapping[str, Any], *, transform_models: TransformModel | None = None
     ) -> None:
         """Restores a state from :meth:`state_dict`; works before the extensions start.
 
-        A registered extension the state has nothing for keeps its state and is reported by
-        a :class:`MissingExtensionStateWarning`; states of unregistered extensions are ignored.
+        States written by PPE's ``ExtensionsManager.state_dict()`` (and PPE snapshot files)
+        load too; ppe-core's own resume data is then absent, so a Trainer resumes at the saved
+        iteration with the saved weights, but not bit-exactly. A state from another version
+        loads with a :class:`StateVersionWarning`. A registered extension the state has
+        nothing for keeps its state and is reported by a :class:`MissingExtensionStateWarning`;
+        states of unregistered extensions are ignored.
 
         Args:
             to_load: A dictionary produced by :meth:`state_dict` (or by PPE's manager).
@@ -879,7 +1000,8 @@ class ExtensionsManager:
                 manager's ``transform_model`` by default.
 
         Raises:
-            StateDictKeyError: The state lacks the iteration or a registered model/optimizer.
+            StateDictKeyError: The state lacks the iteration or a registered model, optimizer
+                or state object.
             StateDictMismatchError: A model's or optimizer's state does not fit it (names the
                 missing and unexpected keys).
         """
@@ -891,19 +1013,37 @@ class ExtensionsManager:
                 "the state has no '_start_iteration' entry; pass what trainer.state_dict() or "
                 "manager.state_dict() returned (or a snapshot file loaded with torch.load)"
             )
+        _check_version(to_load.get("ppe_version"))
+        object_states: Mapping[str, Any] | None = None
+        if "state_objects" in to_load and self._state_objects:
+            required = [n for n in self._state_objects if n not in self._optional_state_objects]
+            object_states = self._require(to_load, "state_objects", required)
         for name, model in self._models.items():
             _load_model_state(name, transform(name, model), model_states[name])
         for name, optimizer in self._optimizers.items():
             _load_optimizer_state(name, optimizer, optimizer_states[name])
+        if object_states is not None:
+            for name, obj in self._state_objects.items():
+                if name in object_states:
+                    obj.load_state_dict(object_states[name])
         extension_states: Mapping[str, Any] = to_load.get("extensions") or {}
+        internal_states: Mapping[str, Any] = to_load.get(PPE_CORE_STATE_KEY) or {}
         missing = []
         for name, entry in self._entries.items():
             if name in extension_states:
                 entry.load_state_dict(extension_states[name])
             else:
                 missing.append(name)
-        self._iteration = int(to_load["_start_iteration"])
-        self.execution = int(to_load.get("_start_execution", self._iteration))
+        for name, obj in self._internal_states.items():
+            # Before the '_ppe_core' key, ppe-core kept the trainer state among the extensions.
+            legacy = extension_states.get(f"_{name}", {}).get("extension")
+            saved = internal_states.get(name, legacy)
+            if saved is not None:
+                obj.load_state_dict(saved)
+        self._start_iteration = self._iteration = int(to_load["_start_iteration"])
+        self._start_execution = self.execution = int(
+            to_load.get("_start_execution", self._iteration)
+        )
         self._invalidate_schedule()
         if missing:
             warnings.warn(
@@ -934,7 +1074,157 @@ class ExtensionsManager:
         return states
 
 
+class IgniteExtensionsManager(ExtensionsManager):
+    """Runs ppe-core extensions inside a pytorch-ignite ``Engine``'s training loop.
+
+    The manager registers handlers on ``engine``: each iteration gets a fresh observation
+    (``report`` works inside the engine's process function), and after the engine's own
+    ``ITERATION_COMPLETED`` handlers the due extensions run. When the engine starts, the
+    extensions are initialized (so ``snapshot(autoload=True)`` restores the engine's
+    iteration and epoch), and they are finalized when it completes. The epoch length is the
+    engine's ``len(dataloader)``.
+
+    Args:
+        engine: The ``ignite.engine.Engine`` that trains.
+        models: A module (named ``"main"``) or a mapping of names to modules.
+        optimizers: An optimizer (named ``"main"``) or a mapping of names to optimizers.
+        max_epochs: Length of training (the engine's ``run(max_epochs=...)`` decides).
+        extensions: Extensions to register right away.
+        out_dir: Output directory, used when ``writer`` is None.
+        writer: Writer that extensions write files through.
+        enable_profile: Whether to wrap each extension call in a profiler ``record_function``.
+        enable_trace: Accepted for PPE compatibility (see :class:`ExtensionsManager`).
+        state_objects: Further objects whose state is saved, by name.
+
+    Raises:
+        ArgumentTypeError: ``engine`` is not an ignite ``Engine``.
+        IgniteNotInstalledError: pytorch-ignite is not installed (an ``ImportError``).
+    """
+
+    def __init__(
+        self,
+        engine: Any,
+        models: torch.nn.Module | Mapping[str, torch.nn.Module],
+        optimizers: torch.optim.Optimizer | Mapping[str, torch.optim.Optimizer],
+        max_epochs: int,
+        *,
+        extensions: Sequence[ExtensionLike | Extension | ExtensionEntry] | None = None,
+        out_dir: str = "result",
+        writer: _Writer | None = None,
+        enable_profile: bool = False,
+        enable_trace: bool = False,
+        state_objects: Mapping[str, StateObjectProtocol] | None = None,
+    ) -> None:
+        try:
+            import ignite.engine
+        except ModuleNotFoundError as exc:
+            raise IgniteNotInstalledError(
+                "IgniteExtensionsManager needs pytorch-ignite: pip install pytorch-ignite "
+                "(or use ExtensionsManager with your own loop)"
+            ) from exc
+        if not isinstance(engine, ignite.engine.Engine):
+            raise ArgumentTypeError(
+                f"engine must be an ignite.engine.Engine, got {type(engine).__name__}; pass "
+                "e.g. ignite.engine.create_supervised_trainer(model, optimizer, loss_fn)"
+            )
+        # The epoch length is only known when the engine starts (len of its data).
+        super().__init__(
+            models,
+            optimizers,
+            max_epochs,
+            iters_per_epoch=1,
+            extensions=extensions,
+            out_dir=out_dir,
+            writer=writer,
+            enable_profile=enable_profile,
+            enable_trace=enable_trace,
+            state_objects=state_objects,
+        )
+        self.engine = engine
+        self._start_epoch = 0
+        self._loop_handlers_added = False
+        self.set_ignite_handlers()
+
+    def set_ignite_handlers(self) -> None:
+        """Registers the manager's handlers on the engine (done by the constructor)."""
+        from ignite.engine import Events
+
+        self.engine.add_event_handler(Events.STARTED, self._on_engine_started)
+        self.engine.add_event_handler(Events.ITERATION_STARTED, self._on_iteration_started)
+        self.engine.add_event_handler(Events.COMPLETED, self._on_engine_completed)
+
+    def _on_engine_started(self, engine: Any) -> None:
+        from ignite.engine import Events
+
+        iters_per_epoch = len(engine.state.dataloader)
+        self._prepare_for_training(0, 0, iters_per_epoch)
+        self.start_extensions()  # an autoloading snapshot sets _start_iteration here
+        start = self._start_iteration
+        engine.state.iteration = start
+        engine.state.epoch = self._start_epoch
+        self._start_time = time.perf_counter()
+        self._prepare_for_training(start, start, iters_per_epoch)
+        if not self._loop_handlers_added:
+            # Added now so that they run after the handlers the user registered.
+            self._loop_handlers_added = True
+            engine.add_event_handler(Events.ITERATION_COMPLETED, self._on_iteration_completed)
+
+    def _on_iteration_started(self, engine: Any) -> None:
+        self._close_scope()  # left open when the previous iteration raised
+        self._begin_iteration(())
+
+    def _on_iteration_completed(self, engine: Any) -> None:
+        try:
+            self._iteration = int(engine.state.iteration)
+            self.execution += 1
+            self.run_extensions()
+        except Exception as exc:
+            self._abort_iteration(exc)
+            raise
+        self._close_scope()
+
+    def _on_engine_completed(self, engine: Any) -> None:
+        self._finalize_extensions()
+
+    def _finalize_extensions(self) -> None:
+        for slot in list(self._schedule):
+            slot.entry.extension.finalize(self)
+
+    def state_dict(self, *, transform_models: TransformModel | None = None) -> dict[str, Any]:
+        """The state of :meth:`ExtensionsManager.state_dict`, with the engine's epoch length."""
+        state = super().state_dict(transform_models=transform_models)
+        state["_epoch_length"] = self.engine.state.epoch_length
+        state["_start_iteration"] = self.engine.state.iteration
+        return state
+
+    def load_state_dict(
+        self, to_load: Mapping[str, Any], *, transform_models: TransformModel | None = None
+    ) -> None:
+        """Restores a state; the engine resumes from it when it (re)starts."""
+        super().load_state_dict(to_load, transform_models=transform_models)
+        epoch_length = to_load.get("_epoch_length") or self._iters_per_epoch
+        self._start_epoch = self._start_iteration // int(epoch_length)
+
+
 _MAX_KEYS = 8  # keys listed in a mismatch message; the rest are counted
+
+
+def _check_version(saved: object) -> None:
+    """Warns (as PPE does) when a state was written by another or an unknown version."""
+    from ppe_core._version import __version__
+
+    if saved == __version__ or (
+        isinstance(saved, str) and saved.startswith(_COMPATIBLE_PPE_VERSIONS)
+    ):
+        return
+    written = "an unknown version" if saved is None else f"version {saved}"
+    warnings.warn(
+        StateVersionWarning(
+            f"the loaded state was written by {written} (ppe-core is {__version__}, compatible "
+            "with PPE 0.9); it loads, but states from other versions may differ"
+        ),
+        stacklevel=3,
+    )
 
 
 def _key_list(keys: Sequence[str]) -> str:
@@ -984,10 +1274,12 @@ def _load_model_state(name: str, module: torch.nn.Module, state: Mapping[str, An
         raise StateDictMismatchError("\n".join(lines)) from exc
 
 
-def _load_optimizer_state(
-    name: str, optimizer: torch.optim.Optimizer, state: Mapping[str, Any]
-) -> None:
+def _load_optimizer_state(name: str, optimizer: Any, state: Mapping[str, Any]) -> None:
     """``optimizer.load_state_dict(state)``, explaining a mismatch by optimizer name."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        # Anything with load_state_dict (PPE does not type-check optimizers either).
+        optimizer.load_state_dict(state)
+        return
     fix = (
         f"Create optimizer {name!r} as when the snapshot was saved (same type, the same "
         "parameters in the same groups), or restore only the weights with "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
@@ -38,6 +38,9 @@ class ManagerView(Protocol):
     def models(self) -> Mapping[str, torch.nn.Module]: ...
 
     @property
+    def raw_models(self) -> Mapping[str, torch.nn.Module]: ...
+
+    @property
     def optimizers(self) -> Mapping[str, torch.optim.Optimizer]: ...
 
     @property
@@ -56,3 +59,20 @@ class ManagerView(Protocol):
     def reporter(self) -> Any: ...
 
     def get_extension(self, name: str) -> Any: ...
+
+
+class ExtensionsManagerProtocol(ManagerView, Protocol):
+    """PPE's name for what an extension may use of its manager: the same as ManagerView."""
+
+
+@runtime_checkable
+class StateObjectProtocol(Protocol):
+    """An object whose state a manager saves and restores (``state_objects=``).
+
+    Anything with ``state_dict()`` and ``load_state_dict(state)`` qualifies: a GradScaler,
+    an LR scheduler, a sampler, ...
+    """
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...

@@ -8,23 +8,46 @@ from typing import Any
 
 import torch
 
-from ppe_core.training._extension import Extension
-from ppe_core.training.triggers import NEVER, Trigger
-
-__all__ = ["TrainerState"]
+__all__ = ["TrainerState", "attach_resume_state"]
 
 
-class _Never(Trigger):
-    """The state extension is never called; it only rides along in ``state_dict``."""
+def attach_resume_state(manager: Any, state: TrainerState, handler: Any) -> None:
+    """Makes ``manager`` save what a Trainer needs to resume, and time each step.
 
-    def __call__(self, manager: Any) -> bool:
-        return False
+    The trainer state and the handler's state (its GradScaler's, ...) travel under the
+    state dictionary's ``'_ppe_core'`` key, which PPE's ``load_state_dict`` ignores; a
+    handler without ``state_dict``/``load_state_dict``, or with an empty state, adds nothing.
+    Each step's duration is reported as ``elapsed_time``, as PPE's Trainer does.
+    """
+    manager._internal_states["trainer_state"] = state
+    if callable(getattr(handler, "state_dict", None)) and callable(
+        getattr(handler, "load_state_dict", None)
+    ):
+        manager._internal_states["handler"] = handler
+        if handler.state_dict().get("grad_scaler") is not None:
+            # Also where PPE's create_trainer(options={'grad_scaler': ...}) keeps it, so that
+            # snapshots move between PPE and ppe-core with the scaler's state.
+            manager._state_objects[PPE_GRAD_SCALER_KEY] = _GradScalerMirror(handler)
+            manager._optional_state_objects.add(PPE_GRAD_SCALER_KEY)
+    manager._report_step_time = True
 
-    def next_check(self, iteration: int, iters_per_epoch: int) -> int:
-        return NEVER
 
-    def may_fire(self, iteration: int, epoch_length: int) -> bool:
-        return False
+#: The ``state_objects`` name PPE's ``create_trainer`` gives ``options={'grad_scaler': ...}``.
+PPE_GRAD_SCALER_KEY = "options___::__grad_scaler"
+
+
+class _GradScalerMirror:
+    """The handler's GradScaler state as a state object under PPE's name."""
+
+    def __init__(self, handler: Any) -> None:
+        self._handler = handler
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self._handler.state_dict().get("grad_scaler") or {})
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict:
+            self._handler.load_state_dict({"grad_scaler": state_dict})
 
 
 def _numpy_state() -> dict[str, Any] | None:
@@ -77,10 +100,11 @@ def _loader_generators(loader: Iterable[Any]) -> list[torch.Generator]:
     return found
 
 
-class TrainerState(Extension):
+class TrainerState:
     """Carries RNG states and the epoch's order-deciding state through snapshots.
 
-    The Trainer registers it under ``"_trainer_state"``. At each epoch start it records the
+    The Trainer registers it with its manager, which saves it under
+    ``state["_ppe_core"]["trainer_state"]`` (a key PPE ignores). At each epoch start it records the
     RNG states that decide the loader's order; ``state_dict`` adds the current states of the
     torch, numpy and Python generators, the loader's generators and every runtime (device
     RNGs). On resume the trainer rebuilds the interrupted epoch from the epoch-start states
@@ -90,17 +114,11 @@ class TrainerState(Extension):
         runtimes: Returns the runtimes whose device RNG states are saved.
     """
 
-    priority = -(10**9)  # never called
-
     def __init__(self, runtimes: Callable[[], list[Any]]) -> None:
-        self.trigger = _Never()
         self._runtimes = runtimes
         self._epoch_start: dict[str, Any] | None = None
         self.loader: Iterable[Any] = ()
         self.pending: dict[str, Any] | None = None  # loaded, applied at the next epoch start
-
-    def __call__(self, manager: Any) -> None:  # pragma: no cover - its trigger never fires
-        pass
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -118,7 +136,7 @@ class TrainerState(Extension):
             from ppe_core.training._manager import StateDictKeyError
 
             raise StateDictKeyError(
-                f"the '_trainer_state' entry lacks {sorted(missing)}; it was not written by "
+                f"the saved trainer state lacks {sorted(missing)}; it was not written by "
                 "ppe-core's Trainer. Remove the entry from the state to resume without RNG "
                 "states (the run then continues, but not bit-exactly)."
             )

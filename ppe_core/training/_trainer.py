@@ -2,29 +2,58 @@
 
 from __future__ import annotations
 
+import contextlib
+import types
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ppe_core.errors import ConfigurationError
+from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError, PPEWarning
 from ppe_core.training._evaluator import Evaluator, loader_length
 from ppe_core.training._extension import PRIORITY_WRITER, Extension, ExtensionEntry
 from ppe_core.training._manager import ManagerStateError
-from ppe_core.training._resume import TrainerState
+from ppe_core.training._resume import TrainerState, attach_resume_state
 from ppe_core.training.triggers import get_trigger
 
 if TYPE_CHECKING:
-    from ppe_core.handler import Handler
+    from ppe_core.handler import BaseHandler
     from ppe_core.training._manager import ExtensionsManager
 
-__all__ = ["Trainer"]
+__all__ = [
+    "AmbiguousEvaluatorError",
+    "Trainer",
+    "UnknownOptimizerError",
+    "ValLoaderIgnoredWarning",
+]
+
+
+class AmbiguousEvaluatorError(PPEError, ValueError):
+    """``trainer.evaluator`` was read while several evaluators are registered."""
+
 
 EvaluatorSpec = Evaluator | tuple[Evaluator, Any] | Mapping[str, Evaluator | tuple[Evaluator, Any]]
 
+#: The name of a single evaluator (not in a dict), as its extension is named in PPE.
+_SINGLE_EVALUATOR = "Evaluator"
 
-# extend() arguments ExtensionEntry takes; others go to the manager, which warns about them.
-_ENTRY_ARGS = frozenset({"name", "trigger", "priority", "call_before_training"})
+
+class UnknownOptimizerError(PPEError, KeyError):
+    """``get_optimizer`` was asked for a name the trainer does not have."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ValLoaderIgnoredWarning(PPEWarning):
+    """``run()`` got a ``val_loader`` but the trainer has no evaluator to use it."""
+
+
+def _default_train_step() -> Any:
+    from ppe_core.handler import Handler
+
+    return Handler.train_step
 
 
 def _should_stop(manager: ExtensionsManager) -> bool:
@@ -37,36 +66,36 @@ class _EvaluatorExtension(Extension):
     """Runs an evaluator on its trigger, before every other extension of that iteration."""
 
     priority = PRIORITY_WRITER + 1  # LogReport (a writer) must already see val/* keys
+    needs_model_state = True
 
-    def __init__(self, trainer: Trainer, evaluator: Evaluator, prefix: str | None) -> None:
+    def __init__(self, trainer: Trainer, evaluator: Evaluator) -> None:
         self._trainer = trainer
         self._evaluator = evaluator
-        self._prefix = prefix
 
     def __call__(self, manager: Any) -> None:
-        trainer = self._trainer
+        trainer, evaluator = self._trainer, self._evaluator
         loader = trainer._val_loader
         if loader is None:  # run() checks this; the extension may also be called by hand
             raise ConfigurationError("the evaluator extension needs run(train_loader, val_loader)")
-        trainer.handler.train_validation_begin(trainer, self._evaluator)
+        handler: Any = evaluator.handler
+        handler.train_validation_begin(trainer, evaluator)
         try:
-            means = self._evaluator.run(loader, eval_len=trainer._eval_len)
+            # The evaluator reports its means into the manager's observation (the current
+            # reporter while extensions run).
+            evaluator.run(loader, eval_len=trainer._eval_len)
         finally:
-            trainer.handler.train_validation_end(trainer, self._evaluator)
-        if self._prefix is not None:
-            means = {f"{self._prefix}/{k.removeprefix('val/')}": v for k, v in means.items()}
-        manager.observation.update(means)
+            handler.train_validation_end(trainer, evaluator)
 
 
 def _normalize_evaluators(spec: EvaluatorSpec | None) -> dict[str, tuple[Evaluator, Any]]:
     if spec is None:
         return {}
-    items = dict(spec) if isinstance(spec, Mapping) else {"main": spec}
+    items = dict(spec) if isinstance(spec, Mapping) else {_SINGLE_EVALUATOR: spec}
     result: dict[str, tuple[Evaluator, Any]] = {}
     for name, value in items.items():
         evaluator, trigger = value if isinstance(value, tuple) else (value, (1, "epoch"))
         if not isinstance(evaluator, Evaluator):
-            raise ConfigurationError(
+            raise ArgumentTypeError(
                 f"evaluator {name!r} must be created with ppe.engine.create_evaluator, "
                 f"got {type(evaluator).__name__}"
             )
@@ -74,63 +103,143 @@ def _normalize_evaluators(spec: EvaluatorSpec | None) -> dict[str, tuple[Evaluat
     return result
 
 
+def _as_models(models: Any) -> dict[str, torch.nn.Module]:
+    named = dict(models) if isinstance(models, Mapping) else {"main": models}
+    for name, model in named.items():
+        if not isinstance(model, torch.nn.Module):
+            raise ArgumentTypeError(
+                f"model must be an instance of torch.nn.Module or a dict of them, but "
+                f"models[{name!r}] is {type(model).__name__}; pass e.g. models=MyModel()"
+            )
+    return named
+
+
+def manager_arguments() -> list[str]:
+    """The ExtensionsManager arguments a Trainer forwards (all but models, iters_per_epoch)."""
+    import inspect
+
+    from ppe_core.training._manager import ExtensionsManager
+
+    skip = {"models", "iters_per_epoch"}
+    return [k for k in inspect.signature(ExtensionsManager).parameters if k not in skip]
+
+
+def _check_manager_kwargs(kwargs: Mapping[str, Any]) -> None:
+    """Reject what ExtensionsManager would reject, now rather than when run() starts."""
+    import difflib
+
+    known = set(manager_arguments())
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hints.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+        raise ArgumentTypeError(
+            f"Trainer got unexpected argument(s) {', '.join(hints)}; besides handler, evaluator, "
+            f"models and profile it takes ExtensionsManager's: {', '.join(sorted(known))}"
+        )
+
+
 class Trainer:
     """Trains models over a loader for a number of epochs, running extensions on triggers.
 
-    Create it with :func:`ppe_core.engine.create_trainer`. The manager is built when ``run``
-    learns the epoch length; ``extend`` and ``load_state_dict`` may be called before that.
+    Usually created with :func:`ppe_core.engine.create_trainer`. The manager is built when
+    ``run`` learns the epoch length; ``extend`` and ``load_state_dict`` may be called before
+    that.
+
+    Args:
+        handler: Drives the runtimes and the logic; its ``train_step`` calls
+            ``complete_fn(batch_idx, outputs)`` (this trainer's ``_complete_step``), which runs
+            the handler's ``train_post_step``.
+        evaluator: An evaluator, ``(evaluator, trigger)`` or a dict of names to either; each
+            runs once per epoch by default, as an extension named like its key
+            (``"Evaluator"`` for a single one).
+        models: A module (named ``"main"``) or a dict of modules.
+        profile: A ``torch.profiler.profile``, entered around the loop and stepped after every
+            iteration.
+        **kwargs: :class:`~ppe_core.training.ExtensionsManager` arguments (``optimizers``,
+            ``max_epochs``, ``extensions``, ``out_dir``, ``writer``, ``stop_trigger``,
+            ``transform_model``, ``enable_profile``, ``enable_trace``, ``state_objects``).
+            ``enable_profile`` also records each step for ``torch.profiler`` and
+            ``enable_trace`` for ``ppe.profiler``'s tracer.
     """
 
     def __init__(
         self,
-        handler: Handler,
+        handler: BaseHandler,
         *,
-        evaluator: EvaluatorSpec | None,
-        models: Mapping[str, torch.nn.Module],
-        optimizers: Mapping[str, torch.optim.Optimizer],
-        max_epochs: int,
-        extensions: list[Any] | None,
-        out_dir: str,
-        writer: Any,
-        stop_trigger: Any = None,
-        transform_model: Callable[[str, torch.nn.Module], torch.nn.Module] | None = None,
+        evaluator: EvaluatorSpec | None = None,
+        models: torch.nn.Module | Mapping[str, torch.nn.Module],
         profile: Any = None,
+        **kwargs: Any,
     ) -> None:
         self.handler = handler
-        #: The models by name (a plain attribute: the handler reads it every step).
-        self.models: dict[str, torch.nn.Module] = dict(models)
+        #: The models by name, as registered (a plain attribute: the handler reads it every
+        #: step). PPE's ``trainer.models`` is the manager's ``raw_models``: the same modules.
+        self.models: dict[str, torch.nn.Module] = _as_models(models)
+        optimizers = kwargs.pop("optimizers", None)
+        if optimizers is None:
+            optimizers = {}
         #: The optimizers by name.
-        self.optimizers: dict[str, torch.optim.Optimizer] = dict(optimizers)
-        self._max_epochs = max_epochs
+        self.optimizers: dict[str, torch.optim.Optimizer] = (
+            dict(optimizers) if isinstance(optimizers, Mapping) else {"main": optimizers}
+        )
+        extensions = kwargs.pop("extensions", None)
+        _check_manager_kwargs(kwargs)
+        self._kwargs = kwargs
+        self._max_epochs = kwargs.get("max_epochs")
+        self._out_dir: str = kwargs.get("out_dir", "result")
+        stop_trigger = kwargs.pop("stop_trigger", None)
+        self._stop_trigger = None if stop_trigger is None else get_trigger(stop_trigger)
+        self._enable_profile = bool(kwargs.get("enable_profile", profile is not None))
+        self._enable_trace = bool(kwargs.get("enable_trace", False))
         self._evaluators = _normalize_evaluators(evaluator)
         self._extensions: list[tuple[Any, dict[str, Any]]] = []
-        self._out_dir = out_dir
-        self._writer = writer
-        self._stop_trigger = None if stop_trigger is None else get_trigger(stop_trigger)
-        self._transform_model = transform_model
         self._profile = profile
         self._manager: ExtensionsManager | None = None
-        self._state = TrainerState(lambda: self.handler.runtimes)
+        self._state = TrainerState(lambda: getattr(self.handler, "runtimes", []))
         self._pending_state: dict[str, Any] | None = None
         self._val_loader: Iterable[Any] | None = None
         self._eval_len: int | None = None
+        self._train_post_step: Callable[..., Any] | None = None
+        self._batch: Any = None
         for extension in extensions or []:
             self.extend(extension)
 
     # Properties -------------------------------------------------------------------------------
     @property
     def manager(self) -> ExtensionsManager:
+        """The :class:`~ppe_core.training.ExtensionsManager` (once ``run`` has started)."""
         if self._manager is None:
             raise ManagerStateError(
-                "the trainer's manager is created when run() starts (it needs the epoch "
-                "length); call run() first, or use trainer.models / trainer.optimizers before"
+                "the trainer is not started yet: its manager is created when run() starts (it "
+                "needs the epoch length); call run() first, or use trainer.models / "
+                "trainer.optimizers before"
             )
         return self._manager
 
     @property
     def evaluator(self) -> Evaluator | None:
-        main = self._evaluators.get("main")
-        return main[0] if main else None
+        """The evaluator, None without one; with several, use :attr:`evaluators`.
+
+        Raises:
+            AmbiguousEvaluatorError: Several evaluators are registered (a ``ValueError``).
+        """
+        if not self._evaluators:
+            return None
+        if len(self._evaluators) > 1:
+            raise AmbiguousEvaluatorError(
+                f"trainer.evaluator is ambiguous: {len(self._evaluators)} evaluators are "
+                f"registered ({', '.join(map(repr, self._evaluators))}); use "
+                "trainer.evaluators[name]"
+            )
+        return next(iter(self._evaluators.values()))[0]
+
+    @property
+    def evaluators(self) -> Mapping[str, Evaluator]:
+        """The evaluators by name (``"Evaluator"`` for a single one passed without a dict)."""
+        return types.MappingProxyType({name: e for name, (e, _) in self._evaluators.items()})
 
     @property
     def epoch(self) -> int:
@@ -154,18 +263,62 @@ class Trainer:
 
     @property
     def out(self) -> str:
-        return self._out_dir
+        return self._manager.out if self._manager is not None else self._out_dir
+
+    def get_optimizer(self, name: str) -> torch.optim.Optimizer:
+        """The optimizer registered as ``name``."""
+        try:
+            return self.optimizers[name]
+        except KeyError:
+            raise UnknownOptimizerError(
+                f"no optimizer named {name!r}; the trainer has {sorted(self.optimizers)}"
+            ) from None
+
+    def set_optimizer(self, name: str, optimizer: torch.optim.Optimizer) -> None:
+        """Replace (or add) the optimizer ``name``, also in a running manager."""
+        self.optimizers[name] = optimizer
+        if self._manager is not None:
+            self._manager._optimizers[name] = optimizer
+            self._manager.reporter.add_observer(name, optimizer)
+
+    def is_epoch_last_iter(self, idx: int) -> bool:
+        """Whether batch index ``idx`` (0-based within the epoch) is the epoch's last."""
+        return idx + 1 == self.manager.iters_per_epoch
 
     # Configuration ----------------------------------------------------------------------------
-    def extend(self, extension: Any, **kwargs: Any) -> None:
-        """Add an extension (same arguments as ``ExtensionsManager.extend``)."""
+    def extend(
+        self,
+        extension: Any,
+        name: str | None = None,
+        trigger: Any = None,
+        priority: int | None = None,
+        *,
+        call_before_training: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        """Add an extension (arguments as ``ExtensionsManager.extend``), before ``run()``.
+
+        Raises:
+            ManagerStateError: The trainer already started (a ``RuntimeError``, as in PPE).
+        """
         if self._manager is not None:
-            self._manager.extend(extension, **kwargs)
-        else:
+            raise ManagerStateError(
+                "cannot extend after starting the trainer: its extensions were set up when "
+                "run() started; call trainer.extend(...) before trainer.run(...)"
+            )
+        entry_args: dict[str, Any] = {}
+        if name is not None:
+            entry_args["name"] = name
+        if trigger is not None:
+            entry_args["trigger"] = trigger
+        if priority is not None:
+            entry_args["priority"] = priority
+        if call_before_training:
+            entry_args["call_before_training"] = True
+        if not isinstance(extension, ExtensionEntry) and not kwargs:
             # Validate now (bad trigger, priority or name), not when run() starts.
-            if not isinstance(extension, ExtensionEntry) and set(kwargs) <= _ENTRY_ARGS:
-                extension, kwargs = ExtensionEntry(extension, **kwargs), {}
-            self._extensions.append((extension, kwargs))
+            extension, entry_args = ExtensionEntry(extension, **entry_args), {}
+        self._extensions.append((extension, {**entry_args, **kwargs}))
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: models, optimizers, extensions, triggers, iteration."""
@@ -188,33 +341,59 @@ class Trainer:
     def _setup_manager(self, iters_per_epoch: int) -> ExtensionsManager:
         from ppe_core.training._manager import ExtensionsManager
 
-        kwargs: dict[str, Any] = {}
-        if self._transform_model is not None:
-            kwargs["transform_model"] = self._transform_model
+        kwargs = dict(self._kwargs)
+        if "max_epochs" not in kwargs:
+            raise ConfigurationError(
+                "the trainer needs max_epochs (the number of epochs to train); pass "
+                "Trainer(..., max_epochs=10) or use ppe.engine.create_trainer"
+            )
         manager = ExtensionsManager(
             self.models,
             self.optimizers,
-            self._max_epochs,
             iters_per_epoch=iters_per_epoch,
-            out_dir=self._out_dir,
-            writer=self._writer,
             stop_trigger=self._stop_trigger,
             **kwargs,
         )
+        # PPE's trainer also reports each step's duration as ``elapsed_time``; ppe-core leaves
+        # it out (manager._report_step_time stays False): LogReport/PrintReport overwrite the
+        # key with the run's elapsed time anyway, and it would cost two clock reads per step.
         for name, (evaluator, trigger) in self._evaluators.items():
-            manager.extend(
-                _EvaluatorExtension(self, evaluator, None if name == "main" else name),
-                name="Evaluator" if name == "main" else f"Evaluator_{name}",
-                trigger=trigger,
-            )
-        for extension, kwargs in self._extensions:
-            manager.extend(extension, **kwargs)
-        manager.extend(self._state, name="_trainer_state")
+            manager.extend(_EvaluatorExtension(self, evaluator), name=name, trigger=trigger)
+        for extension, extension_kwargs in self._extensions:
+            manager.extend(extension, **extension_kwargs)
+        attach_resume_state(manager, self._state, self.handler)
         if self._pending_state is not None:
             manager.load_state_dict(self._pending_state)
             self._pending_state = None
         self._manager = manager
         return manager
+
+    def _complete_step(self, batch_idx: int, outputs: Any) -> None:
+        """``complete_fn`` for the handler: runs its ``train_post_step`` on the outputs."""
+        post_step = self._train_post_step
+        if post_step is not None:
+            post_step(self, batch_idx, self._batch, outputs)
+
+    def _step_function(self) -> Callable[[Any, int, Any, Any], Any]:
+        """The handler's ``train_step``, wrapped in a profiler record only when asked for."""
+        step: Callable[[Any, int, Any, Any], Any] = self.handler.train_step
+        if not (self._enable_profile or self._enable_trace):
+            return step
+        from ppe_core._record import record
+
+        tag, enable, trace = (
+            "ppe.training.Trainer:train_step",
+            self._enable_profile,
+            self._enable_trace,
+        )
+
+        def recorded(trainer: Any, batch_idx: int, batch: Any, complete_fn: Any) -> Any:
+            # A torch.profiler range, a TimeSummary entry (enable_profile) and a tracer event
+            # (enable_trace), as ppe.profiler.record gives.
+            with record(tag, enable=enable, trace=trace):
+                return step(trainer, batch_idx, batch, complete_fn)
+
+        return recorded
 
     # The loop -------------------------------------------------------------------------------
     def run(
@@ -229,9 +408,12 @@ class Trainer:
 
         Args:
             train_loader: Batches for training; ``train_len`` is needed when it has no ``len``.
-            val_loader: Batches for the evaluator(s); required exactly when one is configured.
+            val_loader: Batches for the evaluator(s); required when one is configured.
             train_len: Batches per epoch (default ``len(train_loader)``).
             eval_len: Batches per evaluation (default ``len(val_loader)``).
+
+        Warns:
+            ValLoaderIgnoredWarning: ``val_loader`` was given but there is no evaluator.
         """
         from ppe_core._plugins import get_plugin_host
 
@@ -240,11 +422,9 @@ class Trainer:
                 "the trainer has an evaluator but run() got no val_loader; pass "
                 "trainer.run(train_loader, val_loader) or create the trainer without evaluator"
             )
-        if val_loader is not None and not self._evaluators:
-            raise ConfigurationError(
-                "run() got a val_loader but the trainer has no evaluator to use it; pass "
-                "evaluator=ppe.engine.create_evaluator(model, ...) to create_trainer"
-            )
+        ignored_val_loader = val_loader is not None and not self._evaluators
+        if ignored_val_loader:
+            val_loader = None
         iters_per_epoch = loader_length(train_loader, train_len, "train_len")
         if val_loader is not None:
             self._eval_len = loader_length(val_loader, eval_len, "eval_len")
@@ -252,47 +432,78 @@ class Trainer:
         if self._manager is None:
             self._setup_manager(iters_per_epoch)
         manager = self.manager
-        handler = self.handler
+        handler: Any = self.handler
         hook = get_plugin_host().pm.hook
 
         handler.train_setup(self, train_loader)
-        begin, end, train_step = (
+        if ignored_val_loader:  # after train_setup, as PPE: a setup error comes first
+            warnings.warn(
+                "run() got a val_loader but the trainer has no evaluator to use it, so it is "
+                "ignored; pass evaluator=ppe.engine.create_evaluator(model, ...) to "
+                "create_trainer to validate",
+                ValLoaderIgnoredWarning,
+                stacklevel=2,
+            )
+        for evaluator, _ in self._evaluators.values():
+            evaluator._setup(val_loader)  # type: ignore[arg-type]  # checked above
+        # PPE's protocol: train_step calls complete_fn(batch_idx, outputs), which runs the
+        # handler's train_post_step. ppe-core's own Handler.train_step does that work inline
+        # when given no complete_fn (saving two calls per step), also calling an overridden
+        # train_post_step; any other train_step gets the callback.
+        self._train_post_step = getattr(handler, "train_post_step", None)
+        inline = getattr(type(handler), "train_step", None) is _default_train_step()
+        begin, end, train_step, complete = (
             manager._begin_iteration,
             manager._end_iteration,
-            handler.train_step,
+            self._step_function(),
+            None if inline else self._complete_step,
         )
         profile = self._profile
         manager.start_extensions()
         hook.ppe_trainer_setup(trainer=self)
         error: BaseException | None = None
         try:
-            while not _should_stop(manager):
-                start = manager.iteration % iters_per_epoch  # > 0 when resuming mid-epoch
-                handler.train_epoch_begin(self, train_loader)
-                # On resume: the interrupted epoch's order, consumed batches skipped, RNGs
-                # restored; otherwise a plain iter() with the epoch-start RNG states recorded.
-                batches = self._state.start_epoch(train_loader, start)
-                for batch_idx, batch in zip(range(start, iters_per_epoch), batches, strict=False):
-                    begin()
-                    train_step(self, batch_idx, batch)
-                    end()
-                    if profile is not None:
-                        profile.step()
-                    if manager._stop_reached:  # set by _end_iteration when the stop trigger fired
-                        break
-                else:
-                    if manager.iteration % iters_per_epoch != 0:
-                        raise ConfigurationError(
-                            f"the train loader ran out after {manager.iteration % iters_per_epoch}"
-                            f" batches but the epoch length is {iters_per_epoch}; pass the real "
-                            "train_len, or leave train_len out to use len(train_loader)"
-                        )
-                handler.train_epoch_end(self)
+            with profile if profile is not None else contextlib.nullcontext():
+                while not _should_stop(manager):
+                    start = manager.iteration % iters_per_epoch  # > 0 when resuming mid-epoch
+                    handler.train_epoch_begin(self, train_loader)
+                    # On resume: the interrupted epoch's order, consumed batches skipped, RNGs
+                    # restored; otherwise a plain iter() with the epoch-start RNG states
+                    # recorded.
+                    batches = self._state.start_epoch(train_loader, start)
+                    for batch_idx, batch in zip(
+                        range(start, iters_per_epoch), batches, strict=False
+                    ):
+                        begin()
+                        self._batch = batch
+                        train_step(self, batch_idx, batch, complete)
+                        end()
+                        if profile is not None:
+                            profile.step()
+                        if manager._stop_reached:  # set by _end_iteration: stop trigger fired
+                            break
+                    else:
+                        done = manager.iteration % iters_per_epoch
+                        if done != 0:
+                            raise ConfigurationError(
+                                f"the train loader ran out after {done} batches but the epoch "
+                                f"length is {iters_per_epoch}; pass the real train_len, or "
+                                "leave train_len out to use len(train_loader)"
+                            )
+                    handler.train_epoch_end(self)
+                if profile is not None:
+                    # As PPE: leaving the profiler must not emit one more (partial) trace.
+                    profile.on_trace_ready = None
         except BaseException as exc:
             error = exc
             manager._on_error(exc)
             raise
         finally:
+            self._batch = None
             handler.train_cleanup(self)
             hook.ppe_trainer_teardown(trainer=self, exception=error)
         manager.finalize()
+
+
+# For PPE code that imports the old private name.
+_Trainer = Trainer

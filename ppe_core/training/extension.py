@@ -12,6 +12,7 @@ from ppe_core.training._extension import (
     ExtensionEntry,
     ExtensionLike,
     ExtensionNameError,
+    ExtensionsManagerProtocol,
     make_extension,
 )
 
@@ -25,5 +26,6 @@ __all__ = [
     "ExtensionEntry",
     "ExtensionLike",
     "ExtensionNameError",
+    "ExtensionsManagerProtocol",
     "make_extension",
 ]

@@ -35,8 +35,9 @@ class _Worker(Protocol):
 _W = TypeVar("_W", bound=_Worker)
 
 
-def _resolve_context(mp_context: str | BaseContext | None) -> BaseContext:
-    if mp_context is None or isinstance(mp_context, str):
+def _resolve_context(mp_context: str | BaseContext | None) -> BaseContext | None:
+    """None keeps ``multiprocessing``'s own default (``multiprocessing.Process`` workers)."""
+    if isinstance(mp_context, str):
         return multiprocessing.get_context(mp_context)
     return mp_context
 
@@ -211,7 +212,8 @@ class ProcessWriter(StandardWriter[BaseProcess]):
         savefun: ``savefun(target, file_object, **kwds)``; ``torch.save`` by default.
         fs: File system to write through; the local one by default.
         out_dir: Directory to write into; when empty, the ``out_dir`` of each call is used.
-        mp_context: ``multiprocessing`` start method name or context; the default when None.
+        mp_context: ``multiprocessing`` start method name or context; when None, workers are
+            plain ``multiprocessing.Process`` objects (the platform's default start method).
         **kwds: Keyword arguments passed to every ``savefun`` call.
     """
 
@@ -243,7 +245,8 @@ class ProcessWriter(StandardWriter[BaseProcess]):
         **savefun_kwargs: Any,
     ) -> BaseProcess:
         """Returns a process that saves ``target``."""
-        process: BaseProcess = self._context.Process(  # type: ignore[attr-defined]
+        context: Any = multiprocessing if self._context is None else self._context
+        process: BaseProcess = context.Process(
             target=self.save,
             args=(filename, out_dir, target, savefun or self._savefun, append),
             kwargs=savefun_kwargs,

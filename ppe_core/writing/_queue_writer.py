@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import queue
 import threading
 import traceback
@@ -26,9 +27,9 @@ from ppe_core.writing._writer_base import (
 
 __all__ = ["ProcessQueueWriter", "QueueWriter", "ThreadQueueWriter"]
 
-#: What the consumer receives: ``(filename, out_dir, target, savefun, append)``, or ``None``
-#: to stop.
-QueueItem: TypeAlias = tuple[str, str, Target, SaveFun | None, bool] | None
+#: What the consumer receives: ``(task, filename, out_dir, target, savefun, append)`` (PPE's
+#: layout; ``task`` performs the save), or ``None`` to stop.
+QueueItem: TypeAlias = tuple[Any, str, str, Target, SaveFun | None, bool] | None
 
 _W = TypeVar("_W", bound=_Worker)
 
@@ -43,23 +44,34 @@ class _Queue(Protocol):
     def empty(self) -> bool: ...
 
 
-def _consume(tasks: _Queue, task: Any, errors: _Queue) -> None:
+def _consume(tasks: _Queue, errors: _Queue, default_task: Any = None) -> None:
     """Runs queued saves until ``None`` arrives; failures are reported through ``errors``.
 
     A module-level function (not a method) so the consumer holds no reference to the writer,
-    which can then be garbage-collected, and so process consumers need not pickle it.
+    which can then be garbage-collected, and so process consumers need not pickle it. Each
+    item is acknowledged with ``task_done()`` when the queue has it (``queue.Queue``,
+    ``JoinableQueue``), so ``tasks.join()`` works as in PPE. Items whose task is None use
+    ``default_task`` (process consumers receive it once instead of pickling it per item).
     """
+    task_done = getattr(tasks, "task_done", None)
     while True:
         item = tasks.get()
         if item is None:
+            if task_done is not None:
+                task_done()
             return
-        filename, out_dir, target, savefun, append = item
+        # Indexed, not unpacked: PPE's layout, and subclasses may queue other sequences.
+        filename = item[1]
         try:
-            task(filename, out_dir, target, savefun=savefun, append=append)
+            task = default_task if item[0] is None else item[0]
+            task(item[1], item[2], item[3], savefun=item[4], append=item[5])
         except Exception as exc:
             errors.put((filename, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        finally:
+            if task_done is not None:
+                task_done()
         # Drop references before blocking again so saved tensors can be freed.
-        del item, target
+        del item
 
 
 def _is_alive(worker: Any) -> bool:
@@ -120,7 +132,11 @@ class QueueWriter(Writer, Generic[_W]):
                 f"{type(self).__name__} was finalized; create a new writer to save {filename!r}"
             )
         self._raise_errors()
-        self._queue.put((filename, out_dir, target, savefun, append))
+        self._queue.put((self._queued_task(), filename, out_dir, target, savefun, append))
+
+    def _queued_task(self) -> Any:
+        """The task placed in each queue item (PPE's layout: the first element)."""
+        return self._task
 
     def create_task(self, savefun: SaveFun) -> Any:
         """Returns the callable that performs each save: a :class:`SimpleWriter`."""
@@ -131,15 +147,20 @@ class QueueWriter(Writer, Generic[_W]):
         raise NotImplementedError(f"{type(self).__name__} must implement create_queue")
 
     def _create_error_queue(self) -> _Queue:
-        raise NotImplementedError(f"{type(self).__name__} must implement _create_error_queue")
+        # Where consumers report failures; a thread-safe queue suits in-process consumers.
+        return queue.Queue()
 
     def create_consumer(self, q: _Queue) -> _W:
         """Returns the unstarted consumer of ``q``."""
         raise NotImplementedError(f"{type(self).__name__} must implement create_consumer")
 
     def consume(self, q: _Queue) -> None:
-        """Performs the saves queued in ``q`` until ``None`` arrives (the consumer's loop)."""
-        _consume(q, self._task, self._errors)
+        """Performs the saves queued in ``q`` until ``None`` arrives (the consumer's loop).
+
+        Subclasses whose :meth:`create_consumer` runs ``self.consume`` get failure reporting
+        and ``task_done()`` acknowledgements like the built-in consumers.
+        """
+        _consume(q, self._errors, self._task)
 
     def _drain_errors(self) -> None:
         while not self._errors.empty():
@@ -166,14 +187,13 @@ class QueueWriter(Writer, Generic[_W]):
             return
         self._finalized = True
         self._queue.put(None)
-        # Drain failures while waiting: a process consumer blocks once the pipe is full.
-        while True:
-            self._consumer.join(timeout=0.05)
-            if not _is_alive(self._consumer):
-                break
-            self._drain_errors()
+        self._join_consumer()
         self._started = False
         self._raise_errors()
+
+    def _join_consumer(self) -> None:
+        """Waits for the consumer to finish the queue and stop."""
+        self._consumer.join()
 
     def __del__(self) -> None:
         # Unfinalized and unreachable: let the consumer finish the queue and exit.
@@ -196,9 +216,6 @@ class ThreadQueueWriter(QueueWriter[threading.Thread]):
         """Returns a ``queue.Queue``."""
         return queue.Queue()
 
-    def _create_error_queue(self) -> _Queue:
-        return queue.Queue()
-
     def create_consumer(self, q: _Queue) -> threading.Thread:
         """Returns a daemon thread running the consumer loop.
 
@@ -207,7 +224,7 @@ class ThreadQueueWriter(QueueWriter[threading.Thread]):
         """
         return threading.Thread(
             target=_consume,
-            args=(q, self._task, self._errors),
+            args=(q, self._errors),
             name=f"ppe_core.{type(self).__name__}",
             daemon=True,
         )
@@ -242,17 +259,36 @@ class ProcessQueueWriter(QueueWriter[BaseProcess]):
         super().__init__(savefun=savefun, fs=fs, out_dir=out_dir, task=task)
 
     def create_queue(self) -> _Queue:
-        """Returns a ``multiprocessing`` queue of the writer's context."""
-        return self._context.Queue()
+        """Returns a ``multiprocessing.JoinableQueue`` (of the writer's context, if given)."""
+        tasks: _Queue = self._mp().JoinableQueue()
+        return tasks
 
     def _create_error_queue(self) -> _Queue:
-        return self._context.SimpleQueue()
+        errors: _Queue = self._mp().SimpleQueue()
+        return errors
+
+    def _queued_task(self) -> Any:
+        # The consumer process got the task once, at its start; not pickling it into every
+        # item keeps tasks whose savefun does not pickle (lambdas, with fork) working.
+        return None
+
+    def _mp(self) -> Any:
+        """The ``multiprocessing`` module itself, or the context given as ``mp_context``."""
+        return multiprocessing if self._context is None else self._context
+
+    def _join_consumer(self) -> None:
+        # Drain failures while waiting: a process consumer blocks once the error pipe is full.
+        while True:
+            self._consumer.join(timeout=0.05)
+            if not _is_alive(self._consumer):
+                return
+            self._drain_errors()
 
     def create_consumer(self, q: _Queue) -> BaseProcess:
         """Returns a daemon process running the consumer loop."""
-        process: BaseProcess = self._context.Process(  # type: ignore[attr-defined]
+        process: BaseProcess = self._mp().Process(
             target=_consume,
-            args=(q, self._task, self._errors),
+            args=(q, self._errors, self._task),
             name=f"ppe_core.{type(self).__name__}",
             daemon=True,
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -23,6 +23,9 @@ class CUDARuntime(PyTorchRuntime):
     Importing and registering this class never touches the CUDA driver; constructing it
     (``ppe.to(model, "cuda")``) checks that the device can be used and explains why not.
     """
+
+    #: PyTorchRuntime's options (``autocast``, ``grad_scaler``); any other key is rejected.
+    accepted_options: ClassVar[frozenset[str] | None] = PyTorchRuntime.accepted_options
 
     def __init__(self, device_spec: DeviceLike, options: Mapping[str, Any] | None = None) -> None:
         if device_type_of(device_spec) != "cuda":

@@ -11,9 +11,22 @@ from typing import TYPE_CHECKING, Any
 from ppe_core.errors import RegistryLookupError
 
 if TYPE_CHECKING:
+    from ppe_core.training.extensions._accumulate import (
+        AverageAccumulate,
+        MaxAccumulate,
+        MinAccumulate,
+        StandardDeviationAccumulate,
+        UnbiasedStandardDeviationAccumulate,
+    )
+
     # What type checkers and IDEs see for the built-in plugin's extensions; at run time every
     # name resolves through the extension registry, like a third-party plugin's.
     from ppe_core.training.extensions._best_value import BestValue, MaxValue, MinValue
+    from ppe_core.training.extensions._evaluator import (
+        DistributedEvaluator,
+        Evaluator,
+        IgniteEvaluator,
+    )
     from ppe_core.training.extensions._fail_on_non_number import FailOnNonNumber
     from ppe_core.training.extensions._log_report import LogReport
     from ppe_core.training.extensions._lr_scheduler import LRScheduler
@@ -21,36 +34,105 @@ if TYPE_CHECKING:
     from ppe_core.training.extensions._parameter_statistics import ParameterStatistics
     from ppe_core.training.extensions._plot_report import PlotReport
     from ppe_core.training.extensions._print_report import PrintReport
+    from ppe_core.training.extensions._print_report import PrintReport as PrintReportCLI
     from ppe_core.training.extensions._profile_report import ProfileReport
     from ppe_core.training.extensions._progress_bar import ProgressBar
-    from ppe_core.training.extensions._snapshot import snapshot, snapshot_object
+    from ppe_core.training.extensions._progress_bar import ProgressBar as ProgressBarCLI
+    from ppe_core.training.extensions._slack import Slack, SlackWebhook
+    from ppe_core.training.extensions._snapshot import SnapshotMode, snapshot, snapshot_object
     from ppe_core.training.extensions._tensorboard import TensorBoard
+    from ppe_core.training.extensions._timeline_trace import TimelineTrace
     from ppe_core.training.extensions._value_observation import observe_lr, observe_value
+    from ppe_core.training.extensions._variable_statistics_plot import VariableStatisticsPlot
 
     __all__ = [
+        "AverageAccumulate",
         "BestValue",
+        "DistributedEvaluator",
+        "Evaluator",
         "FailOnNonNumber",
+        "IgniteEvaluator",
         "LRScheduler",
         "LogReport",
+        "MaxAccumulate",
         "MaxValue",
         "MicroAverage",
+        "MinAccumulate",
         "MinValue",
         "ParameterStatistics",
         "PlotReport",
         "PrintReport",
+        "PrintReportCLI",
         "ProfileReport",
         "ProgressBar",
+        "ProgressBarCLI",
+        "Slack",
+        "SlackWebhook",
+        "SnapshotMode",
+        "StandardDeviationAccumulate",
         "TensorBoard",
+        "TimelineTrace",
+        "UnbiasedStandardDeviationAccumulate",
+        "VariableStatisticsPlot",
         "observe_lr",
         "observe_value",
         "snapshot",
         "snapshot_object",
     ]
 
+#: PPE's flag for its IPython-widget PrintReport/ProgressBar variants, which ppe-core does
+#: not provide (ProgressBar uses tqdm's notebook widget itself); see docs/migration.md.
+_ipython_module_available = False
+
+
+#: PPE's submodule paths (``ppe.training.extensions.log_report``, ...), imported on access.
+#: ``snapshot`` is not one: in PPE, as here, it is the snapshot extension function.
+_SUBMODULES = frozenset(
+    {
+        "accumulate",
+        "best_value",
+        "evaluator",
+        "fail_on_non_number",
+        "log_report",
+        "lr_scheduler",
+        "micro_average",
+        "parameter_statistics",
+        "plot_report",
+        "print_report",
+        "profile_report",
+        "progress_bar",
+        "slack",
+        "snapshot_writers",
+        "timeline_trace",
+        "util",
+        "value_observation",
+        "variable_statistics_plot",
+    }
+)
+
+#: PPE names in this namespace that are not extensions: attributes of a module, not
+#: registry entries.
+_ATTRIBUTES: dict[str, str] = {
+    "SnapshotMode": "ppe_core.training.extensions._snapshot",
+}
+
 
 def __getattr__(name: str) -> Any:
     if name.startswith("__"):
         raise AttributeError(name)
+    import importlib
+
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    module = _ATTRIBUTES.get(name)
+    if module is not None:
+        try:
+            return getattr(importlib.import_module(module), name)
+        except AttributeError:
+            raise AttributeError(
+                f"ppe_core.training.extensions.{name} is not available in this ppe-core "
+                f"installation ({module} does not define it); see docs/migration.md"
+            ) from None
     from ppe_core._plugins import get_plugin_host
 
     try:
@@ -62,4 +144,7 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     from ppe_core._plugins import get_plugin_host
 
-    return sorted(set(globals()) | set(get_plugin_host().extensions.names()))
+    names = (
+        set(globals()) | _SUBMODULES | set(_ATTRIBUTES) | set(get_plugin_host().extensions.names())
+    )
+    return sorted(names)

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import operator
-import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ppe_core.errors import PPEError
 from ppe_core.training._extension import Extension
-from ppe_core.training.triggers import BestValueTrigger, MissingObservationWarning, get_trigger
+from ppe_core.training.triggers import BestValueTrigger, get_trigger
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
     from ppe_core.training.triggers import TriggerLike
 
-__all__ = ["BestValue", "MaxValue", "MinValue", "NoBestValueError"]
+__all__ = ["BestValue", "BestValueKeyError", "MaxValue", "MinValue", "NoBestValueError"]
 
 
 class NoBestValueError(PPEError, RuntimeError):
@@ -25,14 +24,18 @@ class NoBestValueError(PPEError, RuntimeError):
     """
 
 
+class BestValueKeyError(PPEError, KeyError):
+    """The tracked key was not reported when BestValue ran (a ``KeyError``, as in PPE)."""
+
+
 class BestValue(Extension):
     """Tracks the best value reported under ``key`` and the iteration and epoch it was seen.
 
     The extension runs on ``trigger`` and reads ``manager.observation[key]`` there, like the
     value triggers: the value present at that iteration, typically an evaluator's result
     (``'val/loss'``). PPE averaged the key over the interval instead; for evaluator results
-    the two agree. A run where the key is absent warns with
-    :class:`~ppe_core.training.triggers.MissingObservationWarning` and changes nothing.
+    the two agree. A run where the key is absent raises :class:`BestValueKeyError`, as PPE
+    does.
 
     Args:
         key: The observation key to track, e.g. ``'val/loss'``.
@@ -64,16 +67,13 @@ class BestValue(Extension):
 
     def __call__(self, manager: ManagerView) -> None:
         """Compares the current value of ``key`` with the best so far."""
-        if self.key not in manager.observation:
-            warnings.warn(
-                MissingObservationWarning(
-                    f"{type(self).__name__} tracks {self.key!r}, which is not in the observation "
-                    f"at iteration {manager.iteration} (reported: {sorted(manager.observation)}); "
-                    "check the key, or run the extension when the value is reported"
-                ),
-                stacklevel=2,
+        observation = manager.observation
+        if self.key not in observation:
+            raise BestValueKeyError(
+                f'Key "{self.key}" not found in the observation at iteration '
+                f"{manager.iteration} (reported: {sorted(observation)}); check the key, or run "
+                f"{type(self).__name__} when the value is reported (e.g. after an evaluator)"
             )
-            return
         if self._best_trigger(manager):
             self._best_it = manager.iteration
             self._best_epoch = manager.epoch

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from ppe_core.errors import ConfigurationError
-from ppe_core.reporting import DictSummary
+from ppe_core.reporting import DictSummary, to_floats
 from ppe_core.training._extension import PRIORITY_READER, Extension
 from ppe_core.training.extensions._util import (
     EveryIteration,
@@ -197,7 +197,7 @@ class LogReport(Extension):
             self._emit(manager)
 
     def _emit(self, manager: ManagerView) -> None:
-        entry: dict[str, Any] = dict(self._summary.compute_mean())
+        entry: dict[str, Any] = to_floats(self._summary.compute_mean())
         entry["epoch"] = manager.epoch
         entry["iteration"] = manager.iteration
         entry["elapsed_time"] = manager.elapsed_time

@@ -88,6 +88,7 @@ class LRScheduler(Extension):
         wait_for_first_optimizer_step: Skip steps until the optimizer has stepped once. With a
             ``GradScaler`` the first optimizer steps may be skipped (inf/NaN gradients), and
             stepping the scheduler before the optimizer would skip a learning-rate value.
+            Only torch schedulers can tell; other schedulers are stepped from the start.
         is_async: Whether the extension may run decoupled from the model state (PPE's flag).
 
     Example::
@@ -117,6 +118,13 @@ class LRScheduler(Extension):
         self.trigger = get_trigger(trigger)
         self.wait_for_first_optimizer_step = wait_for_first_optimizer_step
         self.is_async = is_async
+        # Whether the optimizer's first step can be detected: torch schedulers wrap
+        # optimizer.step to record it. For other schedulers there is nothing to wait for
+        # (PPE steps them from the start too).
+        optimizer_step = getattr(getattr(scheduler, "optimizer", None), "step", None)
+        self._step_observable = isinstance(
+            scheduler, torch.optim.lr_scheduler.LRScheduler
+        ) or hasattr(optimizer_step, "_with_counter")
 
     def __call__(self, manager: ManagerView) -> None:
         """Steps the scheduler (unless waiting for the optimizer's first step).
@@ -125,8 +133,10 @@ class LRScheduler(Extension):
             MissingObservationError: The default stepper of ``ReduceLROnPlateau`` (or one made
                 by :meth:`step_by_value`) found no value under its key.
         """
-        if self.wait_for_first_optimizer_step and not _optimizer_has_stepped(
-            self.scheduler.optimizer
+        if (
+            self.wait_for_first_optimizer_step
+            and self._step_observable
+            and not _optimizer_has_stepped(self.scheduler.optimizer)
         ):
             return
         self.stepper(manager, self.scheduler)

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from ppe_core.errors import ConfigurationError, PPEWarning
-from ppe_core.reporting import DictSummary
+from ppe_core.reporting import DictSummary, to_floats
 from ppe_core.training._extension import Extension
 from ppe_core.training.extensions._util import EveryIteration, OptionalDependencyError
 from ppe_core.training.triggers import Trigger, get_trigger
@@ -216,7 +216,7 @@ class PlotReport(Extension):
         if not (manager.is_before_training or self._trigger(manager)):
             return
         summary, self._summary = self._summary, DictSummary()
-        means = summary.compute_mean()
+        means = to_floats(summary.compute_mean())
         point: dict[str, float] = dict(means)
         point["epoch"] = manager.epoch
         point["iteration"] = manager.iteration

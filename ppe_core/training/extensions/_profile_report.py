@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ppe_core.errors import ConfigurationError
-from ppe_core.reporting import DictSummary
+from ppe_core.reporting import DictSummary, to_floats
 from ppe_core.training._extension import Extension
 from ppe_core.training.extensions._log_report import LOG_FORMATS, _LogSaver
 from ppe_core.training.extensions._plot_report import WriterLike, missing_extra_error, write_file
@@ -115,6 +115,7 @@ class ProfileReport(Extension):
             file name (``.jsonl``, ``.yaml``), else ``'json'``.
         writer: Writer to save through instead of the manager's.
         time_summary: Where durations are read from; this process's by default.
+        log_name: PPE's older spelling of ``filename``, used when ``filename`` is None.
 
     Raises:
         ConfigurationError: ``format`` is unknown, or ``append`` is used with ``'json'``.
@@ -126,15 +127,16 @@ class ProfileReport(Extension):
         store_keys: Iterable[str] | None = None,
         report_keys: Iterable[str] | None = None,
         trigger: TriggerLike = (1, "epoch"),
-        filename: str | None = "log",
+        filename: str | None = None,
         append: bool = False,
         format: str | None = None,
         *,
         writer: WriterLike | None = None,
         time_summary: TimeSummary | None = None,
+        log_name: str | None = None,
     ) -> None:
         if filename is None:
-            filename = "log"
+            filename = "log" if log_name is None else log_name
         if format is None:
             if filename.endswith(".jsonl"):
                 format = "json-lines"
@@ -164,7 +166,7 @@ class ProfileReport(Extension):
             else frozenset(k for key in store_keys for k in (key, f"{key}.std"))
         )
         self._report_keys = None if report_keys is None else frozenset(report_keys)
-        self.trigger = get_trigger(trigger)
+        self._trigger = self.trigger = get_trigger(trigger)
         self._filename = filename
         self._append = append
         self._format = format
@@ -180,7 +182,7 @@ class ProfileReport(Extension):
     def __call__(self, manager: ManagerView) -> None:
         """Summarizes the recorded durations, reports and writes them."""
         with self._time_summary.summary(clear=True) as summary:
-            stats = summary.make_statistics()
+            stats = to_floats(summary.make_statistics())
         if self._report_keys is not None:
             manager.observation.update(
                 {f"time.{k}": v for k, v in stats.items() if k in self._report_keys}
@@ -211,9 +213,12 @@ class ProfileReport(Extension):
             self._writer.finalize()
 
     def state_dict(self) -> dict[str, Any]:
-        """Returns the log as a JSON string (PPE's layout)."""
-        return {"_log": json.dumps(self._log)}
+        """Returns the log as a JSON string and the trigger state (PPE's layout)."""
+        return {"_trigger": self._trigger.state_dict(), "_log": json.dumps(self._log)}
 
     def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
-        """Restores the log from :meth:`state_dict`."""
+        """Restores the log (and the trigger, when saved) from :meth:`state_dict`."""
+        trigger_state = to_load.get("_trigger")
+        if trigger_state is not None:
+            self._trigger.load_state_dict(trigger_state)
         self._log = list(json.loads(to_load["_log"]))

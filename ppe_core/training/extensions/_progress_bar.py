@@ -53,9 +53,17 @@ def _format_eta(seconds: float) -> str:
 class _Progress:
     """What every display needs: totals and a recent-window speed estimate."""
 
-    def __init__(self, total: int | None, iters_per_epoch: int, start: int) -> None:
+    def __init__(
+        self,
+        total: int | None,
+        iters_per_epoch: int,
+        start: int,
+        length: tuple[float, str] | None = None,
+    ) -> None:
         self.total = total
         self.iters_per_epoch = iters_per_epoch
+        # The training length as given, for PPE's "N iter, E epoch / L epochs" status.
+        self.length = length
         # (iteration, time) of recent updates; the speed is measured over this window.
         self.recent: collections.deque[tuple[int, float]] = collections.deque(maxlen=100)
         self.recent.append((start, time.perf_counter()))
@@ -69,7 +77,11 @@ class _Progress:
 
 
 class _PlainDisplay:
-    """One self-contained line per update: for logs, pipes and files (no ``\\r``, no ANSI)."""
+    """One self-contained line per update: for logs, pipes and files (no ``\\r``, no ANSI).
+
+    The line starts with PPE's status phrase (``2 iter, 0 epoch / 5 epochs``) so that
+    anything matching PPE's output still finds it.
+    """
 
     def __init__(self, out: IO[str], progress: _Progress) -> None:
         self._out = out
@@ -83,16 +95,19 @@ class _PlainDisplay:
         progress = self._progress
         speed = progress.speed(iteration)
         total = progress.total
+        status = f"{iteration} iter, {iteration // progress.iters_per_epoch} epoch"
         if total:
-            epochs = total / progress.iters_per_epoch
+            if progress.length is not None:
+                amount, unit = progress.length
+                status += f" / {amount:g} {unit}s"
             eta = (total - iteration) / speed if speed > 0 else math.inf
             line = (
-                f"{iteration}/{total} iters ({min(iteration / total, 1.0):.2%}), "
-                f"epoch {epoch_detail:.2f}/{epochs:g}, {speed:.4g} iters/sec, "
-                f"ETA {_format_eta(eta)}\n"
+                f"{status} | {iteration}/{total} iters ({min(iteration / total, 1.0):.2%}), "
+                f"epoch {epoch_detail:.2f}/{total / progress.iters_per_epoch:g}, "
+                f"{speed:.4g} iters/sec, ETA {_format_eta(eta)}\n"
             )
         else:
-            line = f"{iteration} iters, epoch {epoch_detail:.2f}, {speed:.4g} iters/sec\n"
+            line = f"{status} | epoch {epoch_detail:.2f}, {speed:.4g} iters/sec\n"
         self._out.write(line)
         flush = getattr(self._out, "flush", None)
         if flush is not None:
@@ -189,7 +204,7 @@ class ProgressBar(Extension):
         self.trigger = self._schedule
         self._display: _PlainDisplay | _TqdmDisplay | None = None
 
-    def _total_iterations(self, manager: ManagerView) -> int | None:
+    def _length(self, manager: ManagerView) -> tuple[float, str] | None:
         length = self._training_length
         if length is None:
             # ManagerView has no public training length; PPE reads the stop trigger too.
@@ -198,6 +213,12 @@ class ProgressBar(Extension):
             if get_length is None:
                 return None
             length = _check_length(get_length())
+        return length
+
+    def _total_iterations(self, manager: ManagerView) -> int | None:
+        length = self._length(manager)
+        if length is None:
+            return None
         amount, unit = length
         if unit == "iteration":
             return int(amount)
@@ -209,7 +230,7 @@ class ProgressBar(Extension):
         if total:
             self._schedule.interval = max(1, min(self._update_interval, total // _MIN_UPDATES))
         start = manager.iteration
-        progress = _Progress(total, manager.iters_per_epoch, start)
+        progress = _Progress(total, manager.iters_per_epoch, start, self._length(manager))
         out = self._out
         if out is sys.stdout and in_notebook():
             tqdm_auto: Any = importlib.import_module("tqdm.auto")

@@ -3,38 +3,65 @@
 from __future__ import annotations
 
 import contextlib
+import enum
 import glob
 import hashlib
 import io
 import json
+import logging
 import os
 import pickle
 import re
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import IO, Any
 
 import torch
 
-from ppe_core.errors import PPEError, PPEWarning
+from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError, PPEWarning
 from ppe_core.training._extension import PRIORITY_SNAPSHOT, Extension
 from ppe_core.writing import SimpleWriter, Writer
 
 __all__ = [
     "MANIFEST_SUFFIX",
     "SnapshotError",
+    "SnapshotMode",
     "SnapshotVerificationWarning",
     "UnsafeSnapshotError",
     "load_snapshot",
+    "manifest_path",
     "snapshot",
     "snapshot_object",
     "verify_snapshot",
 ]
 
-#: Each snapshot ``F`` has a manifest ``F + MANIFEST_SUFFIX`` recording its size and SHA-256.
+#: Each snapshot ``dir/F`` has a manifest ``dir/.F.manifest.json`` (see :func:`manifest_path`)
+#: recording its size and SHA-256.
 MANIFEST_SUFFIX = ".manifest.json"
 _FORMAT = "ppe-core-snapshot"
+
+
+def manifest_path(path: str) -> str:
+    """The manifest of the snapshot at ``path``: a hidden file beside it.
+
+    Hidden so that PPE's autoload, which takes the newest file whose name starts and ends like
+    the snapshot filename template, never mistakes a manifest for a snapshot.
+    """
+    directory, name = os.path.split(path)
+    return os.path.join(directory, "." + name + MANIFEST_SUFFIX)
+
+
+def _read_manifest(path: str) -> tuple[str, Any]:
+    """``(manifest path, parsed JSON)``; the pre-0.2 name ``F.manifest.json`` is read too."""
+    hidden = manifest_path(path)
+    for candidate in (hidden, path + MANIFEST_SUFFIX):
+        try:
+            with open(candidate, encoding="utf-8") as f:
+                return candidate, json.load(f)
+        except FileNotFoundError:
+            continue
+    raise FileNotFoundError(hidden)
 
 
 class SnapshotError(PPEError, RuntimeError):
@@ -46,7 +73,24 @@ class UnsafeSnapshotError(SnapshotError):
 
 
 class SnapshotVerificationWarning(PPEWarning):
-    """A snapshot failed verification (truncated, corrupt, no manifest) and was skipped."""
+    """A snapshot failed verification or could not be read (truncated, corrupt) and was skipped."""
+
+
+class SnapshotMode(enum.Enum):
+    """How snapshots are taken under ``torch.distributed`` (PPE's ``snapshot_mode``).
+
+    ``DEFAULT``: one process (or, with ``saver_rank``, that rank) writes. ``DISTRIBUTED``:
+    only ``saver_rank`` writes, then every rank waits at a barrier. ``SHARDED``: every rank
+    writes its own part under ``<filename>/<rank>`` (for sharded states such as FSDP's), and
+    ``saver_rank`` marks the directory complete.
+    """
+
+    DEFAULT = enum.auto()
+    DISTRIBUTED = enum.auto()
+    SHARDED = enum.auto()
+
+
+_log = logging.getLogger("ppe_core.snapshot")
 
 
 def _write_bytes(data: bytes, file_obj: IO[bytes]) -> None:
@@ -55,18 +99,15 @@ def _write_bytes(data: bytes, file_obj: IO[bytes]) -> None:
 
 def _complete_manifest(path: str) -> dict[str, Any]:
     """The manifest of ``path`` if the file is complete (its size matches); no hashing."""
-    manifest_path = path + MANIFEST_SUFFIX
+    where = manifest_path(path)
     try:
-        with open(manifest_path, encoding="utf-8") as f:
-            manifest = json.load(f)
+        where, manifest = _read_manifest(path)
     except FileNotFoundError:
-        raise SnapshotError(
-            f"{path}: no manifest ({manifest_path}); it was not completed"
-        ) from None
+        raise SnapshotError(f"{path}: no manifest ({where}); it was not completed") from None
     except (OSError, ValueError) as exc:
-        raise SnapshotError(f"{path}: unreadable manifest {manifest_path}: {exc}") from exc
+        raise SnapshotError(f"{path}: unreadable manifest {where}: {exc}") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != _FORMAT:
-        raise SnapshotError(f"{path}: {manifest_path} is not a ppe-core snapshot manifest")
+        raise SnapshotError(f"{path}: {where} is not a ppe-core snapshot manifest")
     try:
         size = os.path.getsize(path)
     except OSError as exc:
@@ -96,16 +137,11 @@ def verify_snapshot(path: str) -> dict[str, Any]:
     return manifest
 
 
-def _newest_first(found: list[tuple[dict[str, Any], str]]) -> list[str]:
-    """Snapshot paths ordered by the iteration (then time) their manifests record."""
-    found.sort(key=lambda mp: (int(mp[0].get("iteration", -1)), float(mp[0]["created"])))
-    return [path for _, path in reversed(found)]
-
-
 def load_snapshot(path: str, *, verify: bool = True) -> Any:
     """Load a snapshot safely: verified, then ``torch.load(weights_only=True)``.
 
     Nothing in the file is executed: a file that needs arbitrary unpickling is refused.
+    ``verify=False`` loads a file without a manifest (one written by PPE, for example).
 
     Raises:
         SnapshotError: verification failed.
@@ -132,10 +168,43 @@ def _glob_pattern(filename: str) -> str:
     return re.sub(r"\{[^{}]*\}", "*", glob.escape(filename).replace("[{]", "{").replace("[}]", "}"))
 
 
-def _rank() -> int:
+def _dist() -> Any:
     import torch.distributed as dist
 
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def _rank() -> int:
+    dist = _dist()
+    return int(dist.get_rank()) if dist is not None else 0
+
+
+def _world_size() -> int:
+    dist = _dist()
+    return int(dist.get_world_size()) if dist is not None else 1
+
+
+class _Candidate:
+    """A file that may be a snapshot: its path, manifest (if any) and age."""
+
+    __slots__ = ("manifest", "path", "when")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.manifest: dict[str, Any] | None = None
+        try:
+            _, manifest = _read_manifest(path)
+            if isinstance(manifest, dict) and manifest.get("format") == _FORMAT:
+                self.manifest = manifest
+        except (OSError, ValueError):
+            pass
+        when: Any = None if self.manifest is None else self.manifest.get("created")
+        if not isinstance(when, (int, float)):
+            try:
+                when = os.path.getmtime(path)
+            except OSError:
+                when = 0.0
+        self.when = float(when)
 
 
 class _Snapshot(Extension):
@@ -150,24 +219,36 @@ class _Snapshot(Extension):
         target: Any = None,
         condition: Callable[[], bool] | None = None,
         writer: Writer | None = None,
-        filename: str = "snapshot_iter_{.iteration}",
+        filename: str | Callable[[Any], str] = "snapshot_iter_{.iteration}",
         snapshot_on_error: bool = False,
         n_retains: int = -1,
         autoload: bool = False,
-        saver_rank: int | None = None,
         savefun: Callable[..., Any] | None = None,
+        saver_rank: int | None = None,
     ) -> None:
-        if not isinstance(filename, str) or not filename:
-            raise TypeError(f"filename must be a non-empty str template, got {filename!r}")
-        if target is not None and not hasattr(target, "state_dict"):
-            raise TypeError(
+        if not (callable(filename) or (isinstance(filename, str) and filename)):
+            raise ArgumentTypeError(
+                f"filename must be a non-empty str template (e.g. 'snapshot_iter_{{.iteration}}')"
+                f" or a callable taking the manager, got {filename!r}"
+            )
+        if autoload and not isinstance(filename, str):
+            raise ConfigurationError(
+                "autoload=True needs a str filename template to find earlier snapshots; a "
+                "callable filename cannot be matched against the files in out_dir"
+            )
+        if isinstance(target, Mapping):
+            bad = [k for k, v in target.items() if not hasattr(v, "state_dict")]
+            if bad:
+                raise ArgumentTypeError(
+                    f"snapshot target values must have state_dict()/load_state_dict(); {bad} do not"
+                )
+        elif target is not None and not hasattr(target, "state_dict"):
+            raise ArgumentTypeError(
                 f"snapshot target must have state_dict()/load_state_dict() (a model, an "
-                f"optimizer, ...), got {type(target).__name__}"
+                f"optimizer, ...) or be a dict of such objects, got {type(target).__name__}"
             )
-        if not isinstance(n_retains, int) or n_retains == 0 or n_retains < -1:
-            raise ValueError(
-                f"n_retains must be -1 (keep all) or a positive int, got {n_retains!r}"
-            )
+        if isinstance(n_retains, bool) or not isinstance(n_retains, int):
+            raise ArgumentTypeError(f"n_retains must be an int (-1 keeps all), got {n_retains!r}")
         self._target = target
         self.condition = condition
         self.writer = writer
@@ -177,11 +258,9 @@ class _Snapshot(Extension):
         self.autoload = autoload
         self._saver_rank = saver_rank
         self._savefun = savefun or torch.save
+        self._written: list[str] = []  # paths written, for n_retains with a callable filename
+        #: The path of the snapshot autoload restored, or None.
         self.loaded_from: str | None = None
-
-    @property
-    def default_name(self) -> str:
-        return "snapshot" if self._target is None else "snapshot_object"
 
     def _out_dir(self, manager: Any) -> str:
         writer = self.writer or getattr(manager, "writer", None)
@@ -195,46 +274,98 @@ class _Snapshot(Extension):
 
     def _state(self, manager: Any) -> Any:
         target = manager if self._target is None else self._target
+        if isinstance(target, Mapping):
+            return {key: value.state_dict() for key, value in target.items()}
         return target.state_dict() if hasattr(target, "state_dict") else target
 
-    # Autoload ---------------------------------------------------------------------------------
-    def initialize(self, manager: Any) -> None:
-        if not self.autoload:
-            return
-        path, state = self._newest_valid(self._out_dir(manager))
-        if path is None:
-            return
+    def _restore(self, state: Any, manager: Any) -> None:
         target = manager if self._target is None else self._target
-        try:
+        if isinstance(target, Mapping):
+            for key, value in target.items():
+                value.load_state_dict(state[key])
+        else:
             target.load_state_dict(state)
+
+    def _is_saver(self) -> bool:
+        return self._saver_rank is None or _rank() == self._saver_rank
+
+    # Autoload ---------------------------------------------------------------------------------
+    def initialize(self, manager: Any) -> str | None:  # type: ignore[override]
+        """Restores the newest snapshot when ``autoload`` is set.
+
+        Returns:
+            The restored file's name relative to the output directory (as PPE returns it),
+            or None.
+        """
+        if not self.autoload:
+            return None
+        out_dir = self._out_dir(manager)
+        path, state = self._newest_valid(out_dir)
+        if path is None:
+            return None
+        try:
+            self._restore(state, manager)
         except Exception as exc:
             raise SnapshotError(
                 f"autoloading snapshot {path} failed: {exc}. Point out_dir elsewhere or remove "
                 "the snapshot if it belongs to another model."
             ) from exc
         self.loaded_from = path
+        return os.path.relpath(path, out_dir)
 
     def _files(self, out_dir: str) -> list[str]:
         """Files in ``out_dir`` matching the filename template (not manifests or temp files)."""
+        if not isinstance(self.filename, str):
+            return [path for path in self._written if os.path.exists(path)]
         return [
             path
             for path in glob.glob(os.path.join(out_dir, _glob_pattern(self.filename)))
-            if not path.endswith(MANIFEST_SUFFIX) and not os.path.basename(path).startswith(".")
+            if not path.endswith(MANIFEST_SUFFIX)
+            and not os.path.basename(path).startswith(".")
+            and os.path.isfile(path)
         ]
 
     def _newest_valid(self, out_dir: str) -> tuple[str | None, Any]:
-        verified = []
-        for path in self._files(out_dir):
+        """The newest snapshot that verifies (or, without a manifest, that loads).
+
+        Snapshots with a manifest are verified against it; files without one (written by
+        PPE, or by a run killed between the two writes, whose data file is complete because
+        writers rename it into place) are loaded as they are. Unreadable ones are skipped
+        with a :class:`SnapshotVerificationWarning`, falling back to the next newest.
+        """
+        candidates = [_Candidate(path) for path in self._files(out_dir)]
+        candidates.sort(
+            key=lambda c: (c.when, int((c.manifest or {}).get("iteration", -1))), reverse=True
+        )
+        for candidate in candidates:
+            path = candidate.path
             try:
-                verified.append((verify_snapshot(path), path))
+                if candidate.manifest is not None:
+                    verify_snapshot(path)
+                    return path, load_snapshot(path, verify=False)
+                state = self._load_unverified(path)
+            except UnsafeSnapshotError:
+                raise
             except SnapshotError as exc:
                 warnings.warn(
                     SnapshotVerificationWarning(f"skipping snapshot: {exc}"), stacklevel=4
                 )
-        if not verified:
-            return None, None
-        newest = _newest_first(verified)[0]
-        return newest, load_snapshot(newest, verify=False)  # verified above
+                continue
+            _log.info("loaded %s without a manifest (not written by ppe-core)", path)
+            return path, state
+        return None, None
+
+    @staticmethod
+    def _load_unverified(path: str) -> Any:
+        try:
+            return load_snapshot(path, verify=False)
+        except UnsafeSnapshotError:
+            raise
+        except (OSError, RuntimeError, EOFError, ValueError) as exc:
+            # torch.load of a torn file fails with RuntimeError (bad zip) or EOFError.
+            raise SnapshotError(
+                f"{path}: unreadable snapshot without a manifest (truncated?): {exc}"
+            ) from exc
 
     # Saving -----------------------------------------------------------------------------------
     def __call__(self, manager: Any) -> None:
@@ -246,10 +377,22 @@ class _Snapshot(Extension):
         if self._snapshot_on_error:
             self._save(manager)
 
+    def finalize(self, manager: Any) -> None:
+        # A writer given to the snapshot alone is finalized here (flushing background
+        # writes); the manager's writer is the manager's to finalize.
+        if self.writer is not None and self.writer is not getattr(manager, "writer", None):
+            self.writer.finalize()
+
+    def _filename(self, manager: Any) -> str:
+        filename = self.filename
+        return str(filename(manager)) if callable(filename) else filename.format(manager)
+
     def _save(self, manager: Any) -> None:
-        if self._saver_rank is not None and _rank() != self._saver_rank:
+        if not self._is_saver():
             return
-        filename = self.filename.format(manager)
+        self._write(manager, self._filename(manager))
+
+    def _write(self, manager: Any, filename: str) -> None:
         # Serialize now: the bytes are a consistent copy even for background writers, and the
         # hash that makes the snapshot verifiable is computed from exactly what is written.
         buffer = io.BytesIO()
@@ -267,29 +410,109 @@ class _Snapshot(Extension):
         out_dir = manager.out
         writer(filename, out_dir, data, savefun=_write_bytes)
         manifest_bytes = json.dumps(manifest, indent=1).encode()
-        writer(filename + MANIFEST_SUFFIX, out_dir, manifest_bytes, savefun=_write_bytes)
+        writer(manifest_path(filename), out_dir, manifest_bytes, savefun=_write_bytes)
+        path = os.path.join(self._out_dir(manager), filename)
+        if path in self._written:
+            self._written.remove(path)
+        self._written.append(path)
         if self.n_retains > 0:
-            self._remove_old(self._out_dir(manager), keep=filename)
+            self._remove_old(self._out_dir(manager), keep=path)
 
     def _remove_old(self, out_dir: str, keep: str) -> None:
-        """Delete all but the newest ``n_retains`` complete snapshots (never an incomplete one)."""
+        """Delete all but the newest ``n_retains`` complete snapshots (never an incomplete one).
+
+        Files without a complete manifest (being written, or not written by ppe-core) stay.
+        """
         complete = []
         for path in self._files(out_dir):
             try:
-                complete.append((_complete_manifest(path), path))
+                manifest = _complete_manifest(path)
             except SnapshotError:
                 continue  # not complete (yet): a background save may still be writing it
-        for path in _newest_first(complete)[self.n_retains :]:
-            if os.path.basename(path) == keep:
+            complete.append((int(manifest.get("iteration", -1)), float(manifest["created"]), path))
+        complete.sort(reverse=True)
+        for _, _, path in complete[self.n_retains :]:
+            if os.path.abspath(path) == os.path.abspath(keep):
                 continue
-            for victim in (path, path + MANIFEST_SUFFIX):
+            for victim in (path, manifest_path(path), path + MANIFEST_SUFFIX):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(victim)
+            with contextlib.suppress(ValueError):
+                self._written.remove(path)
+
+
+class _DistributedSnapshot(_Snapshot):
+    """Only ``saver_rank`` writes; every rank then waits at a barrier (PPE's DISTRIBUTED)."""
+
+    def __init__(self, saver_rank: int = 0, **kwargs: Any) -> None:
+        super().__init__(saver_rank=saver_rank, **kwargs)
+        dist = _dist()
+        if dist is None:
+            raise SnapshotError(
+                "snapshot_mode=SnapshotMode.DISTRIBUTED needs torch.distributed to be "
+                "initialized (init_process_group) before the snapshot is created"
+            )
+        size = _world_size()
+        if not 0 <= saver_rank < size:
+            raise ConfigurationError(
+                f"saver_rank must be in [0, {size}) for a world of {size} processes, got "
+                f"{saver_rank}"
+            )
+
+    def _save(self, manager: Any) -> None:
+        super()._save(manager)
+        dist = _dist()
+        if dist is not None and _world_size() > 1:
+            dist.barrier()
+
+
+class _ShardedSnapshot(_Snapshot):
+    """Every rank writes ``<filename>/<rank>``; ``saver_rank`` then marks it complete."""
+
+    def __init__(
+        self,
+        filename: str = "snapshot_iter_{.iteration}",
+        saver_rank: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        if _dist() is None:
+            raise SnapshotError(
+                "snapshot_mode=SnapshotMode.SHARDED needs torch.distributed to be initialized "
+                "(init_process_group) before the snapshot is created"
+            )
+        self._snapshot_dir = filename
+        super().__init__(filename=os.path.join(filename, str(_rank())), **kwargs)
+        self._sharded_saver = saver_rank
+
+    def _save(self, manager: Any) -> None:
+        super()._save(manager)
+        dist = _dist()
+        if dist is not None and _world_size() > 1:
+            dist.barrier()
+        if _rank() == self._sharded_saver:
+            directory = self._snapshot_dir.format(manager)
+            self._writer(manager)(
+                os.path.join(directory, "complete"), manager.out, b"", savefun=_write_bytes
+            )
+
+    def _newest_valid(self, out_dir: str) -> tuple[str | None, Any]:
+        path, state = super()._newest_valid(out_dir)
+        chosen = None if path is None else os.path.dirname(os.path.relpath(path, out_dir))
+        dist = _dist()
+        if dist is not None:
+            everyone: list[Any] = [None] * _world_size()
+            dist.all_gather_object(everyone, chosen)
+            if any(other != chosen for other in everyone):
+                raise SnapshotError(
+                    f"the ranks found different newest sharded snapshots {everyone} in "
+                    f"{out_dir}; remove the incomplete ones"
+                )
+        return path, state
 
 
 def snapshot(
     savefun: Callable[..., Any] | None = None,
-    filename: str = "snapshot_iter_{.iteration}",
+    filename: str | Callable[[Any], str] = "snapshot_iter_{.iteration}",
     *,
     target: Any = None,
     condition: Callable[[], bool] | None = None,
@@ -298,45 +521,76 @@ def snapshot(
     n_retains: int = -1,
     autoload: bool = False,
     saver_rank: int | None = None,
+    snapshot_mode: SnapshotMode = SnapshotMode.DEFAULT,
 ) -> _Snapshot:
     """Take a verified snapshot of the trainer (or ``target``) once per epoch by default.
 
     Each snapshot ``F`` is written crash-safely through the writer together with a manifest
     ``F.manifest.json`` holding its size and SHA-256, after every other extension of the
     iteration ran. With ``autoload=True``, ``initialize`` resumes from the newest snapshot in
-    the output directory that verifies; corrupt or truncated ones are skipped with a
-    :class:`SnapshotVerificationWarning`. Loading uses ``torch.load(weights_only=True)``.
+    the output directory: one with a manifest must verify, one without (written by PPE) must
+    load; unreadable ones are skipped with a :class:`SnapshotVerificationWarning`. Loading
+    uses ``torch.load(weights_only=True)``.
 
     Args:
         savefun: Serializer ``savefun(obj, file)``; ``torch.save`` by default.
-        filename: Name template formatted with the manager, e.g. ``"snapshot_iter_{.iteration}"``.
-        target: Object whose ``state_dict`` is saved (default: the trainer's manager).
+        filename: Name template formatted with the manager, e.g.
+            ``"snapshot_iter_{.iteration}"``, or a callable ``filename(manager) -> str``.
+        target: Object whose ``state_dict`` is saved, or a dict of such objects (default:
+            the manager).
         condition: Skip the snapshot when ``condition()`` is false.
-        writer: Writer to save through (default: the manager's).
+        writer: Writer to save through (default: the manager's); not together with
+            ``savefun``, as in PPE.
         snapshot_on_error: Also snapshot when training raises.
-        n_retains: Keep only the newest N complete snapshots (-1 keeps all); old files are
-            deleted only after the new one is complete.
+        n_retains: Keep only the newest N complete snapshots (N > 0; otherwise all are kept);
+            old files are deleted only after the new one is complete.
         autoload: Resume from the newest valid snapshot when training starts.
         saver_rank: Under torch.distributed, only this rank writes (``None``: every rank).
+        snapshot_mode: How ranks share the work under torch.distributed (:class:`SnapshotMode`).
+
+    Raises:
+        ArgumentTypeError: Both ``savefun`` and ``writer`` are given (a ``TypeError``, as in
+            PPE), or an argument has the wrong type.
     """
-    return _Snapshot(
-        target=target,
-        condition=condition,
-        writer=writer,
-        filename=filename,
-        snapshot_on_error=snapshot_on_error,
-        n_retains=n_retains,
-        autoload=autoload,
-        saver_rank=saver_rank,
-        savefun=savefun,
-    )
+    if savefun is not None and writer is not None:
+        raise ArgumentTypeError(
+            "savefun and writer cannot be given together (as in PPE): pass the writer alone, "
+            "or savefun alone to write through the manager's writer"
+        )
+    kwargs: dict[str, Any] = {
+        "target": target,
+        "condition": condition,
+        "writer": writer,
+        "filename": filename,
+        "snapshot_on_error": snapshot_on_error,
+        "n_retains": n_retains,
+        "autoload": autoload,
+        "savefun": savefun,
+    }
+    if snapshot_mode is SnapshotMode.DEFAULT:
+        return _Snapshot(saver_rank=saver_rank, **kwargs)
+    if not isinstance(snapshot_mode, SnapshotMode):
+        raise ArgumentTypeError(
+            f"snapshot_mode must be a SnapshotMode (DEFAULT, DISTRIBUTED or SHARDED), got "
+            f"{snapshot_mode!r}"
+        )
+    if saver_rank is None:
+        raise ConfigurationError(
+            f"snapshot_mode=SnapshotMode.{snapshot_mode.name} needs saver_rank= (e.g. 0)"
+        )
+    if snapshot_mode is SnapshotMode.DISTRIBUTED:
+        return _DistributedSnapshot(saver_rank=saver_rank, **kwargs)
+    return _ShardedSnapshot(saver_rank=saver_rank, **kwargs)
 
 
 def snapshot_object(
     target: Any,
-    filename: str,
+    filename: str | Callable[[Any], str],
     savefun: Callable[..., Any] | None = None,
     **kwargs: Any,
 ) -> _Snapshot:
-    """Snapshot ``target.state_dict()`` (a model, an optimizer, ...) under ``filename``."""
+    """Snapshot ``target.state_dict()`` (a model, an optimizer, a dict of them) as ``filename``.
+
+    Takes the keyword arguments of :func:`snapshot`.
+    """
     return snapshot(savefun, filename, target=target, **kwargs)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from ppe_core.errors import ConfigurationError
-from ppe_core.reporting import DictSummary
+from ppe_core.reporting import DictSummary, to_floats
 from ppe_core.training._extension import Extension
 from ppe_core.training.extensions._plot_report import DueCheck, missing_extra_error
 from ppe_core.training.extensions._util import EveryIteration, key_tuple
@@ -217,7 +217,7 @@ class TensorBoard(Extension):
         if not self._trigger(manager):
             return
         summary, self._summary = self._summary, DictSummary()
-        entry: dict[str, Any] = dict(summary.compute_mean())
+        entry: dict[str, Any] = to_floats(summary.compute_mean())
         entry["epoch"] = manager.epoch
         entry["iteration"] = manager.iteration
         if self._sink is None:

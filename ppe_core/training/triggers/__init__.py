@@ -3,11 +3,22 @@
 Every trigger answers ``trigger(manager) -> bool``. Ours also implement
 ``next_check(iteration, iters_per_epoch)``, so the extensions manager calls a trigger only at
 the iterations where it can fire: an ``int`` is the next such iteration (:data:`NEVER` for
-none), ``None`` asks to be called every iteration.
+none), ``None`` asks to be called every iteration (the value triggers, which average what
+was reported over each interval, as PPE's do).
 """
 
 from __future__ import annotations
 
+# PPE's module paths (``triggers.interval_trigger.IntervalTrigger``, ...), importable as such.
+from ppe_core.training.triggers import (
+    early_stopping_trigger,
+    function_trigger,
+    interval_trigger,
+    manual_schedule_trigger,
+    minmax_value_trigger,
+    once_trigger,
+    time_trigger,
+)
 from ppe_core.training.triggers._base import (
     NEVER,
     Trigger,
@@ -44,5 +55,12 @@ __all__ = [
     "TriggerFunc",
     "TriggerLike",
     "TriggerTypeError",
+    "early_stopping_trigger",
+    "function_trigger",
     "get_trigger",
+    "interval_trigger",
+    "manual_schedule_trigger",
+    "minmax_value_trigger",
+    "once_trigger",
+    "time_trigger",
 ]

@@ -7,6 +7,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ppe_core._reporting import DictSummary
 from ppe_core.errors import ConfigurationError, PPEWarning
 from ppe_core.training.triggers._base import Trigger, TriggerLike, TriggerTypeError, check_key
 from ppe_core.training.triggers._factory import get_trigger
@@ -19,39 +20,49 @@ class MissingObservationWarning(PPEWarning):
     """A value trigger reached a check but the monitored key was not in the observation."""
 
 
-def _read_value(manager: ManagerView, key: str, owner: str) -> float | None:
-    # The only host sync of these triggers, and only at check iterations.
-    observation = manager.observation
-    if key not in observation:
-        return None
-    value = observation[key]
-    try:
-        return float(value)
-    except (TypeError, ValueError, RuntimeError) as error:
+_MISSING = object()
+
+
+def _interval_mean(
+    summary: DictSummary, key: str, manager: ManagerView, owner: str
+) -> float | None:
+    """Returns the mean of ``key`` over the interval as a float (the triggers' one host sync).
+
+    ``None`` when ``key`` was never reported in the interval.
+
+    Raises:
+        ConfigurationError: ``key`` was reported, but never as a scalar.
+    """
+    means = summary.compute_mean()
+    if key in means:
+        return float(means[key])
+    value = manager.observation.get(key, _MISSING)
+    if value is not _MISSING:
         raise ConfigurationError(
             f"{owner} monitors {key!r}, but its reported value {value!r} is not a scalar "
-            "number; report a float or a one-element tensor under that key"
-        ) from error
+            "number; report a float or a zero-dimensional tensor under that key"
+        )
+    return None
 
 
-def _combined_next_check(
-    first: Trigger, second: Trigger, iteration: int, length: int
-) -> int | None:
-    a = first.next_check(iteration, length)
-    b = second.next_check(iteration, length)
-    if a is None or b is None:
-        return None
-    return min(a, b)
+def _missing_warning(owner: str, key: str, manager: ManagerView) -> MissingObservationWarning:
+    return MissingObservationWarning(
+        f"{owner} monitors {key!r}, which is not in the observation at iteration "
+        f"{manager.iteration} (keys: {sorted(manager.observation)}); check the key or the "
+        "check trigger"
+    )
 
 
 class BestValueTrigger(Trigger):
-    """Fires at a check when the monitored value is better than every earlier checked value.
+    """Fires at a check when the interval's mean of a value is better than every earlier one.
 
-    The value is read from ``manager.observation[key]`` at the iterations where ``trigger``
-    fires (so that the manager need not call it in between); it is therefore the value present
-    at that iteration, typically an evaluator's result (``'val/loss'``) or a mean that a log
-    extension put there, not a mean the trigger builds itself as PPE's did. A check at which
-    the key is absent does not fire and does not change the best value.
+    As in PPE, the trigger adds ``manager.observation[key]`` to a running summary at every
+    iteration it is called, and at the iterations where ``trigger`` fires compares the mean
+    over the interval with the best so far. It therefore needs a call every iteration
+    (:meth:`next_check` is ``None``); the per-step cost is a dictionary lookup and, when the
+    key was reported, one append to a buffer (tensors stay on their device; the one host copy
+    is at the check). A check at which the key was never reported warns with
+    :class:`MissingObservationWarning` and does not fire (PPE raised ``KeyError``).
 
     Args:
         key: The observation key to monitor, e.g. ``'val/loss'``.
@@ -79,6 +90,7 @@ class BestValueTrigger(Trigger):
         self._compare = compare
         self._interval_trigger = get_trigger(trigger)
         self._best_value: float | None = None
+        self._summary = DictSummary()
 
     @property
     def key(self) -> str:
@@ -87,39 +99,52 @@ class BestValueTrigger(Trigger):
 
     @property
     def best_value(self) -> float | None:
-        """The best value checked so far (``None`` before the first check)."""
+        """The best interval mean so far (``None`` before the first check)."""
         return self._best_value
 
+    def _init_summary(self) -> None:
+        self._summary = DictSummary()
+
     def __call__(self, manager: ManagerView) -> bool:
-        """Returns whether this check's value improved on the best one (the first always does)."""
+        """Accumulates this iteration's value; at a check, returns whether the mean improved."""
+        key = self._key
+        value = manager.observation.get(key, _MISSING)
+        if value is not _MISSING:
+            self._summary.add({key: value})
         if not self._interval_trigger(manager):
             return False
-        value = _read_value(manager, self._key, type(self).__name__)
-        if value is None:
+        owner = type(self).__name__
+        mean = _interval_mean(self._summary, key, manager, owner)
+        if mean is None:
+            warnings.warn(_missing_warning(owner, key, manager), stacklevel=2)
             return False
-        if self._best_value is None or self._compare(self._best_value, value):
-            self._best_value = value
+        self._init_summary()
+        if self._best_value is None or self._compare(self._best_value, mean):
+            self._best_value = mean
             return True
         return False
 
     def next_check(self, iteration: int, iters_per_epoch: int) -> int | None:
-        """Delegates to the check trigger."""
-        return self._interval_trigger.next_check(iteration, iters_per_epoch)
+        """``None``: every iteration's value goes into the interval mean."""
+        return None
 
     def may_fire(self, iteration: int, epoch_length: int) -> bool:
         """Delegates to the check trigger."""
         return self._interval_trigger.may_fire(iteration, epoch_length)
 
     def state_dict(self) -> dict[str, Any]:
-        """Returns the best value and the check trigger's state."""
+        """Returns PPE's keys: the check trigger, the interval's summary and the best value."""
         return {
             "interval_trigger": self._interval_trigger.state_dict(),
+            "_summary": self._summary.state_dict(),
             "_best_value": self._best_value,
         }
 
     def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
-        """Restores the best value and the check trigger's state."""
+        """Restores :meth:`state_dict`'s output (also PPE's, and ours without ``_summary``)."""
         self._interval_trigger.load_state_dict(to_load["interval_trigger"])
+        self._summary = DictSummary()
+        self._summary.load_state_dict(to_load.get("_summary") or {})
         best = to_load["_best_value"]
         self._best_value = None if best is None else float(best)
 
@@ -128,9 +153,9 @@ class BestValueTrigger(Trigger):
 
 
 class MaxValueTrigger(BestValueTrigger):
-    """Fires at a check when the monitored value is the largest so far (e.g. ``'val/accuracy'``).
+    """Fires at a check when the interval's mean is the largest so far (``'val/accuracy'``).
 
-    See :class:`BestValueTrigger` for when the value is read.
+    See :class:`BestValueTrigger` for how the value is accumulated.
     """
 
     def __init__(self, key: str, trigger: TriggerLike = (1, "epoch")) -> None:
@@ -138,9 +163,9 @@ class MaxValueTrigger(BestValueTrigger):
 
 
 class MinValueTrigger(BestValueTrigger):
-    """Fires at a check when the monitored value is the smallest so far (e.g. ``'val/loss'``).
+    """Fires at a check when the interval's mean is the smallest so far (e.g. ``'val/loss'``).
 
-    See :class:`BestValueTrigger` for when the value is read.
+    See :class:`BestValueTrigger` for how the value is accumulated.
     """
 
     def __init__(self, key: str, trigger: TriggerLike = (1, "epoch")) -> None:
@@ -150,11 +175,16 @@ class MinValueTrigger(BestValueTrigger):
 class EarlyStoppingTrigger(Trigger):
     """Stop trigger: fires when the monitored value stopped improving, or at ``max_trigger``.
 
-    At each ``check_trigger`` iteration it reads ``manager.observation[monitor]`` (see
-    :class:`BestValueTrigger`). A value better than the best so far resets the count of
-    checks without improvement; otherwise the count grows, and the trigger fires once it
-    reaches ``patience``. A check without the key warns with
-    :class:`MissingObservationWarning` and changes nothing.
+    As in PPE, every iteration's ``manager.observation[monitor]`` goes into a running summary;
+    at each ``check_trigger`` iteration the mean over the interval is compared with the best
+    mean so far. An improvement resets the count of checks without improvement; otherwise the
+    count grows, and the trigger fires once it reaches ``patience``. A check at which
+    ``monitor`` is not in the observation warns with :class:`MissingObservationWarning` and
+    changes nothing (the values collected so far stay for the next check).
+
+    The trigger needs a call every iteration (:meth:`next_check` is ``None``); the per-step
+    cost is a dictionary lookup and one buffer append (device tensors are not synchronized;
+    the single host copy is at the check).
 
     Args:
         check_trigger: When to compare; once per epoch by default.
@@ -162,7 +192,7 @@ class EarlyStoppingTrigger(Trigger):
         patience: Checks without improvement tolerated before stopping.
         mode: ``'min'``, ``'max'``, or ``'auto'`` (``'max'`` when ``monitor`` contains
             ``'accuracy'``, else ``'min'``).
-        verbose: Print a line when stopping early.
+        verbose: Print the comparison chosen, and a line when stopping early.
         max_trigger: Fires (stopping training) regardless of the value; 100 epochs by default.
 
     Raises:
@@ -198,47 +228,55 @@ class EarlyStoppingTrigger(Trigger):
         self.mode = mode
         self.patience = patience
         self.verbose = verbose
+        self.already_warning = False  # PPE's attribute (unused there too)
         self._compare: Callable[[float, float], bool] = (
             operator.gt if mode == "max" else operator.lt
         )
+        if verbose:
+            print(f"early stopping: operator is {'greater' if mode == 'max' else 'less'}")
         self.best = float("-inf") if mode == "max" else float("inf")
         self.count = 0
         self._interval_trigger = get_trigger(check_trigger)
         self._max_trigger = get_trigger(max_trigger)
+        self._summary = DictSummary()
+
+    def _init_summary(self) -> None:
+        self._summary = DictSummary()
 
     def __call__(self, manager: ManagerView) -> bool:
         """Returns whether training should stop after the iteration just completed."""
+        monitor = self.monitor
+        observation = manager.observation
+        value = observation.get(monitor, _MISSING)
+        if value is not _MISSING:
+            self._summary.add({monitor: value})
         if self._max_trigger(manager):
             return True
         if not self._interval_trigger(manager):
             return False
-        value = _read_value(manager, self.monitor, "EarlyStoppingTrigger")
-        if value is None:
-            warnings.warn(
-                MissingObservationWarning(
-                    f"EarlyStoppingTrigger monitors {self.monitor!r}, which is not in the "
-                    f"observation at iteration {manager.iteration} (keys: "
-                    f"{sorted(manager.observation)}); check the key or the check_trigger"
-                ),
-                stacklevel=2,
-            )
+        owner = "EarlyStoppingTrigger"
+        mean = None if value is _MISSING else _interval_mean(self._summary, monitor, manager, owner)
+        if mean is None:
+            warnings.warn(_missing_warning(owner, monitor, manager), stacklevel=2)
             return False
-        if self._compare(value, self.best):
-            self.best = value
+        self._init_summary()
+        if self._compare(mean, self.best):
+            self.best = mean
             self.count = 0
         else:
             self.count += 1
-        if self.count >= self.patience:
+        if self._stop_condition():
             if self.verbose:
                 print(f"Epoch {manager.epoch}: early stopping")
             return True
         return False
 
+    def _stop_condition(self) -> bool:
+        return self.count >= self.patience
+
     def next_check(self, iteration: int, iters_per_epoch: int) -> int | None:
-        """Returns the earlier of the check and max triggers' next checks."""
-        return _combined_next_check(
-            self._interval_trigger, self._max_trigger, iteration, iters_per_epoch
-        )
+        """``None``: every iteration's value goes into the interval mean."""
+        return None
 
     def may_fire(self, iteration: int, epoch_length: int) -> bool:
         """Returns whether the check or the max trigger may fire."""
@@ -262,20 +300,31 @@ class EarlyStoppingTrigger(Trigger):
         return result
 
     def state_dict(self) -> dict[str, Any]:
-        """Returns the best value, the count of checks without improvement and inner states."""
+        """Returns the best mean, the count of checks without improvement and inner states.
+
+        PPE saved nothing for this trigger, so a resumed PPE run restarted the count; this
+        state resumes it.
+        """
         return {
             "best": self.best,
             "count": self.count,
             "interval_trigger": self._interval_trigger.state_dict(),
             "max_trigger": self._max_trigger.state_dict(),
+            "_summary": self._summary.state_dict(),
         }
 
     def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
-        """Restores what :meth:`state_dict` returned."""
-        self.best = float(to_load["best"])
-        self.count = int(to_load["count"])
-        self._interval_trigger.load_state_dict(to_load["interval_trigger"])
-        self._max_trigger.load_state_dict(to_load["max_trigger"])
+        """Restores what :meth:`state_dict` returned; PPE's empty state leaves a fresh trigger."""
+        if "best" in to_load:
+            self.best = float(to_load["best"])
+        if "count" in to_load:
+            self.count = int(to_load["count"])
+        if "interval_trigger" in to_load:
+            self._interval_trigger.load_state_dict(to_load["interval_trigger"])
+        if "max_trigger" in to_load:
+            self._max_trigger.load_state_dict(to_load["max_trigger"])
+        self._summary = DictSummary()
+        self._summary.load_state_dict(to_load.get("_summary") or {})
 
     def __repr__(self) -> str:
         return (

@@ -1,0 +1,213 @@
+"""Code blocks: device-agnostic "run this (and update these optimizers)" requests.
+
+A code block names a function, the optimizers that learn from it and whether to backpropagate;
+the runtime of the module it belongs to (``ppe.to``) executes it with ``runtime.execute``, so a
+device that compiles or stages work sees the whole step at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ppe_core.errors import ArgumentTypeError, ConfigurationError
+from ppe_core.handler._handler import NoRuntimeError
+from ppe_core.handler._logic import BaseLogic
+from ppe_core.runtime import BaseRuntime, get_runtime
+from ppe_core.runtime._execute import CodeBlockError
+
+__all__ = ["CodeBlock", "CodeBlockError", "CodeBlockLogic", "forward", "update_parameters"]
+
+
+@dataclass
+class CodeBlock:
+    """A function plus what to do around it, executed by ``runtime.execute(block, batch)``.
+
+    Build one with :func:`forward` or :func:`update_parameters` and call it with a batch.
+
+    Attributes:
+        func: The function (a module or a module's bound method).
+        optimizers: The optimizers stepped after the backward pass (none: forward only).
+        backprop: Whether to backpropagate from the outputs.
+        backprop_from: The output key to backpropagate (``None``: every scalar float output
+            computed with autograd).
+        backprop_to: Names where backpropagation stops; carried for runtimes that support it
+            (the generic runtimes ignore it, as in PPE).
+        state: Extra state for runtimes, saved by :meth:`state_dict`.
+        runtime: The runtime that executes the block.
+    """
+
+    func: Callable[..., Any]
+    optimizers: list[torch.optim.Optimizer]
+    backprop: bool
+    backprop_from: str | None
+    backprop_to: set[str] | None
+    state: dict[str, Any]
+    runtime: BaseRuntime
+
+    def state_dict(self) -> dict[str, Any]:
+        """The block's state; entries that have a ``state_dict()`` are saved through it."""
+        return {k: v.state_dict() if hasattr(v, "state_dict") else v for k, v in self.state.items()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output; stateful entries load in place."""
+        for key, value in state.items():
+            current = self.state.get(key)
+            if current is not None and hasattr(current, "load_state_dict"):
+                current.load_state_dict(value)
+            else:
+                self.state[key] = value
+
+    def __call__(self, inputs: Any) -> Any:
+        return self.runtime.execute(self, inputs)
+
+
+def forward(block: Callable[..., Any]) -> CodeBlock:
+    """A :class:`CodeBlock` that runs ``block``'s forward pass on its module's runtime.
+
+    Args:
+        block: A module moved with ``ppe.to``, a bound method of one, or a code block.
+
+    Raises:
+        NoRuntimeError: the module was not moved with ``ppe.to`` (also a ``RuntimeError``).
+        ArgumentTypeError: ``block`` is not callable.
+    """
+    if isinstance(block, CodeBlock):
+        return CodeBlock(block.func, [], False, None, None, block.state, block.runtime)
+    if not callable(block):
+        raise ArgumentTypeError(
+            f"code blocks wrap a module or a bound method of one, got {type(block).__name__}; "
+            "e.g. ppe.handler.forward(model) or ppe.handler.forward(model.predict)"
+        )
+    owner = block if isinstance(block, torch.nn.Module) else getattr(block, "__self__", None)
+    if isinstance(owner, torch.nn.Module):
+        runtime = get_runtime(owner)
+    else:
+        runtime = getattr(owner, "_ppe_runtime", None)
+    if not isinstance(runtime, BaseRuntime):
+        what = (
+            type(owner).__name__
+            if owner is not None
+            else getattr(block, "__qualname__", type(block).__name__)
+        )
+        raise NoRuntimeError(
+            f"cannot build a code block from {what}: it is not a module moved with ppe.to (nor "
+            "a bound method of one), so no runtime can execute it. Call ppe.to(model, device) "
+            "first and pass the module or one of its methods."
+        )
+    return CodeBlock(block, [], False, None, None, {}, runtime)
+
+
+def update_parameters(
+    block: Callable[..., Any],
+    optimizers: Iterable[torch.optim.Optimizer] | torch.optim.Optimizer,
+    backprop_from: str | None = None,
+    backprop_to: set[str] | None = None,
+) -> CodeBlock:
+    """A :class:`CodeBlock` that runs forward and backward and steps ``optimizers``.
+
+    Args:
+        block: A module moved with ``ppe.to``, a bound method of one, or a forward code block.
+        optimizers: The optimizers to step (zeroed before the forward pass).
+        backprop_from: The output key to backpropagate (default: every scalar float output
+            computed with autograd, in one backward pass).
+        backprop_to: Names where backpropagation stops, for runtimes that support it.
+
+    Raises:
+        CodeBlockError: ``block`` already updates parameters (also a ``ValueError``).
+    """
+    if isinstance(block, CodeBlock) and block.backprop:
+        raise CodeBlockError(
+            "update_parameters got a code block that already updates parameters; pass the "
+            "module (or ppe.handler.forward(module)) instead of nesting update_parameters"
+        )
+    if isinstance(optimizers, torch.optim.Optimizer):
+        optimizers = [optimizers]
+    base = forward(block)
+    return CodeBlock(
+        base.func, list(optimizers), True, backprop_from, backprop_to, base.state, base.runtime
+    )
+
+
+class CodeBlockLogic(BaseLogic):
+    """A Logic that runs each step as a code block, so the runtime executes the whole step.
+
+    A training step is ``update_parameters(model, all optimizers, backward_outputs)(batch)``:
+    zero_grad, forward, backward and every optimizer's step happen inside
+    ``runtime.execute``; an evaluation step is ``forward(model)(batch)``.
+
+    Options:
+        backward_outputs: The output key to backpropagate (a str, or a list of one key;
+            default: every scalar float output computed with autograd).
+
+    Args:
+        model_name: The key of the model this logic trains.
+        options: The options above.
+    """
+
+    def __init__(self, model_name: str = "main", options: Mapping[str, Any] | None = None) -> None:
+        self.model_name = model_name
+        super().__init__(options)
+
+    def consume_options(self, options: dict[str, Any]) -> None:
+        super().consume_options(options)
+        key = options.pop("backward_outputs", None)
+        if isinstance(key, (list, tuple)) and len(key) == 1:
+            key = key[0]
+        if key is not None and not isinstance(key, str):
+            raise ConfigurationError(
+                f"CodeBlockLogic option 'backward_outputs' must name one output key, got "
+                f"{key!r}; e.g. options={{'backward_outputs': 'loss'}} (several losses: return "
+                "them all and leave the option out, they are backpropagated together)"
+            )
+        self.backward_outputs: str | None = key
+
+    def _model(self, models: Mapping[str, torch.nn.Module]) -> torch.nn.Module:
+        try:
+            return models[self.model_name]
+        except KeyError:
+            raise ConfigurationError(
+                f"CodeBlockLogic trains the model named {self.model_name!r}, but the models "
+                f"passed are named {sorted(models)}; pass "
+                "CodeBlockLogic(model_name=...) naming it"
+            ) from None
+
+    def train_epoch_begin(
+        self, models: Mapping[str, torch.nn.Module], epoch: int, loader: Iterable[Any]
+    ) -> None:
+        self._model(models).train()
+
+    def train_epoch_end(self, models: Mapping[str, torch.nn.Module], epoch: int) -> None:
+        self._model(models).eval()
+
+    def train_step(
+        self,
+        models: Mapping[str, torch.nn.Module],
+        optimizers: Mapping[str, torch.optim.Optimizer],
+        batch_idx: int,
+        batch: Any,
+    ) -> Any:
+        block = update_parameters(
+            self._model(models), list(optimizers.values()), self.backward_outputs
+        )
+        return block(batch)
+
+    def train_step_optimizers(
+        self,
+        models: Mapping[str, torch.nn.Module],
+        optimizers: Mapping[str, torch.optim.Optimizer],
+        batch_idx: int,
+    ) -> None:
+        """Nothing to do: the code block stepped the optimizers in ``train_step``."""
+
+    def train_validation_begin(self, models: Mapping[str, torch.nn.Module]) -> None:
+        self._model(models).eval()
+
+    def train_validation_end(self, models: Mapping[str, torch.nn.Module]) -> None:
+        self._model(models).train()
+
+    def eval_step(self, models: Mapping[str, torch.nn.Module], batch_idx: int, batch: Any) -> Any:
+        return forward(self._model(models))(batch)

@@ -1,0 +1,105 @@
+"""How the generic runtimes execute a code block: zero_grad, forward, backward, step."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ppe_core.errors import PPEError
+
+if TYPE_CHECKING:
+    from ppe_core.handler._code_block import CodeBlock
+
+__all__ = ["CodeBlockError", "run_code_block"]
+
+
+class CodeBlockError(PPEError, ValueError):
+    """A code block cannot be built or executed as asked."""
+
+
+def call_with_batch(func: Any, batch: Any) -> Any:
+    """Call ``func`` with a batch: a dict as keywords, a list/tuple positionally, else as is."""
+    if isinstance(batch, Mapping):
+        return func(**batch)
+    if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
+        return func(*batch)
+    return func(batch)
+
+
+def run_code_block(
+    code_block: CodeBlock,
+    batch: Any,
+    autocast: dict[str, Any] | None = None,
+    grad_scaler: torch.amp.GradScaler | None = None,
+) -> Any:
+    """Execute ``code_block`` on ``batch`` and return its function's outputs.
+
+    Args:
+        code_block: What to run and which optimizers update from it.
+        batch: The function's inputs (see :func:`call_with_batch`).
+        autocast: ``torch.autocast`` keyword arguments for the forward pass, or ``None``.
+        grad_scaler: Scales the backpropagated outputs and steps the optimizers, or ``None``.
+    """
+    optimizers = code_block.optimizers
+    for optimizer in optimizers:
+        optimizer.zero_grad()
+    if autocast is None:
+        out = call_with_batch(code_block.func, batch)
+    else:
+        with torch.autocast(**autocast):
+            out = call_with_batch(code_block.func, batch)
+    if code_block.backprop:
+        tensors = _to_backprop(out, code_block.backprop_from)
+        if grad_scaler is not None:
+            tensors = [grad_scaler.scale(t) for t in tensors]
+        if len(tensors) == 1:
+            tensors[0].backward()  # type: ignore[no-untyped-call]
+        else:
+            torch.autograd.backward(tensors)
+    if not optimizers:
+        return out
+    if grad_scaler is None:
+        for optimizer in optimizers:
+            optimizer.step()
+    else:
+        for optimizer in optimizers:
+            grad_scaler.step(optimizer)
+        grad_scaler.update()
+    return out
+
+
+def _to_backprop(out: Any, backprop_from: str | None) -> list[torch.Tensor]:
+    """The outputs a block backpropagates: ``backprop_from``, else every scalar float loss."""
+    if backprop_from is not None:
+        if not isinstance(out, Mapping) or backprop_from not in out:
+            got = sorted(out) if isinstance(out, Mapping) else type(out).__name__
+            raise CodeBlockError(
+                f"update_parameters(backprop_from={backprop_from!r}) but the function returned "
+                f"{got}; return a dict holding {backprop_from!r}, or fix backprop_from"
+            )
+        value = out[backprop_from]
+        if not isinstance(value, torch.Tensor) or value.grad_fn is None:
+            raise CodeBlockError(
+                f"the output {backprop_from!r} is not a tensor computed with autograd, so it "
+                "cannot be backpropagated; compute it from the parameters (not under no_grad)"
+            )
+        return [value]
+    items = out.values() if isinstance(out, Mapping) else [out]
+    tensors = [
+        v
+        for v in items
+        if isinstance(v, torch.Tensor)
+        and v.grad_fn is not None
+        and v.numel() == 1
+        and (v.dtype.is_floating_point or v.dtype.is_complex)
+    ]
+    if not tensors:
+        keys = sorted(out) if isinstance(out, Mapping) else type(out).__name__
+        raise CodeBlockError(
+            f"update_parameters found nothing to backpropagate in the outputs {keys}: no "
+            "one-element float tensor computed with autograd. Return the loss, e.g. "
+            "{'loss': loss}, or name it with backprop_from='loss'."
+        )
+    return tensors

@@ -1,0 +1,324 @@
+"""Accumulate extensions: the mean, extremes or spread of one reported key over an interval.
+
+``AverageAccumulate(('loss', 'loss/epoch_mean'))`` reads ``loss`` from every iteration's
+observation and, when its trigger fires, writes the accumulated value under the second key.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from ppe_core.errors import ArgumentTypeError, PPEError
+from ppe_core.training._extension import PRIORITY_EDITOR, Extension
+from ppe_core.training.extensions._evaluator import _require_distributed
+from ppe_core.training.extensions._plot_report import DueCheck
+from ppe_core.training.triggers import get_trigger
+
+if TYPE_CHECKING:
+    from ppe_core.training._protocols import ManagerView
+    from ppe_core.training.triggers import TriggerLike
+
+__all__ = [
+    "AccumulateBase",
+    "AverageAccumulate",
+    "MaxAccumulate",
+    "MinAccumulate",
+    "MissingObservationError",
+    "StandardDeviationAccumulate",
+    "UnbiasedStandardDeviationAccumulate",
+]
+
+
+class MissingObservationError(PPEError, KeyError):
+    """An accumulate extension ran at an iteration whose observation lacks its source key.
+
+    Subclasses ``KeyError``, which PPE raises (``observation[key]``) in this situation.
+    """
+
+    def __str__(self) -> str:  # KeyError would show the message quoted
+        return str(self.args[0]) if self.args else ""
+
+
+def _plain(value: Any) -> Any:
+    """A reported value ready to accumulate: tensors detached (kept on their device)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, (int, float)):
+        return float(value)
+    try:
+        return float(value)  # NumPy scalars and other float-likes
+    except (TypeError, ValueError):
+        raise ArgumentTypeError(
+            f"accumulate extensions take numbers or tensors, got {type(value).__name__} {value!r}"
+        ) from None
+
+
+def _sqrt(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return torch.sqrt(torch.clamp(value, min=0.0))
+    return math.sqrt(value) if value > 0.0 else 0.0
+
+
+class _Summary:
+    """What an accumulate extension keeps between reports; tensors stay on their device."""
+
+    def add(self, value: Any) -> None:
+        raise NotImplementedError
+
+    def compute(self) -> Any:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def merged(cls, states: Iterable[Mapping[str, Any]]) -> _Summary:
+        """The summary of several processes' :meth:`state_dict` outputs combined."""
+        raise NotImplementedError
+
+
+class _AverageSummary(_Summary):
+    def __init__(self) -> None:
+        self._sum: Any = 0.0
+        self._n = 0
+
+    def add(self, value: Any) -> None:
+        self._sum = self._sum + value
+        self._n += 1
+
+    def compute(self) -> Any:
+        return self._sum / self._n if self._n else float("nan")
+
+    def state_dict(self) -> dict[str, Any]:
+        # PPE's layout: the running mean and the count.
+        return {"_x": float(self.compute()) if self._n else 0.0, "_n": self._n}
+
+    def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
+        self._n = int(to_load["_n"])
+        self._sum = float(to_load["_x"]) * self._n
+
+    @classmethod
+    def merged(cls, states: Iterable[Mapping[str, Any]]) -> _Summary:
+        summary = cls()
+        for state in states:
+            n = int(state["_n"])
+            summary._sum += float(state["_x"]) * n
+            summary._n += n
+        return summary
+
+
+class _MomentsSummary(_Summary):
+    """Sums of values and squares, for the (biased or unbiased) standard deviation."""
+
+    unbiased: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self._x: Any = 0.0
+        self._x2: Any = 0.0
+        self._n = 0.0
+
+    def add(self, value: Any) -> None:
+        self._x = self._x + value
+        self._x2 = self._x2 + value * value
+        self._n += 1.0
+
+    def compute(self) -> Any:
+        n = self._n
+        if n <= (1.0 if self.unbiased else 0.0):
+            return float("nan")
+        mean = self._x / n
+        variance = self._x2 / n - mean * mean
+        if self.unbiased:
+            variance = variance * (n / (n - 1.0))
+        return _sqrt(variance)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"_x": float(self._x), "_x2": float(self._x2), "_n": float(self._n)}
+
+    def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
+        self._x = float(to_load["_x"])
+        self._x2 = float(to_load["_x2"])
+        self._n = float(to_load["_n"])
+
+    @classmethod
+    def merged(cls, states: Iterable[Mapping[str, Any]]) -> _Summary:
+        summary = cls()
+        for state in states:
+            summary._x += float(state["_x"])
+            summary._x2 += float(state["_x2"])
+            summary._n += float(state["_n"])
+        return summary
+
+
+class _UnbiasedMomentsSummary(_MomentsSummary):
+    unbiased = True
+
+
+class _ExtremeSummary(_Summary):
+    """The running maximum (``largest``) or minimum of the values."""
+
+    largest: ClassVar[bool] = True
+    key: ClassVar[str] = "_max_x"
+
+    def __init__(self) -> None:
+        self._value: Any = None
+
+    def add(self, value: Any) -> None:
+        current = self._value
+        if current is None:
+            self._value = value
+        elif isinstance(current, torch.Tensor) or isinstance(value, torch.Tensor):
+            a, b = torch.as_tensor(current), torch.as_tensor(value)
+            self._value = torch.maximum(a, b) if self.largest else torch.minimum(a, b)
+        else:
+            self._value = max(current, value) if self.largest else min(current, value)
+
+    def compute(self) -> Any:
+        if self._value is None:
+            return -math.inf if self.largest else math.inf
+        return self._value
+
+    def state_dict(self) -> dict[str, Any]:
+        return {self.key: float(self.compute())}
+
+    def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
+        value = float(to_load[self.key])
+        self._value = None if math.isinf(value) else value
+
+    @classmethod
+    def merged(cls, states: Iterable[Mapping[str, Any]]) -> _Summary:
+        summary = cls()
+        for state in states:
+            value = float(state[cls.key])
+            if not math.isinf(value) or (value > 0) == cls.largest:
+                summary.add(value)
+        return summary
+
+
+class _MinSummary(_ExtremeSummary):
+    largest = False
+    key = "_min_x"
+
+
+class AccumulateBase(Extension):
+    """Accumulates the values of one observation key and reports the result periodically.
+
+    The extension runs every iteration (its own trigger, ``(1, 'iteration')``) and adds the
+    value of ``conversion_key_pair[0]`` from the observation; when ``trigger`` fires it writes
+    the accumulated value under ``conversion_key_pair[1]`` and starts over. Tensor values stay
+    on their device: nothing synchronises until the value is read (a log, a snapshot).
+
+    Args:
+        conversion_key_pair: ``(source key, destination key)``, e.g.
+            ``('main/loss', 'main/loss/mean')``.
+        trigger: When to report and restart; once per epoch by default.
+        distributed: Combine the values of all ``torch.distributed`` ranks when reporting
+            (every rank must run the extension on the same schedule).
+
+    Raises:
+        ArgumentTypeError: ``conversion_key_pair`` is not a pair of keys.
+        DistributedNotInitializedError: ``distributed=True`` without an initialised
+            ``torch.distributed`` (a ``RuntimeError``, as in PPE).
+    """
+
+    priority = PRIORITY_EDITOR
+    _summary_class: ClassVar[type[_Summary]] = _Summary
+
+    def __init__(
+        self,
+        conversion_key_pair: tuple[str, str],
+        trigger: TriggerLike = (1, "epoch"),
+        distributed: bool = False,
+    ) -> None:
+        pair = conversion_key_pair
+        if (
+            not isinstance(pair, (tuple, list))
+            or len(pair) != 2
+            or not all(isinstance(key, str) and key for key in pair)
+        ):
+            raise ArgumentTypeError(
+                f"{type(self).__name__} conversion_key_pair must be (source key, destination "
+                f"key), e.g. ('main/loss', 'main/loss/mean'); got {pair!r}"
+            )
+        self._conversion_key_pair: tuple[str, str] = (pair[0], pair[1])
+        self._trigger = get_trigger(trigger)
+        self._due = DueCheck(self._trigger)
+        self._distributed = distributed
+        if distributed:
+            _require_distributed(f"{type(self).__name__}(distributed=True)")
+        self._init_summary()
+
+    def _init_summary(self) -> None:
+        self._summary = self._summary_class()
+
+    def __call__(self, manager: ManagerView) -> None:
+        """Adds this iteration's value and reports the accumulation when the trigger fires."""
+        observation = manager.observation
+        source, destination = self._conversion_key_pair
+        try:
+            value = observation[source]
+        except KeyError:
+            raise MissingObservationError(
+                f"{type(self).__name__} found no {source!r} in the observation of iteration "
+                f"{manager.iteration} (keys: {sorted(observation) or 'none'}); report it every "
+                "iteration the extension runs, or register the extension with the trigger on "
+                "which it is reported, e.g. manager.extend(ext, trigger=(1, 'epoch'))"
+            ) from None
+        self._summary.add(_plain(value))
+        if self._due(manager):
+            summary = self._all_reduce_summaries() if self._distributed else self._summary
+            observation[destination] = summary.compute()
+            self._init_summary()
+
+    def _all_reduce_summaries(self) -> _Summary:
+        from ppe_core.training.extensions._evaluator import _dist_gather
+
+        return self._summary_class.merged(_dist_gather(self._summary.state_dict()))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Returns the trigger's state and the running summary (PPE's keys)."""
+        return {"_trigger": self._trigger.state_dict(), "_summary": self._summary.state_dict()}
+
+    def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
+        """Restores the state :meth:`state_dict` returned."""
+        trigger_state = to_load.get("_trigger")
+        if trigger_state is not None:
+            self._trigger.load_state_dict(trigger_state)
+        self._summary.load_state_dict(to_load["_summary"])
+
+
+class AverageAccumulate(AccumulateBase):
+    """Reports the mean of a key's values over each interval (see :class:`AccumulateBase`)."""
+
+    _summary_class = _AverageSummary
+
+
+class StandardDeviationAccumulate(AccumulateBase):
+    """Reports the population standard deviation of a key's values over each interval."""
+
+    _summary_class = _MomentsSummary
+
+
+class UnbiasedStandardDeviationAccumulate(AccumulateBase):
+    """Reports the sample (``n - 1``) standard deviation; NaN for fewer than two values."""
+
+    _summary_class = _UnbiasedMomentsSummary
+
+
+class MaxAccumulate(AccumulateBase):
+    """Reports the largest of a key's values over each interval."""
+
+    _summary_class = _ExtremeSummary
+
+
+class MinAccumulate(AccumulateBase):
+    """Reports the smallest of a key's values over each interval."""
+
+    _summary_class = _MinSummary

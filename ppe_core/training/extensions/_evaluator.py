@@ -1,0 +1,573 @@
+"""The extension-style evaluators (PPE's ``extensions.Evaluator`` and its variants).
+
+They run inside an ``ExtensionsManager`` loop (``manager.extend(Evaluator(loader, model))``)
+and report the means of what the evaluation reported, prefixed by the extension name. The
+engine-style evaluator of ``create_evaluator`` lives in ``ppe_core.training._evaluator``.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import inspect
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import IO, TYPE_CHECKING, Any
+
+import torch
+
+from ppe_core._reporting import DictSummary, Reporter, get_current_reporter, report
+from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError
+from ppe_core.training._extension import PRIORITY_WRITER, Extension
+from ppe_core.training._manager import IgnoredArgumentWarning
+from ppe_core.training.extensions._util import OptionalDependencyError, is_terminal
+
+if TYPE_CHECKING:
+    from ppe_core.training._protocols import ManagerView
+
+__all__ = [
+    "DistributedEvaluator",
+    "DistributedNotInitializedError",
+    "Evaluator",
+    "IgniteEvaluator",
+    "MissingEvalTargetError",
+    "TextProgressBar",
+]
+
+#: ``metric(batch, outputs, last_iteration)``, PPE's signature; ``metric(batch, outputs)``
+#: returning a dict is accepted too.
+MetricFn = Callable[..., Any]
+
+# Keyword arguments Evaluator understands (PPE reads exactly these from ``**kwargs``).
+_KNOWN_OPTIONS = frozenset({"progress_bar", "metrics"})
+
+
+class MissingEvalTargetError(ConfigurationError, KeyError):
+    """An evaluator has neither an ``eval_func`` nor a target named ``'main'`` to call.
+
+    Subclasses ``KeyError``, which PPE raises (``self._targets['main']``) in this situation.
+    """
+
+    def __str__(self) -> str:  # KeyError would show the message quoted
+        return str(self.args[0]) if self.args else ""
+
+
+class DistributedNotInitializedError(PPEError, RuntimeError):
+    """A distributed feature was used before ``torch.distributed`` was initialised."""
+
+
+class TextProgressBar:
+    """A text progress bar drawn in place on a terminal, as plain lines anywhere else.
+
+    The public base of PPE's ``extensions.util.ProgressBar``: subclasses implement
+    :meth:`get_lines`; :meth:`update` draws them. On a terminal the bar is redrawn over its
+    previous lines with ANSI cursor control; on files, pipes and captured output the lines are
+    written one after another, without control sequences.
+
+    Args:
+        out: The stream to draw on; ``sys.stdout`` (at construction time) when None.
+    """
+
+    def __init__(self, out: IO[str] | None = None) -> None:
+        self._out: IO[str] = sys.stdout if out is None else out
+        self._recent_timing: collections.deque[tuple[int, float, float]] = collections.deque(
+            maxlen=100
+        )
+        self._redraw = is_terminal(self._out)
+
+    def update_speed(self, iteration: int, epoch_detail: float) -> tuple[float, float]:
+        """Records a point and returns (iterations/s, epochs/s) over the recent window."""
+        now = time.perf_counter()
+        self._recent_timing.append((iteration, epoch_detail, now))
+        old_iteration, old_epoch, old_time = self._recent_timing[0]
+        span = now - old_time
+        if span <= 0:
+            return float("inf"), float("inf")
+        return (iteration - old_iteration) / span, (epoch_detail - old_epoch) / span
+
+    def get_lines(self) -> list[str]:
+        """The lines to draw, each ending with a newline; subclasses implement it."""
+        raise NotImplementedError(f"{type(self).__name__} must implement get_lines()")
+
+    def update(self, manager: ManagerView | None = None) -> None:
+        """Draws the current lines (over the previous ones on a terminal)."""
+        self.erase_console()
+        lines = self.get_lines()
+        for line in lines:
+            self._out.write(line)
+        self.move_cursor_up(len(lines))
+        self.flush()
+
+    def close(self) -> None:
+        """Clears the bar from a terminal; elsewhere the last lines stay."""
+        self.erase_console()
+        self.flush()
+
+    def erase_console(self) -> None:
+        """Erases from the cursor to the end of the screen (terminals only)."""
+        if self._redraw:
+            self._out.write("\033[J")
+
+    def move_cursor_up(self, n: int) -> None:
+        """Moves the cursor up ``n`` lines, to the head of the bar (terminals only)."""
+        if self._redraw and n > 0:
+            self._out.write(f"\033[{n:d}A")
+
+    def flush(self) -> None:
+        """Flushes the stream when it can be flushed."""
+        flush = getattr(self._out, "flush", None)
+        if flush is not None:
+            flush()
+
+
+class _EvaluationBar(TextProgressBar):
+    """PPE's evaluation bar: ``name [###...] 50.00%``, the count, the speed and the ETA."""
+
+    def __init__(self, name: str, total: int | None, out: IO[str] | None = None) -> None:
+        super().__init__(out)
+        self._name = name
+        self._total = total
+        self._done = 0
+        self._bar_length = 50
+        # Off a terminal each draw is three more lines: draw about 100 times per pass at most.
+        self._every = 1 if self._redraw or not total else max(1, total // 100)
+
+    def advance(self, done: int) -> None:
+        """Records that ``done`` batches are finished and draws when due."""
+        self._done = done
+        if done % self._every == 0 or done == self._total:
+            self.update()
+
+    def get_lines(self) -> list[str]:
+        done, total, width = self._done, self._total, len(self._name)
+        rate = min(done / total, 1.0) if total else 0.0
+        marks = "#" * int(rate * self._bar_length)
+        speed, epoch_speed = self.update_speed(done, rate)
+        lines = [
+            f"{self._name} [{marks}{'.' * (self._bar_length - len(marks))}] {rate:6.2%}\n",
+            f"{done:{width}} iterations\n",
+        ]
+        if total:
+            remaining = (1.0 - rate) / epoch_speed if epoch_speed > 0 else float("inf")
+            eta = str(datetime.timedelta(seconds=remaining)) if remaining < 1e9 else "unknown"
+            lines.append(f"{speed:{width}.5g} iters/sec. Estimated time to finish: {eta}.\n")
+        else:
+            lines.append(f"{speed:{width}.5g} iters/sec.\n")
+        return lines
+
+
+def _batches(iterator: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
+    """Yields ``(batch, is_last)``, looking one batch ahead (so loaders without ``len`` work)."""
+    it = iter(iterator)
+    sentinel = object()
+    current = next(it, sentinel)
+    while current is not sentinel:
+        following = next(it, sentinel)
+        yield current, following is sentinel
+        current = following
+
+
+def _length(iterator: Iterable[Any]) -> int | None:
+    try:
+        return len(iterator)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def _takes_last_iteration(metric: MetricFn) -> bool:
+    """Whether ``metric`` takes PPE's third argument ``last_iteration``."""
+    try:
+        parameters = inspect.signature(metric).parameters.values()
+    except (TypeError, ValueError):  # no signature (some builtins): assume PPE's
+        return True
+    positional = 0
+    for parameter in parameters:
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            return True
+        if parameter.kind in (
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        ):
+            positional += 1
+    return positional >= 3
+
+
+def _check_metric(metric: object) -> MetricFn:
+    if not callable(metric):
+        raise ArgumentTypeError(
+            f"an evaluator metric must be a callable metric(batch, outputs, last_iteration), "
+            f"got {type(metric).__name__} {metric!r}"
+        )
+    return metric
+
+
+class Evaluator(Extension):
+    """Evaluates models on a validation set and reports the means of what was reported.
+
+    Each call runs ``eval_func`` (by default the target named ``'main'``) on every batch of
+    the iterator named ``'main'``, in eval mode and under ``torch.no_grad``, with a fresh
+    :class:`~ppe_core.reporting.Reporter` on which every target is an observer named
+    ``<evaluator name>/<target name>``: a model calling ``report({'loss': l}, self)`` is
+    reported as ``validation/main/loss``, a plain ``report({'val/loss': l})`` as
+    ``val/loss``. The per-batch observations are averaged and the means are reported to the
+    current reporter (the manager's observation) and returned. Batches are passed as PPE does:
+    a tuple or list as ``eval_func(*batch)``, a dict as ``eval_func(**batch)``, a namedtuple
+    or anything else as ``eval_func(batch)``. Training modes are restored afterwards.
+
+    Args:
+        iterator: The validation loader (any iterable, with or without ``len``), or a dict of
+            loaders; a single one is registered as ``'main'``.
+        target: A module or a dict of modules to evaluate; a single one is ``'main'``.
+        eval_hook: Called with the evaluator before each evaluation (e.g. to reset state).
+        eval_func: Called with each batch; the ``'main'`` target when None.
+        **kwargs: ``progress_bar`` (bool, default False): draw PPE's text bar while
+            evaluating; ``metrics`` (list): callables ``metric(batch, outputs,
+            last_iteration)`` that report what they compute (a callable of ``(batch,
+            outputs)`` returning a dict is accepted too; the dict is reported as it is).
+            Anything else is ignored with an ``IgnoredArgumentWarning``.
+
+    Attributes:
+        eval_hook: The function called before each evaluation.
+        name: The registered name (``'validation'`` by default); ``None`` outside a manager.
+    """
+
+    trigger = (1, "epoch")
+    priority = PRIORITY_WRITER
+    default_name = "validation"
+    needs_model_state = True  # it runs the models
+
+    def __init__(
+        self,
+        iterator: Iterable[Any] | Mapping[str, Iterable[Any]],
+        target: torch.nn.Module | Mapping[str, torch.nn.Module],
+        eval_hook: Callable[[Evaluator], object] | None = None,
+        eval_func: Callable[..., Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        unknown = sorted(set(kwargs) - _KNOWN_OPTIONS)
+        if unknown:
+            warnings.warn(
+                IgnoredArgumentWarning(
+                    f"{type(self).__name__} ignores the keyword arguments {unknown} (it "
+                    "understands progress_bar= and metrics=); move batches to the device in "
+                    "eval_func if that was the intent"
+                ),
+                stacklevel=2,
+            )
+        if isinstance(iterator, Mapping):
+            self._iterators: dict[str, Iterable[Any]] = dict(iterator)
+        elif isinstance(iterator, Iterable):
+            self._iterators = {"main": iterator}
+        else:
+            raise ArgumentTypeError(
+                f"{type(self).__name__} iterator must be a loader (an iterable of batches) or "
+                f"a dict of loaders, got {type(iterator).__name__}"
+            )
+        if isinstance(target, torch.nn.Module):
+            self._targets: dict[str, torch.nn.Module] = {"main": target}
+        elif isinstance(target, Mapping):
+            self._targets = dict(target)
+        else:
+            raise ArgumentTypeError(
+                f"{type(self).__name__} target must be a torch.nn.Module or a dict of them, "
+                f"got {type(target).__name__}; pass {{}} when eval_func does all the work"
+            )
+        for name, module in self._targets.items():
+            if not isinstance(module, torch.nn.Module):
+                raise ArgumentTypeError(
+                    f"{type(self).__name__} target {name!r} must be a torch.nn.Module, got "
+                    f"{type(module).__name__}"
+                )
+        if eval_func is not None and not callable(eval_func):
+            raise ArgumentTypeError(
+                f"eval_func must be callable with a batch, got {type(eval_func).__name__}"
+            )
+        metrics = kwargs.get("metrics")
+        if metrics is None:
+            metrics = []
+        elif callable(metrics) or not isinstance(metrics, Iterable):
+            raise ArgumentTypeError(
+                f"metrics must be a list of callables, got {type(metrics).__name__}; wrap a "
+                "single metric in a list: metrics=[metric]"
+            )
+        self.name = None
+        self.eval_hook = eval_hook
+        self._eval_func = eval_func
+        self._progress_bar = bool(kwargs.get("progress_bar", False))
+        self._metrics: list[MetricFn] = [_check_metric(m) for m in metrics]
+
+    def eval_func(self, *args: Any, **kwargs: Any) -> Any:
+        """Evaluates one batch: calls ``eval_func`` (or the ``'main'`` target) with it."""
+        func = self._eval_func
+        if func is None:
+            func = self._targets.get("main")
+            if func is None:
+                raise MissingEvalTargetError(
+                    f"{type(self).__name__} has no eval_func and no target named 'main' (targets: "
+                    f"{sorted(self._targets) or 'none'}); pass eval_func=..., or the model to "
+                    "evaluate as target"
+                )
+        return func(*args, **kwargs)
+
+    def get_iterator(self, name: str) -> Any:
+        """Returns the iterator registered under ``name``."""
+        return self._iterators[name]
+
+    def get_all_iterators(self) -> dict[str, Any]:
+        """Returns a copy of the dict of iterators."""
+        return dict(self._iterators)
+
+    def get_target(self, name: str) -> torch.nn.Module:
+        """Returns the target registered under ``name``."""
+        return self._targets[name]
+
+    def get_all_targets(self) -> dict[str, torch.nn.Module]:
+        """Returns a copy of the dict of targets."""
+        return dict(self._targets)
+
+    def add_metric(self, metric_fn: MetricFn) -> None:
+        """Adds a metric ``metric_fn(batch, outputs, last_iteration)`` run after every batch."""
+        self._metrics.append(_check_metric(metric_fn))
+
+    def __call__(self, manager: ManagerView | None = None) -> dict[str, Any]:
+        """Evaluates and reports the means to the current reporter; also returns them.
+
+        Usable without a manager: called outside any reporter it only returns the means.
+        """
+        reporter = Reporter()
+        prefix = "" if self.name is None else self.name + "/"
+        for name, target in self._targets.items():
+            reporter.add_observer(prefix + name, target)
+            reporter.add_observers(prefix + name, target.named_modules())
+        with reporter, torch.no_grad():
+            result = self.evaluate()
+        report(result)
+        return result
+
+    def _call_eval_func(self, batch: Any) -> Any:
+        if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple: one value
+            return self.eval_func(batch)
+        if isinstance(batch, (tuple, list)):
+            return self.eval_func(*batch)
+        if isinstance(batch, dict):
+            return self.eval_func(**batch)
+        return self.eval_func(batch)
+
+    def _progress(self, total: int | None) -> _EvaluationBar | None:
+        if not self._progress_bar:
+            return None
+        return _EvaluationBar(self.name or self.default_name, total)
+
+    def _gather_summaries(self, summary: DictSummary) -> DictSummary:
+        """Combines the summaries of all processes; this process's alone here."""
+        return summary
+
+    def evaluate(self) -> dict[str, Any]:
+        """Runs the evaluation loop and returns the mean of every reported value.
+
+        Values are collected in the current reporter's scope (one observation per batch), so
+        a reporter must be current for observers to resolve; ``__call__`` sets one up. Called
+        with no reporter current, a bare one is used.
+
+        Returns:
+            ``{key: mean}`` as floats; empty when the loader yielded nothing.
+        """
+        iterator = self._iterators["main"]
+        if self.eval_hook is not None:
+            self.eval_hook(self)
+        reporter = _current_or_new_reporter()
+        metrics = [(m, _takes_last_iteration(m)) for m in self._metrics]
+        summary = DictSummary()
+        bar = self._progress(_length(iterator))
+        if bar is not None:
+            bar.advance(0)
+        targets = list(self._targets.values())
+        modes = [t.training for t in targets]
+        try:
+            for t in targets:
+                t.eval()
+            for done, (batch, is_last) in enumerate(_batches(iterator), start=1):
+                observation: dict[str, Any] = {}
+                with reporter.scope(observation):
+                    outputs = self._call_eval_func(batch)
+                    for metric, takes_last in metrics:
+                        values = (
+                            metric(batch, outputs, is_last)
+                            if takes_last
+                            else metric(batch, outputs)
+                        )
+                        if isinstance(values, Mapping):
+                            report(values)
+                summary.add(observation)
+                if bar is not None:
+                    bar.advance(done)
+        finally:
+            for t, was_training in zip(targets, modes, strict=True):
+                t.train(was_training)
+            if bar is not None:
+                bar.close()
+        return self._gather_summaries(summary).compute_mean()
+
+
+def _current_or_new_reporter() -> Reporter:
+    try:
+        return get_current_reporter()
+    except IndexError:  # evaluate() called on its own: nothing to report to but the result
+        return Reporter()
+
+
+def _dist_gather(obj: Any) -> list[Any]:
+    """``obj`` of every rank, in rank order (``torch.distributed.all_gather_object``)."""
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def _merge_summaries(parts: Iterable[Any]) -> DictSummary:
+    """One summary holding the sums of ``parts`` (DictSummaries or their state dicts)."""
+    totals: dict[str, dict[str, float]] = {}
+    for part in parts:
+        state = part.state_dict() if isinstance(part, DictSummary) else part
+        for key, sums in state.items():
+            total = totals.setdefault(key, {"_x": 0.0, "_x2": 0.0, "_n": 0.0})
+            for field in ("_x", "_x2", "_n"):
+                total[field] += float(sums[field])
+    merged = DictSummary()
+    merged.load_state_dict(totals)
+    return merged
+
+
+def _require_distributed(owner: str) -> None:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise DistributedNotInitializedError(
+            f"{owner} needs torch.distributed to be initialised; call "
+            "torch.distributed.init_process_group(...) first (torchrun sets up the "
+            "environment), or use the non-distributed variant"
+        )
+
+
+class DistributedEvaluator(Evaluator):
+    """An :class:`Evaluator` whose result averages over all ``torch.distributed`` ranks.
+
+    Each rank evaluates its own share of the validation set (give each a loader with a
+    sampler that splits the data, e.g. ``ppe.distributed.DistributedValidationSampler``);
+    the per-batch sums of every rank are gathered and combined, so every rank returns and
+    reports the same means, weighted by each rank's number of batches. Every rank must run
+    the evaluation (same trigger). The progress bar is shown on rank 0 only.
+
+    Raises:
+        DistributedNotInitializedError: ``torch.distributed`` is not initialised (a
+            ``RuntimeError``, as in PPE).
+    """
+
+    def __init__(
+        self,
+        iterator: Iterable[Any] | Mapping[str, Iterable[Any]],
+        target: torch.nn.Module | Mapping[str, torch.nn.Module],
+        eval_hook: Callable[[Evaluator], object] | None = None,
+        eval_func: Callable[..., Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise DistributedNotInitializedError(
+                "DistributedEvaluator needs torch.distributed to be initialised; call "
+                "torch.distributed.init_process_group(...) first, or use Evaluator"
+            )
+        if "progress_bar" in kwargs:
+            kwargs["progress_bar"] = bool(kwargs["progress_bar"]) and dist.get_rank() == 0
+        super().__init__(iterator, target, eval_hook, eval_func, **kwargs)
+
+    def _gather_summaries(self, summary: DictSummary) -> DictSummary:
+        # Plain-float sums travel (one device sync here), never tensors of some device.
+        return _merge_summaries(_dist_gather(summary.state_dict()))
+
+
+class IgniteEvaluator(Evaluator):
+    """Runs an Ignite evaluator ``Engine`` as an extension and reports its results.
+
+    What the engine's process function reports (e.g. ``report({'x': x}, model)``) is averaged
+    like :class:`Evaluator` does; each Ignite metric attached to the engine is reported as
+    ``val/<metric name>``. Needs ``pytorch-ignite``.
+
+    Args:
+        evaluator: The ``ignite.engine.Engine`` to run over the iterator.
+        iterator: The validation loader, or a dict of loaders (``'main'`` is run).
+        target: A module or dict of modules (observers, as in :class:`Evaluator`).
+        **kwargs: ``progress_bar`` and ``metrics`` as for :class:`Evaluator`.
+
+    Raises:
+        OptionalDependencyError: ``pytorch-ignite`` is not installed (an ``ImportError``).
+    """
+
+    def __init__(
+        self,
+        evaluator: Any,
+        iterator: Iterable[Any] | Mapping[str, Iterable[Any]],
+        target: torch.nn.Module | Mapping[str, torch.nn.Module],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(iterator, target, None, **kwargs)
+        self.evaluator = evaluator
+        self.summary = DictSummary()
+        self._bar: _EvaluationBar | None = None
+        self._scope: Any = None
+        self._reporter = Reporter()
+        self.set_evaluator_handlers()
+
+    def set_evaluator_handlers(self) -> None:
+        """Attaches the handlers that collect reports and metrics to the engine."""
+        try:
+            from ignite.engine import Events
+        except ImportError as exc:
+            raise OptionalDependencyError(
+                "IgniteEvaluator needs pytorch-ignite, which is not installed; install it "
+                "with `pip install pytorch-ignite`"
+            ) from exc
+        engine = self.evaluator
+        engine.add_event_handler(Events.ITERATION_STARTED, self._open_observation)
+        engine.add_event_handler(Events.ITERATION_COMPLETED, self._close_observation)
+        engine.add_event_handler(Events.EPOCH_COMPLETED, self._add_ignite_metrics)
+
+    def _open_observation(self, engine: Any) -> None:
+        self.observation: dict[str, Any] = {}
+        self._scope = self._reporter.scope(self.observation)
+        self._scope.__enter__()
+
+    def _close_observation(self, engine: Any) -> None:
+        scope, self._scope = self._scope, None
+        if scope is not None:
+            scope.__exit__(None, None, None)
+        self.summary.add(self.observation)
+        if self._bar is not None:
+            self._bar.advance(int(engine.state.iteration))
+
+    def _add_ignite_metrics(self, engine: Any) -> None:
+        metrics = engine.state.metrics
+        self.summary.add({f"val/{name}": value for name, value in metrics.items()})
+
+    def evaluate(self) -> dict[str, Any]:
+        """Runs the engine over the ``'main'`` iterator and returns the means."""
+        iterator = self._iterators["main"]
+        self.summary = DictSummary()
+        self._reporter = _current_or_new_reporter()
+        self._bar = self._progress(_length(iterator))
+        try:
+            if self._bar is not None:
+                self._bar.advance(0)
+            self.evaluator.run(iterator)
+        finally:
+            if self._scope is not None:  # the engine raised inside an iteration
+                self._scope.__exit__(None, None, None)
+                self._scope = None
+            if self._bar is not None:
+                self._bar.close()
+                self._bar = None
+        return self.summary.compute_mean()

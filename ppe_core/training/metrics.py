@@ -1,0 +1,94 @@
+"""Evaluator metrics (PPE's ``training.metrics``): per-batch values computed from outputs.
+
+A metric is a callable ``metric(batch, outputs) -> {name: value}``; ``create_evaluator``
+(and ``ppe.training.Evaluator``) reports each value as ``val/<name>`` and averages it over
+the batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, TypeAlias
+
+import torch
+
+from ppe_core.errors import ConfigurationError, PPEError
+
+__all__ = ["AccuracyMetric", "Batch", "MetricInputError", "MetricKeyError", "MetricType"]
+
+#: A batch or the outputs of a model: names to tensors.
+Batch: TypeAlias = Mapping[str, Any]
+#: ``metric(batch, outputs) -> {name: value}``.
+MetricType: TypeAlias = Callable[[Batch, Batch], Mapping[str, Any]]
+
+
+class MetricInputError(ConfigurationError, RuntimeError):
+    """A metric got labels and predictions it cannot compare (PPE fails with a RuntimeError)."""
+
+
+class MetricKeyError(PPEError, KeyError):
+    """A metric's key is missing from the batch or the outputs (a ``KeyError``, as in PPE)."""
+
+    def __str__(self) -> str:  # KeyError would show the message quoted
+        return str(self.args[0]) if self.args else ""
+
+
+def _lookup(values: Any, key: str, where: str) -> torch.Tensor:
+    try:
+        found = values[key]
+    except (KeyError, TypeError, IndexError):
+        keys = sorted(values) if isinstance(values, Mapping) else type(values).__name__
+        raise MetricKeyError(
+            f"AccuracyMetric found no {key!r} in the {where} (it has: {keys}); pass the "
+            f"{where}'s key, e.g. AccuracyMetric(label_key='t', output_key='y')"
+        ) from None
+    if not isinstance(found, torch.Tensor):
+        found = torch.as_tensor(found)
+    return found
+
+
+class AccuracyMetric:
+    """The fraction of predictions equal to the labels, reported as ``accuracy``.
+
+    ``outputs[output_key]`` holds predicted labels (take ``argmax`` in the model or
+    ``eval_func`` for scores); predictions beyond the number of labels are ignored, as
+    happens when the last batch was padded. The value is a zero-dimensional tensor on the
+    predictions' device, so evaluation does not synchronise per batch; the evaluator's mean
+    is a float.
+
+    Args:
+        label_key: Key of the labels in the batch.
+        output_key: Key of the predictions in the outputs.
+
+    Raises:
+        MetricKeyError: A key is missing (when called).
+        MetricInputError: The batch holds no labels, or labels and predictions do not
+            have the same number of elements (when called).
+    """
+
+    def __init__(self, label_key: str, output_key: str) -> None:
+        self.label_key = label_key
+        self.output_key = output_key
+
+    def __call__(self, batch: Batch, out: Batch) -> dict[str, Any]:
+        """Returns ``{'accuracy': correct / len(labels)}`` for one batch."""
+        with torch.no_grad():
+            labels = _lookup(batch, self.label_key, "batch")
+            count = labels.shape[0] if labels.ndim else 1
+            if count == 0:
+                raise MetricInputError(
+                    f"AccuracyMetric got an empty batch of labels ({self.label_key!r}); the "
+                    "loader yielded a batch with no examples"
+                )
+            predictions = _lookup(out, self.output_key, "outputs")[:count]
+            if labels.numel() != predictions.numel():
+                raise MetricInputError(
+                    f"AccuracyMetric needs one predicted label per label: {self.label_key!r} "
+                    f"has shape {tuple(labels.shape)} but {self.output_key!r} has "
+                    f"{tuple(predictions.shape)}; for class scores, report "
+                    "scores.argmax(dim=1) as the prediction"
+                )
+            if labels.device != predictions.device:
+                labels = labels.to(predictions.device)
+            correct = (labels.view_as(predictions) == predictions).sum()
+            return {"accuracy": correct / count}
