@@ -29,7 +29,6 @@ def attach_resume_state(manager: Any, state: TrainerState, handler: Any) -> None
             # snapshots move between PPE and ppe-core with the scaler's state.
             manager._state_objects[PPE_GRAD_SCALER_KEY] = _GradScalerMirror(handler)
             manager._optional_state_objects.add(PPE_GRAD_SCALER_KEY)
-    manager._report_step_time = True
 
 
 #: The ``state_objects`` name PPE's ``create_trainer`` gives ``options={'grad_scaler': ...}``.
