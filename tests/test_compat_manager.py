@@ -5,8 +5,8 @@
 
 from __future__ import annotations
 
-import json
 import io
+import json
 import types
 from collections.abc import Iterator
 from pathlib import Path
