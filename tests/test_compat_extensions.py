@@ -498,3 +498,28 @@ def test_lr_scheduler_waits_only_when_the_first_step_is_observable() -> None:
     # A non-torch scheduler cannot tell, so it steps from the start (as in PPE).
     assert steppers["custom"].call_count == 4
     assert steppers["torch"].call_count == 2
+
+
+def test_notebook_variants_are_the_standard_classes() -> None:
+    """PPE defines the notebook variants only with IPython; ppe-core always provides them."""
+    from ppe_core.training.extensions.print_report_notebook import PrintReportNotebook
+    from ppe_core.training.extensions.progress_bar_notebook import ProgressBarNotebook
+
+    extensions = ppe_core.training.extensions
+    assert extensions.ProgressBarNotebook is ProgressBarNotebook is extensions.ProgressBar
+    assert extensions.PrintReportNotebook is PrintReportNotebook is extensions.PrintReport
+    out = io.StringIO()
+    bar = extensions.ProgressBarNotebook(
+        training_length=(4, "iteration"), update_interval=1, out=out
+    )
+    manager = ppe_core.training.ExtensionsManager(
+        torch.nn.Linear(1, 1),
+        torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1),
+        1,
+        iters_per_epoch=4,
+        extensions=[bar],
+    )
+    while not manager.stop_trigger:
+        with manager.run_iteration():
+            pass
+    assert "4 iter, 1 epoch" in out.getvalue()

@@ -188,9 +188,17 @@ def missing_names(ns: str, own_only: bool) -> list[str]:
     if ours is None and own_only:
         return []  # the whole submodule is missing: its parent's row covers it
     rows = _rows()
+    try:
+        names = ppe_names(ns, own_only)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").startswith("pytorch_pfn_extras"):
+            raise
+        # PPE's module needs an optional package that is not installed (the notebook modules
+        # import IPython), so its names cannot be listed: ppe-core's module must still exist.
+        return [] if ours is not None else [ns]
     return sorted(
         _qualified(ns, name)
-        for name in ppe_names(ns, own_only)
+        for name in names
         if not _provides(ours, name) and _qualified(ns, name) not in rows
     )
 

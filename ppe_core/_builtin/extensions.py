@@ -36,6 +36,9 @@ BUILTIN_EXTENSIONS: dict[str, str] = {
     "UnbiasedStandardDeviationAccumulate": _EXT + "_accumulate:UnbiasedStandardDeviationAccumulate",
     "PrintReportCLI": _EXT + "_print_report:PrintReport",
     "ProgressBarCLI": _EXT + "_progress_bar:ProgressBar",
+    # PPE defines these only with IPython; ours show tqdm's notebook widget in Jupyter.
+    "PrintReportNotebook": _EXT + "_print_report:PrintReport",
+    "ProgressBarNotebook": _EXT + "_progress_bar:ProgressBar",
     "VariableStatisticsPlot": _EXT + "_variable_statistics_plot:VariableStatisticsPlot",
     "Slack": _EXT + "_slack:Slack",
     "SlackWebhook": _EXT + "_slack:SlackWebhook",

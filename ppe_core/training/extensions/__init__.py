@@ -35,9 +35,11 @@ if TYPE_CHECKING:
     from ppe_core.training.extensions._plot_report import PlotReport
     from ppe_core.training.extensions._print_report import PrintReport
     from ppe_core.training.extensions._print_report import PrintReport as PrintReportCLI
+    from ppe_core.training.extensions._print_report import PrintReport as PrintReportNotebook
     from ppe_core.training.extensions._profile_report import ProfileReport
     from ppe_core.training.extensions._progress_bar import ProgressBar
     from ppe_core.training.extensions._progress_bar import ProgressBar as ProgressBarCLI
+    from ppe_core.training.extensions._progress_bar import ProgressBar as ProgressBarNotebook
     from ppe_core.training.extensions._slack import Slack, SlackWebhook
     from ppe_core.training.extensions._snapshot import SnapshotMode, snapshot, snapshot_object
     from ppe_core.training.extensions._tensorboard import TensorBoard
@@ -63,9 +65,11 @@ if TYPE_CHECKING:
         "PlotReport",
         "PrintReport",
         "PrintReportCLI",
+        "PrintReportNotebook",
         "ProfileReport",
         "ProgressBar",
         "ProgressBarCLI",
+        "ProgressBarNotebook",
         "Slack",
         "SlackWebhook",
         "SnapshotMode",
