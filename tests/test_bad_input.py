@@ -101,6 +101,13 @@ def test_closure_logic_with_grad_scaler() -> None:
     says(info, "ClousureLogic cannot use a grad_scaler", "Remove the 'grad_scaler' option")
 
 
+def test_to_with_options_and_config() -> None:
+    with pytest.raises(ValueError) as info:  # ConfigurationError is a ValueError, as PPE's
+        ppe.to(torch.nn.Linear(1, 1), "cpu", options={}, config={})
+    assert isinstance(info.value, ConfigurationError)
+    says(info, "both options= and config=", "pass only options=")
+
+
 def warned(record: pytest.WarningsRecorder, *phrases: str) -> None:
     """One warning was recorded, and its message holds every phrase."""
     assert len(record) == 1, [str(w.message) for w in record]
