@@ -20,7 +20,12 @@ import pluggy
 from ppe_core import hookspecs
 from ppe_core._registry import Registrant, Registry
 from ppe_core._version import __version__
-from ppe_core.errors import ConfigurationError, PluginLoadError, PluginLoadWarning
+from ppe_core.errors import (
+    ConfigurationError,
+    PluginLoadError,
+    PluginLoadWarning,
+    TeardownHookWarning,
+)
 from ppe_core.runtime._registry import FIRST_PARTY_PROVIDERS, RuntimeRegistry
 
 __all__ = [
@@ -320,6 +325,50 @@ class PluginHost:
                 "Install one (pip install ppe-cpu) or pass an explicit device such as 'cpu'."
             )
         return str(answer)
+
+    def trainer_setup(self, trainer: Any) -> None:
+        """Calls every ``ppe_trainer_setup`` hook (once per ``Trainer.run()``)."""
+        self.pm.hook.ppe_trainer_setup(trainer=trainer)
+
+    def trainer_teardown(self, trainer: Any, exception: BaseException | None) -> None:
+        """Calls every ``ppe_trainer_teardown`` hook; see :meth:`_teardown` for errors."""
+        self._teardown("ppe_trainer_teardown", {"trainer": trainer, "exception": exception})
+
+    def evaluator_setup(self, evaluator: Any) -> None:
+        """Calls every ``ppe_evaluator_setup`` hook (once per ``Evaluator.run()``)."""
+        self.pm.hook.ppe_evaluator_setup(evaluator=evaluator)
+
+    def evaluator_teardown(self, evaluator: Any, exception: BaseException | None) -> None:
+        """Calls every ``ppe_evaluator_teardown`` hook; see :meth:`_teardown` for errors."""
+        self._teardown("ppe_evaluator_teardown", {"evaluator": evaluator, "exception": exception})
+
+    def _teardown(self, name: str, kwargs: dict[str, Any]) -> None:
+        """Runs each teardown implementation, even when an earlier one raised.
+
+        The hook contract: a teardown error never replaces the run's error. While a run is
+        failing (``exception`` given), each teardown error becomes a
+        :class:`~ppe_core.errors.TeardownHookWarning` naming the plugin, and the caller re-raises
+        the run's error. After a successful run the first teardown error is raised (once every
+        implementation has run), since nothing else reports it.
+        """
+        failing = kwargs["exception"] is not None
+        first: BaseException | None = None
+        for impl in reversed(getattr(self.pm.hook, name).get_hookimpls()):
+            try:
+                impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
+            except Exception as exc:
+                if failing:
+                    warnings.warn(
+                        f"{name} of plugin {impl.plugin_name!r} raised {exc!r} while the run was "
+                        f"already failing with {kwargs['exception']!r}; the run's error is "
+                        "re-raised. Fix the hook so that it tolerates failed runs.",
+                        TeardownHookWarning,
+                        stacklevel=3,
+                    )
+                elif first is None:
+                    first = exc
+        if first is not None:
+            raise first
 
     def environment_info(self) -> list[str]:
         """Lines from every plugin's ``ppe_environment_info`` hook."""

@@ -60,3 +60,7 @@ class PluginLoadError(PPEError, RuntimeError):
 
 class PluginLoadWarning(PPEWarning):
     """A plugin failed to import or register and was skipped."""
+
+
+class TeardownHookWarning(PPEWarning):
+    """A teardown hook raised while a run was already failing; the run's error is kept."""

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 import ppe_core as ppe
 from ppe_core import hookimpl
-from ppe_core.errors import ConfigurationError, RegistryLookupError
+from ppe_core.errors import ConfigurationError, RegistryLookupError, TeardownHookWarning
 from ppe_core.handler import BatchMismatchError, Logic, ModelOutputError, NoRuntimeError
 from ppe_core.plugins import PluginHost
 
@@ -289,6 +289,40 @@ def test_lifecycle_hooks_are_called_once_per_run(plugin_host: PluginHost) -> Non
     assert calls[-1][0] == "trainer_teardown" and isinstance(calls[-1][1], BatchMismatchError)
 
 
+def test_failing_teardown_hook_never_replaces_the_training_error(plugin_host: PluginHost) -> None:
+    """Issue 14, bug 2: the run's error surfaces; the hook's becomes a warning naming it."""
+    seen: list[str] = []
+
+    class BrokenTeardown:
+        @hookimpl
+        def ppe_trainer_teardown(self, trainer: Any, exception: Any) -> None:
+            raise RuntimeError("teardown broke")
+
+        @hookimpl
+        def ppe_evaluator_teardown(self, evaluator: Any, exception: Any) -> None:
+            raise RuntimeError("evaluator teardown broke")
+
+    class LaterTeardown:  # still runs although another teardown raised
+        @hookimpl
+        def ppe_trainer_teardown(self, trainer: Any, exception: Any) -> None:
+            seen.append(type(exception).__name__)
+
+    plugin_host.register(LaterTeardown(), name="later")
+    plugin_host.register(BrokenTeardown(), name="broken")
+    model = make_model()
+    trainer = ppe.engine.create_trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), 1)
+    with (
+        pytest.warns(TeardownHookWarning, match="'broken' raised RuntimeError"),
+        pytest.raises(BatchMismatchError),
+    ):
+        trainer.run([{"x": torch.randn(2, 4)}])
+    assert seen == ["BatchMismatchError"]
+    # After a successful run nothing else reports the hook's error, so it is raised.
+    evaluator = ppe.engine.create_evaluator(model)
+    with pytest.raises(RuntimeError, match="evaluator teardown broke"):
+        evaluator.run(make_loader(n=8))
+
+
 def test_sampler_set_epoch_is_called_each_epoch() -> None:
     epochs: list[int] = []
 
@@ -536,7 +570,9 @@ def test_no_pluggy_hook_runs_per_step(plugin_host: PluginHost) -> None:
             counts.append(len(calls))
     finally:
         undo()
-    assert counts[0] == counts[1] == 2  # trainer setup and teardown, whatever the step count
+    # Trainer setup goes through pluggy once; teardown calls each implementation directly (so
+    # that one failing implementation cannot hide the run's error). Neither depends on steps.
+    assert counts[0] == counts[1] == 1
 
 
 def test_accumulation_skips_gradient_sync_inside_a_window() -> None:
@@ -560,3 +596,34 @@ def test_accumulation_skips_gradient_sync_inside_a_window() -> None:
         options={"grad_accumulation_steps": 3},
     ).run(make_loader(n=48))  # 6 batches: two windows of 3, sync only on each window's last
     assert len(entered) == 4
+
+
+class _ConstantLoss(torch.nn.Module):
+    """A model whose loss never improves, so early stopping fires after its patience."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(2, 1)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": self.fc(x).sum() * 0 + 1.0}
+
+
+def test_early_stopping_mid_epoch_stops_the_trainer_once(tmp_path: Any) -> None:
+    """Issue 14, bug 1: one stop condition, consulted once per iteration; the run ends where
+    the trigger fired (iteration 6 of an 8-step epoch) instead of failing in the next epoch."""
+    torch.manual_seed(0)
+    model = ppe.to(_ConstantLoss(), "cpu")
+    stop = ppe.training.triggers.EarlyStoppingTrigger(
+        check_trigger=(2, "iteration"), monitor="train/loss", patience=2, max_trigger=(5, "epoch")
+    )
+    trainer = ppe.engine.create_trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        5,
+        stop_trigger=stop,
+        out_dir=str(tmp_path),
+    )
+    trainer.run([{"x": torch.randn(4, 2)} for _ in range(8)])
+    assert (trainer.manager.iteration, trainer.manager.epoch) == (6, 0)
+    assert trainer.manager.stop_trigger

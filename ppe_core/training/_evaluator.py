@@ -175,10 +175,10 @@ class Evaluator:
 
         length = loader_length(loader, eval_len, "eval_len")
         handler: Any = self.handler
-        hook = get_plugin_host().pm.hook
+        host = get_plugin_host()
         modes = {name: model.training for name, model in self.models.items()}
         self._setup(loader)
-        hook.ppe_evaluator_setup(evaluator=self)
+        host.evaluator_setup(self)
         # Handlers that split reporting out of eval_step (PPE's protocol) have eval_post_step.
         self._post_step = getattr(handler, "eval_post_step", None)
         error: BaseException | None = None
@@ -209,7 +209,7 @@ class Evaluator:
                 bar.close()
             for name, model in self.models.items():
                 model.train(modes[name])
-            hook.ppe_evaluator_teardown(evaluator=self, exception=error)
+            host.evaluator_teardown(self, error)
         self._gather_summaries()
         means = self._summary.compute_mean()
         report(means)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import difflib
 import importlib
 import time
@@ -313,9 +312,10 @@ class ExtensionsManager:
         self._stop_trigger: Trigger = get_trigger(
             (max_epochs, "epoch") if stop_trigger is None else stop_trigger
         )
-        # Triggers may be stateful: the copy the manager consults to finalize must not disturb
-        # the one behind the public ``stop_trigger`` property.
-        self._internal_stop_trigger: Trigger = copy.deepcopy(self._stop_trigger)
+        # One stop condition: the trigger is consulted at most once per iteration, by whichever
+        # comes first (the step's own check or a read of ``stop_trigger``), and both share the
+        # answer. Stateful triggers (early stopping) would diverge if consulted through copies.
+        self._internal_stop_trigger: Trigger = self._stop_trigger
 
         self._iteration = 0
         #: Iterations run by this process since the (possibly restored) start; PPE's name.
@@ -461,13 +461,22 @@ class ExtensionsManager:
         """
         if not self._started:
             self.start_extensions()
+        if self._stop_reached:
+            return True
         iteration = self._iteration
         if iteration == self._public_stop_checked_at:
             return self._public_stop_value
         if iteration < self._public_stop_due:
             return False
+        return self._consult_stop_trigger(iteration)
+
+    def _consult_stop_trigger(self, iteration: int) -> bool:
+        """Calls the stop trigger once for ``iteration`` and records the answer for both users."""
+        if iteration == self._public_stop_checked_at:
+            return self._public_stop_value
         value = bool(self._stop_trigger(self))
-        self._public_stop_due = self._due_after(self._stop_trigger, iteration)
+        due = self._due_after(self._stop_trigger, iteration)
+        self._public_stop_due = self._internal_stop_due = due
         self._public_stop_checked_at = iteration
         self._public_stop_value = value
         return value
@@ -911,10 +920,8 @@ class ExtensionsManager:
                 self._call_extension(slot)
         finally:
             self._model_available = True
-        if self._internal_stop_due <= iteration:
-            if self._internal_stop_trigger(self):
-                self._stop_reached = True
-            self._internal_stop_due = self._due_after(self._internal_stop_trigger, iteration)
+        if self._internal_stop_due <= iteration and self._consult_stop_trigger(iteration):
+            self._stop_reached = True
         if self._dirty:
             # An extension changed the registrations or the state: rebuild on the next step.
             self._next_due = -1

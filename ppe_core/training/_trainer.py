@@ -433,7 +433,7 @@ class Trainer:
             self._setup_manager(iters_per_epoch)
         manager = self.manager
         handler: Any = self.handler
-        hook = get_plugin_host().pm.hook
+        host = get_plugin_host()
 
         handler.train_setup(self, train_loader)
         if ignored_val_loader:  # after train_setup, as PPE: a setup error comes first
@@ -460,7 +460,7 @@ class Trainer:
         )
         profile = self._profile
         manager.start_extensions()
-        hook.ppe_trainer_setup(trainer=self)
+        host.trainer_setup(self)
         error: BaseException | None = None
         try:
             with profile if profile is not None else contextlib.nullcontext():
@@ -501,7 +501,7 @@ class Trainer:
         finally:
             self._batch = None
             handler.train_cleanup(self)
-            hook.ppe_trainer_teardown(trainer=self, exception=error)
+            host.trainer_teardown(self, error)
         manager.finalize()
 
 
