@@ -215,14 +215,14 @@ class Handler(BaseHandler):
 
     def train_epoch_begin(self, trainer: Any, loader: Iterable[Any]) -> None:
         self._ensure(trainer.models)
+        # The handler sets the sampler's epoch (DistributedSampler reshuffles per epoch) for
+        # every logic, so a custom logic's train_epoch_begin need not remember to.
         sampler = getattr(loader, "sampler", None)
-        # Logic.train_epoch_begin sets the sampler's epoch itself (as in PPE); do it for others.
-        if not isinstance(self._logic, Logic) and hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(trainer.epoch)  # type: ignore[union-attr]
         batch_sampler = getattr(loader, "batch_sampler", None)
         inner = getattr(batch_sampler, "sampler", None)
-        if inner is not None and inner is not sampler and hasattr(inner, "set_epoch"):
-            inner.set_epoch(trainer.epoch)
+        for target in (sampler, inner if inner is not sampler else None):
+            if target is not None and hasattr(target, "set_epoch"):
+                target.set_epoch(trainer.epoch)
         self._logic.train_epoch_begin(trainer.models, trainer.epoch, loader)
         for module, runtime in self._runtimes:
             runtime.train_epoch_begin(module)

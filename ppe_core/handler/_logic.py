@@ -425,10 +425,7 @@ class Logic(BaseLogic):
     def train_epoch_begin(
         self, models: Mapping[str, torch.nn.Module], epoch: int, loader: Iterable[Any]
     ) -> None:
-        self._model(models).train()
-        sampler = getattr(loader, "sampler", None)
-        if sampler is not None and hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)  # DistributedSampler reshuffles per epoch
+        self._model(models).train()  # the handler has set the sampler's epoch already
         try:
             self._epoch_length = len(loader)  # type: ignore[arg-type]
         except TypeError:

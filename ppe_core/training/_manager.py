@@ -297,9 +297,6 @@ class ExtensionsManager:
         self._internal_states: dict[str, Any] = {}
         # State objects a state may lack (added by ppe-core for PPE's layout, not by the user).
         self._optional_state_objects: set[str] = set()
-        # Set by the Trainer: report each step's duration as ``elapsed_time``, as PPE's does.
-        self._report_step_time = False
-        self._step_begin = 0.0
 
         self.observation: Observation = {}
         self.reporter = Reporter()
@@ -314,8 +311,7 @@ class ExtensionsManager:
         )
         # One stop condition: the trigger is consulted at most once per iteration, by whichever
         # comes first (the step's own check or a read of ``stop_trigger``), and both share the
-        # answer. Stateful triggers (early stopping) would diverge if consulted through copies.
-        self._internal_stop_trigger: Trigger = self._stop_trigger
+        # answer (see _consult_stop_trigger). Stateful triggers (early stopping) need that.
 
         self._iteration = 0
         #: Iterations run by this process since the (possibly restored) start; PPE's name.
@@ -340,11 +336,10 @@ class ExtensionsManager:
         self._dirty = True
         self._next_due = -1
         self._state_due = -1
-        self._internal_stop_due = -1
+        self._stop_due = -1
         self._stop_reached = False
-        self._public_stop_due = -1
-        self._public_stop_checked_at = -1
-        self._public_stop_value = False
+        self._stop_checked_at = -1
+        self._stop_value = False
 
         self._plain_context = _IterationContext(self, ())
         self._contexts: dict[tuple[str, ...], _IterationContext] = {}
@@ -464,21 +459,18 @@ class ExtensionsManager:
         if self._stop_reached:
             return True
         iteration = self._iteration
-        if iteration == self._public_stop_checked_at:
-            return self._public_stop_value
-        if iteration < self._public_stop_due:
-            return False
+        if iteration < self._stop_due and iteration != self._stop_checked_at:
+            return False  # not due, and not consulted at this iteration
         return self._consult_stop_trigger(iteration)
 
     def _consult_stop_trigger(self, iteration: int) -> bool:
         """Calls the stop trigger once for ``iteration`` and records the answer for both users."""
-        if iteration == self._public_stop_checked_at:
-            return self._public_stop_value
+        if iteration == self._stop_checked_at:
+            return self._stop_value
         value = bool(self._stop_trigger(self))
-        due = self._due_after(self._stop_trigger, iteration)
-        self._public_stop_due = self._internal_stop_due = due
-        self._public_stop_checked_at = iteration
-        self._public_stop_value = value
+        self._stop_due = self._due_after(self._stop_trigger, iteration)
+        self._stop_checked_at = iteration
+        self._stop_value = value
         return value
 
     def _raise_model_unavailable(self) -> None:
@@ -647,8 +639,6 @@ class ExtensionsManager:
         # object, because this runs every step.
         observation: Observation = {}
         self.observation = observation
-        if self._report_step_time:
-            self._step_begin = time.perf_counter()
         reporter = self.reporter
         self._scope = reporter.observation
         reporter.observation = observation
@@ -669,8 +659,6 @@ class ExtensionsManager:
         exception it runs the error handling of :meth:`_abort_iteration` and re-raises.
         """
         try:
-            if self._report_step_time:
-                self.observation["elapsed_time"] = time.perf_counter() - self._step_begin
             for name in step_optimizers:
                 self._optimizers[name].step()
             iteration = self._iteration = self._iteration + 1
@@ -846,8 +834,8 @@ class ExtensionsManager:
         self._dirty = True
         self._next_due = -1
         self._state_due = -1
-        self._public_stop_due = -1
-        self._public_stop_checked_at = -1
+        self._stop_due = -1
+        self._stop_checked_at = -1
 
     def _due_after(self, trigger: Trigger, iteration: int) -> int:
         """The first iteration after ``iteration`` at which ``trigger`` may fire."""
@@ -882,9 +870,9 @@ class ExtensionsManager:
             if slot.needs_state:
                 state_due = min(state_due, due)
         self._every = every
-        self._internal_stop_due = self._due_after(self._internal_stop_trigger, iteration)
+        self._stop_due = self._due_after(self._stop_trigger, iteration)
         self._state_due = state_due
-        self._next_due = min(next_due, self._internal_stop_due)
+        self._next_due = min(next_due, self._stop_due)
         self._dirty = False
 
     def _run_due_extensions(self, iteration: int) -> None:
@@ -920,14 +908,14 @@ class ExtensionsManager:
                 self._call_extension(slot)
         finally:
             self._model_available = True
-        if self._internal_stop_due <= iteration and self._consult_stop_trigger(iteration):
+        if self._stop_due <= iteration and self._consult_stop_trigger(iteration):
             self._stop_reached = True
         if self._dirty:
             # An extension changed the registrations or the state: rebuild on the next step.
             self._next_due = -1
         else:
             self._state_due = state_due
-            self._next_due = min(next_due, self._internal_stop_due)
+            self._next_due = min(next_due, self._stop_due)
 
     def _call_extension(self, slot: _Scheduled) -> None:
         if self._enable_profile:

@@ -355,8 +355,8 @@ class Trainer:
             **kwargs,
         )
         # PPE's trainer also reports each step's duration as ``elapsed_time``; ppe-core leaves
-        # it out (manager._report_step_time stays False): LogReport/PrintReport overwrite the
-        # key with the run's elapsed time anyway, and it would cost two clock reads per step.
+        # it out (docs/migration.md): LogReport/PrintReport overwrite the key with the run's
+        # elapsed time anyway, and it would cost clock reads and a summary entry per step.
         for name, (evaluator, trigger) in self._evaluators.items():
             manager.extend(_EvaluatorExtension(self, evaluator), name=name, trigger=trigger)
         for extension, extension_kwargs in self._extensions:
