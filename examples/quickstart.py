@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset
 
 import ppe_core as ppe
 
@@ -32,12 +32,18 @@ class Model(torch.nn.Module):
         }
 
 
-class DictDataset(TensorDataset):
+class DictDataset(Dataset[dict[str, torch.Tensor]]):
     """Yields ``{"x": ..., "t": ...}`` so batches map onto ``forward``'s keyword arguments."""
 
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:  # type: ignore[override]
-        x, t = super().__getitem__(index)
-        return {"x": x, "t": t}
+    def __init__(self, x: torch.Tensor, t: torch.Tensor) -> None:
+        self.x = x
+        self.t = t
+
+    def __len__(self) -> int:
+        return len(self.t)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"x": self.x[index], "t": self.t[index]}
 
 
 def make_loader(n: int, seed: int, shuffle: bool) -> DataLoader[dict[str, torch.Tensor]]:

@@ -6,13 +6,17 @@ import functools
 import os
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any, TypeVar
 
 import torch
 
 from ppe_core import _tracing
+from ppe_core._plugins import get_plugin_host
+from ppe_core.runtime import BaseRuntime, PyTorchRuntime, device_type_of
 
 __all__ = ["record", "record_function", "record_iterable"]
 
@@ -55,17 +59,19 @@ class _Record(_Notification):
 
     __slots__ = ("_begin", "_deferred", "_event", "_metric", "_range", "_summary", "_tag")
 
-    def __init__(self, tag: str, metric: str | None, tracer: _tracing.Tracer | None) -> None:
+    def __init__(
+        self, tag: str, metric: str | None, tracer: _tracing.Tracer | None, device: Any = "cpu"
+    ) -> None:
         self._tag = tag
         self._metric = metric
-        self._range = torch.profiler.record_function(tag)
+        self._range = _device_range(device, tag)
         self._event = None if tracer is None else tracer.add_event(tag)
         self._summary: Any = None
         self._deferred = False
         self._begin = 0.0
 
     def __enter__(self) -> _Notification:
-        self._range.__enter__()  # type: ignore[no-untyped-call]
+        self._range.__enter__()
         if self._event is not None:
             self._event.__enter__()
         if self._metric is not None:
@@ -98,6 +104,31 @@ class _Record(_Notification):
         """Reports the duration from the block's start until now."""
         if self._summary is not None:
             self._summary.add(self._metric, time.perf_counter() - self._begin)
+
+
+def _device_range(device: Any, tag: str) -> AbstractContextManager[Any]:
+    """The context that labels ``tag`` for ``device``'s profiler.
+
+    A runtime registered for the device type that overrides ``BaseRuntime.trace`` labels it
+    (as in PPE); otherwise, and for the generic runtimes, it is a ``torch.profiler`` range.
+    """
+    registry = get_plugin_host().runtimes
+    # The common spelling ("cpu") needs no parsing.
+    plain = type(device) is str and ":" not in device
+    device_type = device if plain else device_type_of(device)
+    if device_type in registry:
+        runtime_class = registry.get(device_type)
+        custom = _CUSTOM_TRACE.get(runtime_class)
+        if custom is None:
+            owner = next(c for c in runtime_class.__mro__ if "trace" in c.__dict__)
+            custom = _CUSTOM_TRACE[runtime_class] = owner not in (BaseRuntime, PyTorchRuntime)
+        if custom:
+            return runtime_class.trace(tag, None)
+    return torch.profiler.record_function(tag)
+
+
+#: Runtime class -> whether it overrides ``trace`` (weak: test classes come and go).
+_CUSTOM_TRACE: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
 
 
 def _caller_tag(depth: int) -> str:
@@ -135,7 +166,8 @@ def record(
         use_cuda: Accepted for PPE compatibility; ppe-core measures host time only (time
             device work by synchronizing inside the block).
         enable: Add the duration to the TimeSummary.
-        device: Accepted for PPE compatibility; the range is always a ``torch.profiler`` one.
+        device: Whose runtime labels the block: a runtime registered for its device type that
+            overrides ``BaseRuntime.trace`` provides the range, else ``torch.profiler`` does.
         trace: A tracer to add an event to, or True for the global tracer
             (:func:`~ppe_core.profiler.get_tracer`).
 
@@ -152,7 +184,8 @@ def record(
         return _DISABLED
     if tag is None:
         tag = _caller_tag(1)
-    return _Record(tag, (tag if metric is None else metric) if enable else None, _tracer_for(trace))
+    metric = (tag if metric is None else metric) if enable else None
+    return _Record(tag, metric, _tracer_for(trace), device)
 
 
 def record_function(

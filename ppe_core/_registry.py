@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import difflib
+import importlib
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
-from ppe_core.errors import ArgumentTypeError, DuplicateRegistrationError, RegistryLookupError
+from ppe_core.errors import (
+    ArgumentTypeError,
+    DuplicateRegistrationError,
+    PluginLoadError,
+    RegistryLookupError,
+)
 
-__all__ = ["Registrant", "Registry", "RegistryEntry"]
+__all__ = ["LazyTarget", "Registrant", "Registry", "RegistryEntry"]
 
 T = TypeVar("T")
 
@@ -28,6 +34,36 @@ class Registrant:
         if self.distribution is None:
             return f"plugin {self.plugin!r}"
         return f"plugin {self.plugin!r} ({self.distribution} {self.version or '?'})"
+
+
+class LazyTarget:
+    """A registered ``"package.module:attribute"`` imported only when first looked up.
+
+    Registering names this way keeps plugin discovery cheap: ``import ppe_core`` plus the first
+    registry lookup imports no extension or training module until one is asked for by name.
+    """
+
+    __slots__ = ("target",)
+
+    def __init__(self, target: str) -> None:
+        module, sep, attribute = target.partition(":")
+        if not (module and sep and attribute):
+            raise ArgumentTypeError(
+                f"a lazy registration target must read 'package.module:attribute', got "
+                f"{target!r}; e.g. register_lazy('MyExt', 'my_plugin._ext:MyExt')"
+            )
+        self.target = target
+
+    def resolve(self) -> object:
+        """Import the module and return the attribute."""
+        module, _, attribute = self.target.partition(":")
+        obj: object = importlib.import_module(module)
+        for part in attribute.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+    def __repr__(self) -> str:
+        return f"<lazy {self.target}>"
 
 
 @dataclass(frozen=True)
@@ -93,6 +129,49 @@ class Registry(Generic[T]):
         self._entries[name] = RegistryEntry(name, obj, registrant, previous)
         return obj
 
+    def register_lazy(self, name: str, target: str, *, replace: bool = False) -> None:
+        """Register ``name`` for ``"package.module:attribute"``, imported at first lookup.
+
+        The object is validated when it is resolved (by :meth:`get` or :meth:`entries`), and
+        a target that fails to import raises :class:`~ppe_core.errors.PluginLoadError` naming
+        the registrant. Duplicates follow :meth:`register`'s rules.
+        """
+        lazy = LazyTarget(target)
+        if not isinstance(name, str) or not name:
+            raise ArgumentTypeError(
+                f"{self.kind} names must be non-empty strings, got {name!r}; pass the name "
+                f"users will ask for, e.g. register_lazy('mydev', 'pkg.mod:Obj')"
+            )
+        registrant = self._current_registrant or _caller_registrant(1)
+        previous = self._entries.get(name)
+        if previous is not None and not replace:
+            raise DuplicateRegistrationError(
+                f"{self.kind} {name!r} is already registered by {previous.registrant} "
+                f"as {_describe(previous.obj)}; {registrant} tried to register "
+                f"{target} under the same name. Use another name, or pass replace=True to "
+                f"override it on purpose."
+            )
+        # The placeholder stands in for T until _resolve replaces it with the real object.
+        placeholder = cast(T, lazy)
+        self._entries[name] = RegistryEntry(name, placeholder, registrant, previous)
+
+    def _resolve(self, entry: RegistryEntry[T]) -> T:
+        """Import a lazy entry's target, validate it and store it in place of the placeholder."""
+        lazy = cast(LazyTarget, entry.obj)
+        try:
+            obj = cast(T, lazy.resolve())
+        except (ImportError, AttributeError) as exc:
+            raise PluginLoadError(
+                f"{self.kind} {entry.name!r} (registered by {entry.registrant} as "
+                f"{lazy.target}) could not be imported: {exc!r}. Fix or reinstall the plugin "
+                f"that registers it, or block it with PPE_DISABLED_PLUGINS."
+            ) from exc
+        self._validate(entry.name, obj)
+        resolved = RegistryEntry(entry.name, obj, entry.registrant, entry.replaced)
+        if self._entries.get(entry.name) is entry:
+            self._entries[entry.name] = resolved
+        return obj
+
     def unregister(self, name: str) -> T:
         """Remove ``name``, restoring whatever it had replaced, and return its object."""
         entry = self._entries.pop(name, None)
@@ -100,6 +179,8 @@ class Registry(Generic[T]):
             raise self._not_found(name)
         if entry.replaced is not None:
             self._entries[name] = entry.replaced
+        if type(entry.obj) is LazyTarget:
+            return self._resolve(entry)
         return entry.obj
 
     def get(self, name: str) -> T:
@@ -112,10 +193,16 @@ class Registry(Generic[T]):
         entry = self._entries.get(name)
         if entry is None:
             raise self._not_found(name)
-        return entry.obj
+        obj = entry.obj
+        if type(obj) is LazyTarget:
+            return self._resolve(entry)
+        return obj
 
     def entries(self) -> Mapping[str, RegistryEntry[T]]:
-        """A read-only view of every entry, by name."""
+        """A read-only view of every entry, by name (lazy registrations are imported first)."""
+        for entry in list(self._entries.values()):
+            if type(entry.obj) is LazyTarget:
+                self._resolve(entry)
         return MappingProxyType(self._entries)
 
     def names(self) -> list[str]:

@@ -121,9 +121,11 @@ def ppe_register_extensions(registry: Registry[Any]) -> None:
 def ppe_default_device() -> str | None:
     """Name the device that ``device="auto"`` resolves to.
 
-    Called each time a user asks for ``device="auto"``. The first non-``None`` answer wins, so
-    a plugin whose device is present answers with its device string and a generic fallback uses
-    ``@hookimpl(trylast=True)``. Return ``None`` when your device is not usable here.
+    Called each time a user asks for ``device="auto"`` (``ppe.to``, ``create_trainer``,
+    ``create_evaluator``: all through ``ppe_core.plugins.resolve_device``, so they agree). The
+    first non-``None`` answer wins, so a plugin whose device is present answers with its device
+    string and a generic fallback uses ``@hookimpl(trylast=True)``. Return ``None`` when your
+    device is not usable here.
 
     Returns:
         A device string such as ``"cuda"`` or ``"cpu"``, or ``None`` to abstain.

@@ -17,6 +17,7 @@ from ppe_core._plugins import (
     set_plugin_host,
 )
 from ppe_core._registry import Registrant, Registry, RegistryEntry
+from ppe_core._resolve import resolve_device, resolve_runtime, resolve_runtime_class
 
 __all__ = [
     "BUILTIN_PLUGINS",
@@ -33,5 +34,8 @@ __all__ = [
     "Registry",
     "RegistryEntry",
     "get_plugin_host",
+    "resolve_device",
+    "resolve_runtime",
+    "resolve_runtime_class",
     "set_plugin_host",
 ]

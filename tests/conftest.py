@@ -26,6 +26,16 @@ def _run_in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _no_process_group_left_behind() -> Iterator[None]:
+    """A test that creates a torch.distributed group must destroy it (later tests assume none)."""
+    yield
+    dist: Any = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+        pytest.fail("the test left a torch.distributed process group initialised; destroy it")
+
+
+@pytest.fixture(autouse=True)
 def plugin_host() -> Iterator[PluginHost]:
     """A fresh plugin host with autoload off: built-ins plus the first-party plugins."""
     import ppe_cpu.plugin

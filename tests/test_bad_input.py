@@ -20,15 +20,15 @@ from ppe_core.errors import (
     ArgumentTypeError,
     ConfigurationError,
     DuplicateRegistrationError,
+    MissingObservationError,
+    NonFiniteParameterError,
     RegistryLookupError,
     RuntimeNotFoundError,
+    ValLoaderIgnoredWarning,
 )
 from ppe_core.handler import BatchMismatchError, ModelOutputError, NoRuntimeError
 from ppe_core.reporting import EmptySummaryError, UnknownObserverError
-from ppe_core.training._trainer import ValLoaderIgnoredWarning
 from ppe_core.training.extension import ExtensionNameError
-from ppe_core.training.extensions._fail_on_non_number import NonFiniteParameterError
-from ppe_core.training.extensions._lr_scheduler import MissingObservationError
 from ppe_core.training.manager import (
     ManagerStateError,
     ModelStateUnavailableError,
@@ -215,6 +215,13 @@ def test_ppe_to_non_module() -> None:
     says(info, "expects a torch.nn.Module or torch.Tensor, got list", "pass the model")
 
 
+def test_runtime_class_instance_given_to_ppe_to() -> None:
+    runtime = ppe.runtime.PyTorchRuntime("cpu")
+    with pytest.raises(ArgumentTypeError) as info:
+        ppe.to(Regressor(), "cpu", runtime_class=runtime)  # type: ignore[arg-type]
+    says(info, "runtime_class must be a subclass of ppe_core.runtime.BaseRuntime", "not an")
+
+
 def test_register_non_runtime_class() -> None:
     with pytest.raises(ArgumentTypeError) as info:
         ppe.runtime.runtime_registry.register("mydev", Regressor)  # type: ignore[arg-type]
@@ -234,6 +241,25 @@ def test_register_runtime_for_a_device() -> None:
     with pytest.raises(ConfigurationError) as info:
         ppe.runtime.runtime_registry.register("cuda:1", ppe.runtime.PyTorchRuntime)
     says(info, "not a device: got 'cuda:1'", "register 'cuda' instead")
+
+
+class _LazyBrokenPlugin:
+    @ppe.hookimpl
+    def ppe_register_extensions(self, registry: Any) -> None:
+        registry.register_lazy("Broken", "ppe_no_such_package._ext:Broken")
+
+
+def test_lazy_registration_target_is_malformed(plugin_host: Any) -> None:
+    with pytest.raises(ArgumentTypeError) as info:
+        plugin_host.extensions.register_lazy("Mine", "my_plugin._ext.Mine")
+    says(info, "must read 'package.module:attribute'", "register_lazy('MyExt'")
+
+
+def test_lazy_registration_target_fails_to_import(plugin_host: Any) -> None:
+    plugin_host.register(_LazyBrokenPlugin(), name="lazy-broken")
+    with pytest.raises(ppe.errors.PluginLoadError) as info:
+        E.Broken  # noqa: B018 - the lookup is what fails
+    says(info, "extension 'Broken'", "plugin 'lazy-broken'", "ppe_no_such_package", "Fix or")
 
 
 def test_duplicate_runtime_registration() -> None:
@@ -313,6 +339,13 @@ def test_unknown_runtime_option() -> None:
     with pytest.raises(ConfigurationError) as info:
         make_trainer(runtime_options={"pin_memory": True})
     says(info, "does not understand the runtime option(s) 'pin_memory'", "Remove them")
+
+
+def test_runtime_option_of_wrong_type() -> None:
+    with pytest.raises(TypeError) as info:
+        make_trainer(runtime_options={"num_threads": "4"})
+    assert isinstance(info.value, ConfigurationError)
+    says(info, "option 'num_threads' must be int", "got str", "options={'num_threads': 4}")
 
 
 def test_handler_class_not_a_handler() -> None:
@@ -551,6 +584,28 @@ def test_metrics_not_a_list() -> None:
     with pytest.raises(ArgumentTypeError) as info:
         ppe.engine.create_evaluator(model_on_cpu(), metrics=accuracy)  # type: ignore[arg-type]
     says(info, "metrics must be a list of callables", "metrics=[metric]")
+
+
+def test_distributed_evaluator_without_process_group() -> None:
+    from ppe_core.errors import DistributedNotInitializedError
+
+    with pytest.raises(DistributedNotInitializedError) as info:
+        ppe.engine.create_evaluator(model_on_cpu(), distributed=True)
+    assert isinstance(info.value, RuntimeError)
+    says(info, "torch.distributed to be initialised", "init_process_group()")
+
+
+def test_world_size_without_master_addr(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ppe_core.distributed import DistributedEnvironmentError
+
+    for name in ("MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(DistributedEnvironmentError) as info:
+        ppe.distributed.init_from_env("cpu")
+    assert isinstance(info.value, ValueError)
+    says(info, "MASTER_ADDR is not", "launch with torchrun")
 
 
 # Reporting -----------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import ppe_core as ppe
-from ppe_core.training._manager import IgnoredArgumentWarning
+from ppe_core.errors import IgnoredArgumentWarning
 
 
 def _reference() -> ModuleType:

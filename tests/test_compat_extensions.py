@@ -405,7 +405,7 @@ def test_slack_error_message_and_failed_posts_warn(
 
     import urllib.request
 
-    from ppe_core.training.extensions._slack import SlackPostWarning
+    from ppe_core.errors import SlackPostWarning
 
     monkeypatch.setattr(urllib.request, "urlopen", lambda request: _Reply({}, status=500))
     manager = ppe_core.training.ExtensionsManager({}, [], 1, iters_per_epoch=1)

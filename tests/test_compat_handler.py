@@ -480,3 +480,65 @@ def test_model_in_eval_mode_after_training_as_in_ppe() -> None:
         )
         modes.append(model.training)
     assert modes == [False, False]
+
+
+# What the Handler reads of a Logic goes through public methods ------------------------------
+class _SteppingLogic(ppe.handler.BaseLogic):
+    """A PPE-style BaseLogic subclass: it steps in train_step and keeps a ``_grad_scaler``."""
+
+    def __init__(self, scaler: torch.amp.GradScaler | None = None) -> None:
+        super().__init__()
+        self.model_name = "second"
+        self._grad_scaler = scaler
+        self.bound: list[str] = []
+
+    def bind_device(self, device_type: str) -> None:
+        self.bound.append(device_type)
+
+    def train_step(
+        self,
+        models: Mapping[str, torch.nn.Module],
+        optimizers: Mapping[str, torch.optim.Optimizer],
+        batch_idx: int,
+        batch: Any,
+    ) -> Any:
+        optimizers["second"].zero_grad()
+        loss = models["second"](*batch)[0]
+        loss.backward()
+        optimizers["second"].step()
+        return {"loss": loss}
+
+
+def test_handler_binds_the_device_of_the_logics_own_model() -> None:
+    first, second = TupleRegressor(), TupleRegressor()
+    ppe.to(first, "cpu", runtime_class=ppe.runtime.PyTorchRuntime)
+    ppe.to(second, "meta")  # the logic's model: its runtime decides the device type
+    logic = _SteppingLogic()
+    handler = ppe.handler.Handler(logic, ppe.runtime.PyTorchRuntime("cpu"), {})
+    trainerish = SimpleNamespace(models={"first": first, "second": second}, optimizers={})
+    handler.train_setup(trainerish, [])
+    assert logic.bound == ["meta"]
+
+
+def test_logic_autocast_is_bound_through_bind_device() -> None:
+    logic = ppe.handler.Logic(options={"autocast": {"dtype": torch.bfloat16}})
+    logic.bind_device("cpu")
+    with logic._autocast.autocast():
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+        assert torch.is_autocast_enabled("cpu")
+    pinned = ppe.handler.Logic(options={"autocast": {"device_type": "cpu"}})
+    pinned.bind_device("meta")  # an explicit device_type option wins
+    assert pinned.get_grad_scaler() is None
+    with pinned._autocast.autocast():
+        assert torch.is_autocast_enabled("cpu")
+
+
+def test_a_ppe_style_logics_grad_scaler_state_is_saved_by_the_handler() -> None:
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+    models = {"second": ppe.to(TupleRegressor(), "cpu")}
+    optimizers = {"second": torch.optim.SGD(models["second"].parameters(), lr=0.1)}
+    trainer = ppe.engine.create_trainer(models, optimizers, 1, logic=_SteppingLogic(scaler))
+    trainer.run(make_data())
+    assert trainer.handler.state_dict()["grad_scaler"]["scale"] == 8.0
+    assert ppe.handler.Logic().get_grad_scaler() is None
+    assert type(trainer.handler.entry_runtime).__name__ == "CPURuntime"  # device="cpu"

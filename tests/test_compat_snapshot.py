@@ -16,13 +16,8 @@ import torch
 import torch.nn.functional as F
 
 import ppe_core
-from ppe_core.training.extensions._snapshot import (
-    SnapshotError,
-    SnapshotMode,
-    SnapshotVerificationWarning,
-    load_snapshot,
-    manifest_path,
-)
+from ppe_core.errors import SnapshotError, SnapshotVerificationWarning
+from ppe_core.training.extensions._snapshot import SnapshotMode, load_snapshot, manifest_path
 
 
 def _ppe() -> types.ModuleType:

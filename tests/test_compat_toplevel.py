@@ -177,7 +177,9 @@ def test_initialize_ompi_environment_single_process(monkeypatch: pytest.MonkeyPa
         "LOCAL_RANK",
         "OMPI_COMM_WORLD_SIZE",
     ]:
-        monkeypatch.delenv(name, raising=False)
+        # setenv first so that teardown also removes what initialize_ompi_environment sets.
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "0")
     result = ppe.distributed.initialize_ompi_environment(init_method="env", port="2345")

@@ -10,15 +10,9 @@ import pytest
 import torch
 
 import ppe_core as ppe
-from ppe_core.errors import PPEError
+from ppe_core.errors import BestValueKeyError, NoBestValueError, PPEError
 from ppe_core.training._extension import ExtensionEntry
-from ppe_core.training.extensions._best_value import (
-    BestValue,
-    BestValueKeyError,
-    MaxValue,
-    MinValue,
-    NoBestValueError,
-)
+from ppe_core.training.extensions._best_value import BestValue, MaxValue, MinValue
 from ppe_core.training.extensions._value_observation import observe_value
 
 # One value per epoch, reported by observe_value at the end of that epoch.

@@ -8,11 +8,9 @@ import pytest
 import torch
 
 import ppe_core as ppe
+from ppe_core.errors import NonFiniteParameterError
 from ppe_core.training._manager import ExtensionsManager
-from ppe_core.training.extensions._fail_on_non_number import (
-    FailOnNonNumber,
-    NonFiniteParameterError,
-)
+from ppe_core.training.extensions._fail_on_non_number import FailOnNonNumber
 
 
 class Regressor(torch.nn.Module):

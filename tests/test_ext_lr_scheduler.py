@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import ppe_core as ppe
-from ppe_core.errors import ConfigurationError
+from ppe_core.errors import ConfigurationError, MissingObservationError
 from ppe_core.training._extension import PRIORITY_READER, make_extension
 from ppe_core.training._manager import ExtensionsManager
-from ppe_core.training.extensions._lr_scheduler import LRScheduler, MissingObservationError
+from ppe_core.training.extensions._lr_scheduler import LRScheduler
 from ppe_core.training.extensions._value_observation import observe_lr
 
 

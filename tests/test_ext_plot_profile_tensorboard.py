@@ -13,12 +13,12 @@ import pytest
 import torch
 
 import ppe_core as ppe
-from ppe_core.errors import ConfigurationError
+from ppe_core.errors import ConfigurationError, NoPlotDataWarning, OptionalDependencyError
 from ppe_core.training._extension import PRIORITY_READER, make_extension
-from ppe_core.training.extensions._plot_report import NoPlotDataWarning, PlotReport
+from ppe_core.training.extensions._plot_report import PlotReport
 from ppe_core.training.extensions._profile_report import ProfileReport, TimeSummary
-from ppe_core.training.extensions._tensorboard import TensorBoard, TensorBoardWriter
-from ppe_core.training.extensions._util import OptionalDependencyError
+from ppe_core.training.extensions._tensorboard import TensorBoard
+from ppe_core.writing import TensorBoardWriter
 
 
 class Regressor(torch.nn.Module):

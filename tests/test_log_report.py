@@ -13,12 +13,11 @@ import torch.nn.functional as F
 from helpers import linear_manager
 
 import ppe_core
-from ppe_core.errors import ConfigurationError
+from ppe_core.errors import ConfigurationError, OptionalDependencyError
 from ppe_core.reporting import report
 from ppe_core.training.extensions._log_report import LogReport
 from ppe_core.training.extensions._print_report import PrintReport
 from ppe_core.training.extensions._progress_bar import ProgressBar
-from ppe_core.training.extensions._util import OptionalDependencyError
 from ppe_core.training.triggers import IntervalTrigger
 from ppe_core.writing import ThreadQueueWriter
 

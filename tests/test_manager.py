@@ -215,13 +215,45 @@ def test_priority_order_with_ties_in_registration_order() -> None:
     assert [name for name, _ in manager.extensions] == ["writer", "editor", "reader1", "reader2"]
 
 
-def test_snapshot_priority_runs_after_all_triggers_of_the_iteration() -> None:
+class LastRecorder(Recorder):
+    runs_last = True
+
+
+def test_runs_last_extension_runs_after_all_triggers_of_the_iteration() -> None:
+    log: list[tuple[str, int]] = []
+    manager, model, _, _ = make()
+    manager.extend(LastRecorder(log, "last"), priority=PRIORITY_SNAPSHOT, name="last")
+    manager.extend(Recorder(log, "lowest"), priority=PRIORITY_SNAPSHOT - 100, name="lowest")
+    train(manager, model, 1)
+    assert log == [("lowest", 1), ("last", 1)]
+    # Invocation order (PPE's PRIORITY_SNAPSHOT value) is unchanged: only the run is deferred.
+    assert [name for name, _ in manager.extensions] == ["last", "lowest"]
+
+
+def test_priority_snapshot_alone_does_not_defer_an_extension() -> None:
     log: list[tuple[str, int]] = []
     manager, model, _, _ = make()
     manager.extend(Recorder(log, "snapshot"), priority=PRIORITY_SNAPSHOT, name="snapshot")
     manager.extend(Recorder(log, "lowest"), priority=PRIORITY_SNAPSHOT - 100, name="lowest")
     train(manager, model, 1)
-    assert log == [("lowest", 1), ("snapshot", 1)]
+    assert log == [("snapshot", 1), ("lowest", 1)]
+
+
+def test_make_extension_runs_last_and_snapshot_sets_it() -> None:
+    log: list[tuple[str, int]] = []
+
+    @make_extension(trigger=(1, "iteration"), runs_last=True)
+    def last(manager: ManagerView) -> None:
+        log.append(("last", manager.iteration))
+
+    manager, model, _, _ = make()
+    manager.extend(last)
+    manager.extend(Recorder(log, "reader"), name="reader")
+    train(manager, model, 1)
+    assert log == [("reader", 1), ("last", 1)]
+    assert ExtensionEntry(last).runs_last is True
+    assert ExtensionEntry(Recorder()).runs_last is False
+    assert ExtensionEntry(ppe_core.training.extensions.snapshot()).runs_last is True
 
 
 # ------------------------------------------------------------------------- lifecycle
@@ -486,9 +518,9 @@ def test_fast_path_api_matches_the_context_manager() -> None:
     recorder = Recorder()
     manager.extend(recorder, trigger=(2, "iteration"))
     for _ in range(4):
-        manager._begin_iteration(("main",))
+        manager.begin_iteration(("main",))
         F.mse_loss(model(X), T).backward()
-        manager._end_iteration(("main",))
+        manager.end_iteration(("main",))
     assert recorder.iterations == [2, 4]
     assert manager.iteration == 4
 
@@ -622,3 +654,65 @@ def test_loading_state_without_a_model_raises_clearly() -> None:
     del state["models"]["main"]
     with pytest.raises(StateDictKeyError, match="'models' lacks \\['main'\\]"):
         manager.load_state_dict(state)
+
+
+# ------------------------------------------------------------------------- public parts
+
+
+def test_manual_loop_stop_reason_and_end_iteration_answer() -> None:
+    manager, model, _, writer = make(max_epochs=1, iters_per_epoch=3)
+    answers = []
+    while not manager.stop_trigger:
+        manager.begin_iteration(("main",))
+        F.mse_loss(model(X), T).backward()
+        answers.append(manager.end_iteration(("main",)))
+    assert answers == [False, False, True]
+    reason = manager.stop_reason
+    assert reason is not None
+    assert (reason.kind, reason.iteration, reason.epoch_detail) == ("max_epochs", 3, 1.0)
+    assert writer.finalized == 1  # the stop finalized the manager
+
+
+def test_a_user_stop_trigger_is_reported_as_stop_trigger() -> None:
+    trigger = ManualScheduleTrigger([5], "iteration")
+    manager, model, _, _ = make(stop_trigger=trigger)
+    train(manager, model, 5)
+    reason = manager.stop_reason
+    assert reason is not None
+    assert (reason.kind, reason.trigger, reason.iteration) == ("stop_trigger", trigger, 5)
+
+
+def test_training_length_comes_from_the_stop_trigger() -> None:
+    assert make(max_epochs=7)[0].training_length == (7, "epoch")
+    stop = IntervalTrigger(30, "iteration")
+    assert make(stop_trigger=stop)[0].training_length == (30, "iteration")
+    assert make(stop_trigger=lambda m: False)[0].training_length is None
+
+
+def test_add_state_object_and_resume_state_round_trip() -> None:
+    class Counter:
+        def __init__(self, value: int) -> None:
+            self.value = value
+
+        def state_dict(self) -> dict[str, Any]:
+            return {"value": self.value}
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            self.value = state["value"]
+
+    manager, _, _, _ = make()
+    manager.add_state_object("counter", Counter(3))
+    manager.add_resume_state("mine", Counter(4))
+    state = manager.state_dict()
+    assert state["state_objects"]["counter"] == {"value": 3}
+    assert state["_ppe_core"]["mine"] == {"value": 4}
+
+    other, _, _, _ = make()
+    counter, mine, optional = Counter(0), Counter(0), Counter(9)
+    other.add_state_object("counter", counter)
+    other.add_resume_state("mine", mine)
+    other.add_state_object("absent", optional, optional=True)  # a state may lack it
+    other.load_state_dict(state)
+    assert (counter.value, mine.value, optional.value) == (3, 4, 9)
+    with pytest.raises(TypeError, match="state_dict"):
+        other.add_state_object("bad", object())  # type: ignore[arg-type]

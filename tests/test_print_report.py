@@ -148,3 +148,22 @@ def test_bad_log_report_arguments(tmp_path: Path) -> None:
     manager.extend(PrintReport(log_report="NotALog", out=io.StringIO()))
     with pytest.raises(ConfigurationError, match="not a LogReport"):
         manager.start_extensions()
+
+
+def test_print_report_reads_the_log_report_through_its_public_api(tmp_path: Path) -> None:
+    log_report = LogReport(trigger=(2, "iteration"))
+    printer = PrintReport(out=io.StringIO())
+    manager = _manager(tmp_path, [log_report, printer])
+    assert printer.scheduled_log_report is None  # not resolved before the extensions start
+    _train(manager, iterations=3)
+    assert printer.scheduled_log_report is log_report
+    assert log_report.entry_trigger.unit == "iteration"  # type: ignore[attr-defined]
+    assert log_report.num_entries == 1
+    assert log_report.entries_since(0) == log_report.log
+    assert log_report.entries_since(1) == []
+    assert not printer.has_new_entries(manager)  # the entry of iteration 2 was printed
+    # Its own trigger follows the LogReport's entry schedule: next due at iteration 4.
+    assert printer.trigger.next_check(3, ITERS_PER_EPOCH) == 4  # type: ignore[union-attr]
+    fed = PrintReport(log_report=LogReport(), out=io.StringIO())
+    assert fed.scheduled_log_report is None  # it feeds its LogReport: due every iteration
+    assert fed.trigger.next_check(3, ITERS_PER_EPOCH) == 4  # type: ignore[union-attr]

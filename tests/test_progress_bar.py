@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import re
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ def _train(manager: Any, iterations: int | None = None) -> None:
 
 def test_plain_lines_when_not_a_terminal(tmp_path: Path) -> None:
     out = io.StringIO()
-    _train(_manager(tmp_path, [ProgressBar(out=out)]))
+    _train(_manager(tmp_path, [ProgressBar(out=out, min_interval=0)]))
     text = out.getvalue()
     assert "\r" not in text and "\x1b" not in text
     lines = text.splitlines()
@@ -76,7 +77,7 @@ def test_plain_lines_when_not_a_terminal(tmp_path: Path) -> None:
 
 def test_update_interval_is_an_upper_bound_for_short_runs(tmp_path: Path) -> None:
     out = io.StringIO()
-    bar = ProgressBar(out=out)  # update_interval=100, but 1000 iterations -> every 10
+    bar = ProgressBar(out=out, min_interval=0)  # update_interval=100; 1000 iters -> every 10
     _train(_manager(tmp_path, [bar], stop_trigger=(1000, "iteration")))
     lines = out.getvalue().splitlines()
     assert [int(PLAIN_LINE.match(line).group(2)) for line in lines] == list(  # type: ignore[union-attr]
@@ -93,7 +94,9 @@ def test_long_runs_update_every_update_interval(tmp_path: Path) -> None:
             super().__call__(manager)
 
     out = io.StringIO()
-    bar = CountingProgressBar(training_length=(10_000, "iteration"), update_interval=50, out=out)
+    bar = CountingProgressBar(
+        training_length=(10_000, "iteration"), update_interval=50, out=out, min_interval=0
+    )
     _train(_manager(tmp_path, [bar], stop_trigger=(200, "iteration")))
     lines = out.getvalue().splitlines()
     assert [line.split(" | ")[1].split()[0] for line in lines] == [
@@ -133,7 +136,7 @@ def test_resumed_run_starts_the_bar_at_the_loaded_iteration(tmp_path: Path) -> N
     torch.save(first.state_dict(), tmp_path / "snapshot")
 
     out = io.StringIO()
-    resumed = _manager(tmp_path, [ProgressBar(out=out)])
+    resumed = _manager(tmp_path, [ProgressBar(out=out, min_interval=0)])
     resumed.load_state_dict(torch.load(tmp_path / "snapshot", weights_only=True))
     _train(resumed)
     lines = out.getvalue().splitlines()
@@ -148,8 +151,74 @@ def test_resumed_run_starts_the_bar_at_the_loaded_iteration(tmp_path: Path) -> N
         {"update_interval": 1.5},
         {"training_length": (10, "epochs")},
         {"training_length": 10},
+        {"min_interval": -1},
+        {"min_interval": "5"},
     ],
 )
 def test_invalid_arguments(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ConfigurationError):
         ProgressBar(**kwargs)
+
+
+class _Clock:
+    """A perf_counter stand-in that advances one second per reading."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_plain_lines_are_limited_by_time_plus_the_final_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ppe_core.training.extensions import _progress_bar
+
+    monkeypatch.setattr(_progress_bar, "time", _Clock())
+    out = io.StringIO()
+    # Each update reads the clock twice (rate limit + speed): 2 s per update, so with a 5 s
+    # minimum a line appears every third update; the final state is always printed.
+    bar = ProgressBar(out=out, min_interval=5.0, training_length=(30, "iteration"))
+    _train(_manager(tmp_path, [bar], stop_trigger=(30, "iteration")))
+    done = [int(PLAIN_LINE.match(line).group(2)) for line in out.getvalue().splitlines()]  # type: ignore[union-attr]
+    assert done[0] == 1 and done[-1] == 30
+    assert len(done) < 30 // 2
+    assert all(b - a >= 2 for a, b in itertools.pairwise(done[:-1]))  # final line aside
+
+
+def test_redirected_stdout_gets_the_first_and_the_final_line_of_a_fast_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The process's own stdout, not a terminal (as in CI): a line at most every 5 s.
+    _train(_manager(tmp_path, [ProgressBar()]))
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" | ")[1].split()[0] for line in lines] == ["1/12", "12/12"]
+
+
+def test_a_stream_passed_in_gets_every_update_as_in_ppe(tmp_path: Path) -> None:
+    out = io.StringIO()
+    _train(_manager(tmp_path, [ProgressBar(out=out)]))
+    assert len(out.getvalue().splitlines()) == 12
+
+
+def test_only_rank_0_draws_under_torch_distributed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch.distributed as dist
+
+    out_rank0, out_rank1 = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda *a, **k: 1)
+    log = LogReport()
+    extensions = [log, PrintReport(out=out_rank1), ProgressBar(out=out_rank1, min_interval=0)]
+    _train(_manager(tmp_path / "rank1", extensions))
+    assert out_rank1.getvalue() == ""
+    assert len(log.log) == 3  # rank 1 still keeps the entries; it only does not write them
+    assert not (tmp_path / "rank1" / "log").exists()
+    monkeypatch.setattr(dist, "get_rank", lambda *a, **k: 0)
+    extensions = [LogReport(), PrintReport(out=out_rank0), ProgressBar(out=out_rank0)]
+    _train(_manager(tmp_path / "rank0", extensions))
+    assert "train/loss" in out_rank0.getvalue()
+    assert (tmp_path / "rank0" / "log").exists()

@@ -359,3 +359,85 @@ def test_summary_state_round_trip_continues_bit_identically() -> None:
     assert a.keys() == b.keys()
     for key in a:
         assert float(a[key]) == float(b[key]), key
+
+
+# --- Deferred reduction through a real Trainer ------------------------------------------------
+
+_SYNCS = ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__", "__format__")
+
+
+class _SyncCounter(torch.Tensor):
+    """A tensor that counts calls which copy its value to the host (a device sync on a GPU)."""
+
+    calls: list[str] = []  # noqa: RUF012 - class-level log shared by every instance
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = getattr(func, "__name__", "")
+        if name in _SYNCS:
+            cls.calls.append(name)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+class _CountingModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 2)
+        self.calls_per_step: list[int] = []
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
+        self.calls_per_step.append(len(_SyncCounter.calls))
+        loss = torch.nn.functional.cross_entropy(self.fc(x), t)
+        report({"train/counted": loss.detach().as_subclass(_SyncCounter)})
+        return {"loss": loss.as_subclass(_SyncCounter)}
+
+
+def test_reported_tensors_are_not_synced_per_step_only_when_the_log_fires() -> None:
+    _SyncCounter.calls = []
+    torch.manual_seed(0)
+    model = _CountingModel()
+    ppe.to(model, "cpu")
+    g = torch.Generator().manual_seed(0)
+    data = [{"x": torch.randn(3, 4, generator=g), "t": torch.tensor([0, 1, 0])} for _ in range(20)]
+    trainer = ppe.engine.create_trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        3,
+        extensions=[ppe.training.extensions.LogReport(trigger=(1, "epoch"))],
+    )
+    trainer.run(data)
+    log = trainer.manager.get_extension("LogReport").log  # type: ignore[attr-defined]
+    assert [entry["epoch"] for entry in log] == [1, 2, 3]
+    assert all(isinstance(entry["train/counted"], float) for entry in log)
+    steps = model.calls_per_step
+    assert len(steps) == 60
+    # Within an epoch nothing is copied to the host; copies happen only at the epoch ends,
+    # a bounded number per logged epoch (not one per step).
+    for epoch in range(3):
+        within = steps[epoch * 20 : epoch * 20 + 20]
+        assert within[0] == within[-1], f"host copies during epoch {epoch + 1}: {within}"
+    assert 1 <= len(_SyncCounter.calls) <= 6 * 3, _SyncCounter.calls
+
+
+def test_reporting_one_tensor_twice_detaches_once_and_never_holds_its_graph() -> None:
+    import gc
+    import weakref
+
+    reporter = Reporter()
+    w = torch.ones(3, requires_grad=True)
+    loss = (w * 2).sum()
+    observation: dict[str, Any] = {}
+    with reporter.scope(observation):
+        report({"train/loss": loss})  # in forward
+        first = observation["train/loss"]
+        report({"train/loss": loss})  # the trainer reports the same output
+        assert observation["train/loss"] is first  # the same detached view, not a new one
+        assert not first.requires_grad and first.data_ptr() == loss.data_ptr()
+        other = (w * 3).sum()
+        report({"other": other}, None)
+        assert observation["other"] is not first and observation["other"].item() == 9.0
+    source = weakref.ref(loss)
+    del loss, other
+    gc.collect()
+    # The graph hangs off the source tensor (detached views hold none): it is gone too.
+    assert source() is None

@@ -13,11 +13,9 @@ import pytest
 import torch
 
 import ppe_core as ppe
+from ppe_core.errors import SnapshotError, SnapshotVerificationWarning, UnsafeSnapshotError
 from ppe_core.training.extensions._snapshot import (
     MANIFEST_SUFFIX,
-    SnapshotError,
-    SnapshotVerificationWarning,
-    UnsafeSnapshotError,
     load_snapshot,
     manifest_path,
     verify_snapshot,
@@ -345,3 +343,50 @@ def test_state_from_an_earlier_ppe_core_layout_still_resumes(tmp_path: Path) -> 
     resumed.run(loader())
     for key, value in weights(reference).items():
         assert torch.equal(value, weights(resumed)[key])  # bit-exact: the RNG states were found
+
+
+# Background writers: training pauses only for a host copy --------------------------------
+@pytest.mark.parametrize("writer_class", ["ThreadWriter", "ThreadQueueWriter", "ProcessWriter"])
+def test_background_writer_snapshots_equal_the_synchronous_ones(
+    tmp_path: Path, writer_class: str
+) -> None:
+    sync = make_trainer(tmp_path / "sync", 2, E.snapshot(filename="snap_{.iteration}"))
+    sync.run(loader())
+    writer = getattr(ppe.writing, writer_class)()
+    background = make_trainer(
+        tmp_path / "bg", 2, E.snapshot(filename="snap_{.iteration}", writer=writer)
+    )
+    background.run(loader())
+    for iteration in (10, 20):
+        name = f"snap_{iteration}"
+        verify_snapshot(str(tmp_path / "bg" / name))  # complete, hash matches the bytes
+        expected = load_snapshot(str(tmp_path / "sync" / name))["models"]["main"]
+        saved = load_snapshot(str(tmp_path / "bg" / name))["models"]["main"]
+        # Taken at its own iteration although training went on while it was written.
+        for key, value in expected.items():
+            assert torch.equal(saved[key], value), (iteration, key)
+
+
+def test_background_snapshot_is_a_copy_taken_when_it_fired(tmp_path: Path) -> None:
+    from ppe_core.training.extensions._snapshot import _host_copy
+
+    model = torch.nn.BatchNorm1d(3)
+    state = {"models": {"main": model.state_dict()}, "n": 1, "pair": (torch.ones(1), [2])}
+    copied = _host_copy(state)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    assert torch.equal(copied["models"]["main"]["weight"], torch.ones(3))
+    # The module state_dict's version metadata survives (load_state_dict reads it).
+    assert copied["models"]["main"]._metadata == state["models"]["main"]._metadata
+    assert copied["pair"][1] == [2] and copied["pair"][1] is not state["pair"][1]
+
+
+def test_failed_background_snapshot_is_reported_and_leaves_no_manifest(tmp_path: Path) -> None:
+    blocker = tmp_path / "not_a_directory"
+    blocker.write_text("a file where the writer's directory should be")
+    # The save runs, and fails, in the snapshot's background thread.
+    writer = ppe.writing.ThreadWriter(out_dir=str(blocker))
+    trainer = make_trainer(tmp_path, 2, E.snapshot(filename="snap_{.iteration}", writer=writer))
+    with pytest.raises(SnapshotError, match="background snapshot save failed"):
+        trainer.run(loader())
+    assert not list(tmp_path.rglob("*" + MANIFEST_SUFFIX))

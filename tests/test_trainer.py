@@ -78,10 +78,10 @@ def test_evaluator_reports_mean_over_whole_loader_and_restores_mode() -> None:
     model = make_model()
     model.eval()
     evaluator = ppe.engine.create_evaluator(model)
-    loader = make_loader(n=20, batch_size=8)  # 8, 8, 4: mean over batches as reported
+    loader = make_loader(n=20, batch_size=8)  # 8, 8, 4: the mean over the 20 samples
     means = evaluator.run(loader)
     with torch.no_grad():
-        expected = sum(float(model(**b)["loss"]) for b in loader) / 3
+        expected = sum(float(model(**b)["loss"]) * len(b["t"]) for b in loader) / 20
     assert means["val/loss"] == pytest.approx(expected, rel=1e-6)
     assert not model.training  # it was in eval mode before, and stays there
 
@@ -627,3 +627,74 @@ def test_early_stopping_mid_epoch_stops_the_trainer_once(tmp_path: Any) -> None:
     trainer.run([{"x": torch.randn(4, 2)} for _ in range(8)])
     assert (trainer.manager.iteration, trainer.manager.epoch) == (6, 0)
     assert trainer.manager.stop_trigger
+
+
+# ------------------------------------------------------------------------- stop reason
+
+
+def test_stop_reason_names_the_early_stopping_trigger_and_its_iteration(tmp_path: Any) -> None:
+    torch.manual_seed(0)
+    model = ppe.to(_ConstantLoss(), "cpu")
+    stop = ppe.training.triggers.EarlyStoppingTrigger(
+        check_trigger=(2, "iteration"), monitor="train/loss", patience=2, max_trigger=(5, "epoch")
+    )
+    trainer = ppe.engine.create_trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        5,
+        stop_trigger=stop,
+        out_dir=str(tmp_path),
+    )
+    assert trainer.stop_reason is None  # not started
+    trainer.run([{"x": torch.randn(4, 2)} for _ in range(8)])
+    reason = trainer.stop_reason
+    assert reason is not None
+    assert (reason.kind, reason.trigger, reason.iteration) == ("stop_trigger", stop, 6)
+    assert reason.epoch_detail == 6 / 8
+    assert reason is trainer.manager.stop_reason
+    assert str(reason).startswith("stop_trigger EarlyStoppingTrigger")
+    assert "at iteration 6 (epoch 0.75)" in str(reason)
+
+
+def test_stop_reason_is_max_epochs_after_a_full_run() -> None:
+    model = make_model()
+    trainer = ppe.engine.create_trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), 2)
+    trainer.run(make_loader(n=32, batch_size=8))
+    reason = trainer.stop_reason
+    assert reason is not None
+    assert (reason.kind, reason.iteration, reason.epoch_detail, reason.error) == (
+        "max_epochs",
+        8,
+        2.0,
+        None,
+    )
+    assert isinstance(reason.trigger, ppe.training.triggers.IntervalTrigger)
+
+
+def test_stop_reason_records_the_error_that_ended_training() -> None:
+    class Boom(ppe.training.extension.Extension):
+        trigger = (3, "iteration")
+
+        def __call__(self, manager: Any) -> None:
+            raise RuntimeError("boom at 3")
+
+    model = make_model()
+    trainer = ppe.engine.create_trainer(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), 2, extensions=[Boom()]
+    )
+    with pytest.raises(RuntimeError, match="boom at 3") as info:
+        trainer.run(make_loader(n=32, batch_size=8))
+    reason = trainer.stop_reason
+    assert reason is not None
+    assert (reason.kind, reason.iteration, reason.error) == ("error", 3, info.value)
+    assert str(reason) == "error RuntimeError: boom at 3 at iteration 3 (epoch 0.75)"
+
+
+def test_set_optimizer_on_a_running_trainer_is_saved_by_the_manager() -> None:
+    model = make_model()
+    trainer = ppe.engine.create_trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), 1)
+    trainer.run(make_loader(n=16, batch_size=8))
+    other = torch.optim.Adam(model.parameters(), lr=0.01)
+    trainer.set_optimizer("extra", other)
+    assert trainer.manager.optimizers["extra"] is other
+    assert "extra" in trainer.state_dict()["optimizers"]

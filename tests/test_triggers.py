@@ -536,3 +536,52 @@ def test_trigger_subclass_defaults_are_the_safe_ones() -> None:
     assert fire_by_next_check(trigger, 10, 6) == [2, 4, 6]
     with pytest.raises(NotImplementedError, match="Trigger must implement __call__"):
         Trigger()(FakeManager(1))
+
+
+def test_next_due_reads_the_next_check_contract_once_for_everyone() -> None:
+    from ppe_core.training.triggers import NEVER, next_due
+
+    class Answer:
+        def __init__(self, due: int | None) -> None:
+            self.due = due
+
+        def next_check(self, iteration: int, iters_per_epoch: int) -> int | None:
+            return self.due
+
+    assert next_due(IntervalTrigger(3, "iteration"), 4, 10) == 6
+    assert next_due(IntervalTrigger(1, "epoch"), 4, 10) == 10
+    assert next_due(lambda manager: True, 4, 10) == 5  # no next_check: every iteration
+    assert next_due(Answer(None), 4, 10) == 5  # unpredictable: every iteration
+    assert next_due(Answer(4), 4, 10) == 5  # a breach of the contract: safe
+    assert next_due(Answer(NEVER), 4, 10) == NEVER
+    assert next_due(Answer(NEVER + 5), 4, 10) == NEVER  # capped
+
+
+def test_due_check_consults_its_trigger_only_when_due() -> None:
+    from ppe_core.training.extensions._util import DueCheck
+
+    calls: list[int] = []
+
+    class Counting(IntervalTrigger):
+        def __call__(self, manager: Any) -> bool:
+            calls.append(manager.iteration)
+            return super().__call__(manager)
+
+    @dataclass
+    class View:
+        iteration: int = 0
+        iters_per_epoch: int = 4
+
+    check = DueCheck(Counting(3, "iteration"))
+    view = View()
+    fired = []
+    for iteration in range(1, 10):
+        view.iteration = iteration
+        if check(view):  # type: ignore[arg-type]
+            fired.append(iteration)
+    assert fired == [3, 6, 9]
+    assert calls == [3, 6, 9]
+    view.iteration = 2  # the count went back (a loaded state): the schedule is recomputed
+    assert not check(view)  # type: ignore[arg-type]
+    view.iteration = 3
+    assert check(view)  # type: ignore[arg-type]

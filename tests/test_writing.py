@@ -402,3 +402,24 @@ def test_process_queue_writer_sends_its_task_once_not_per_save(tmp_path: Path) -
     assert [(tmp_path / n).read_bytes() for n in "abc"] == [b"a", b"b", b"c"]
     # At most once, when a spawned consumer starts (a forked one inherits it).
     assert _CountedPickles.pickled <= 1
+
+
+def test_tensorboard_writer_lives_in_writing_which_does_not_import_extensions() -> None:
+    code = (
+        "import sys, ppe_core.writing as w\n"
+        "from ppe_core.writing._tensorboard_writer import TensorBoardWriter\n"
+        "assert w.TensorBoardWriter is TensorBoardWriter\n"
+        "from ppe_core.training.extensions._tensorboard import TensorBoardWriter as T\n"
+        "assert T is TensorBoardWriter\n"
+    )
+    check = (
+        "import sys, ppe_core.writing as w\n"
+        "w.TensorBoardWriter\n"
+        "loaded = [m for m in sys.modules if m.startswith('ppe_core.training.extensions')]\n"
+        "assert not loaded, loaded\n"
+    )
+    for script in (code, check):
+        result = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 0, result.stderr

@@ -1,11 +1,7 @@
-"""ppe-core's built-in plugins: hook implementations only, registered like external plugins."""
+"""ppe-core's built-in plugins: hook implementations only, registered like external plugins.
+
+They register names with lazy ``"module:attribute"`` targets (``Registry.register_lazy``), so
+plugin discovery imports no extension, handler or training module until one is looked up.
+"""
 
 from __future__ import annotations
-
-import importlib
-
-
-def _resolve(target: str) -> object:
-    """Import ``"package.module:attribute"`` and return the attribute."""
-    module, _, attribute = target.partition(":")
-    return getattr(importlib.import_module(module), attribute)

@@ -6,7 +6,7 @@ from typing import Any
 
 from ppe_core.hookspecs import hookimpl
 
-#: Extension name -> "module:attribute"; imported when the registry is first filled.
+#: Extension name -> "module:attribute"; imported at first lookup.
 _EXT = "ppe_core.training.extensions."
 BUILTIN_EXTENSIONS: dict[str, str] = {
     "LogReport": _EXT + "_log_report:LogReport",
@@ -49,7 +49,5 @@ BUILTIN_EXTENSIONS: dict[str, str] = {
 @hookimpl
 def ppe_register_extensions(registry: Any) -> None:
     """Register every built-in extension under its public name."""
-    from ppe_core._builtin import _resolve
-
     for name, target in BUILTIN_EXTENSIONS.items():
-        registry.register(name, _resolve(target))
+        registry.register_lazy(name, target)

@@ -6,7 +6,7 @@ from typing import Any
 
 from ppe_core.hookspecs import hookimpl
 
-#: Logic name -> "module:attribute"; imported when the registry is first filled.
+#: Logic name -> "module:attribute"; imported at first lookup.
 BUILTIN_LOGICS: dict[str, str] = {
     "default": "ppe_core.handler:Logic",
     "codeblock": "ppe_core.handler:CodeBlockLogic",
@@ -16,7 +16,5 @@ BUILTIN_LOGICS: dict[str, str] = {
 @hookimpl
 def ppe_register_logics(registry: Any) -> None:
     """Register every built-in logic under its public name."""
-    from ppe_core._builtin import _resolve
-
     for name, target in BUILTIN_LOGICS.items():
-        registry.register(name, _resolve(target))
+        registry.register_lazy(name, target)

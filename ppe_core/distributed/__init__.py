@@ -1,7 +1,19 @@
-"""``ppe.distributed``: samplers, subsets and set-up helpers for ``torch.distributed`` jobs."""
+"""``ppe.distributed``: process-group set-up, rank helpers and samplers for torch.distributed."""
 
 from __future__ import annotations
 
+from ppe_core.distributed._env import (
+    DistributedEnvironmentError,
+    WorldInfo,
+    backend_for,
+    barrier,
+    get_local_rank,
+    get_rank,
+    get_world_size,
+    init_from_env,
+    is_distributed,
+    is_main_process,
+)
 from ppe_core.distributed._initialize import initialize_ompi_environment
 from ppe_core.distributed._sampler import (
     DistributedValidationSampler,
@@ -10,8 +22,18 @@ from ppe_core.distributed._sampler import (
 )
 
 __all__ = [
+    "DistributedEnvironmentError",
     "DistributedValidationSampler",
     "ProcessGroupNotInitializedError",
+    "WorldInfo",
+    "backend_for",
+    "barrier",
     "create_distributed_subset_indices",
+    "get_local_rank",
+    "get_rank",
+    "get_world_size",
+    "init_from_env",
     "initialize_ompi_environment",
+    "is_distributed",
+    "is_main_process",
 ]

@@ -10,11 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ppe_core._resolve import resolve_runtime
 from ppe_core.errors import ArgumentTypeError, ConfigurationError
 from ppe_core.handler import BaseLogic, Handler, Logic
-from ppe_core.runtime import BaseRuntime, DeviceLike
-from ppe_core.training._manager import default_transform_model, identity_transform_model
-from ppe_core.training._protocols import StateObjectProtocol
+from ppe_core.runtime import DeviceLike
+from ppe_core.training.manager import (
+    StateObjectProtocol,
+    default_transform_model,
+    identity_transform_model,
+)
 
 if TYPE_CHECKING:
     from ppe_core.training._evaluator import Evaluator, Metric
@@ -113,16 +117,6 @@ def _check_trainer_arguments(
         )
 
 
-def _resolve_runtime(device: DeviceLike, runtime_options: Mapping[str, Any] | None) -> BaseRuntime:
-    from ppe_core._plugins import get_plugin_host
-
-    host = get_plugin_host()
-    if device == "auto":
-        device = host.default_device()
-    runtime_class = host.runtimes.get_runtime_class_for_device_spec(device)
-    return runtime_class(device, runtime_options)
-
-
 def _resolve_logic(logic: BaseLogic | str | None) -> BaseLogic:
     if logic is None:
         return Logic()
@@ -219,7 +213,7 @@ def _build_handler(
     runtime_options: Mapping[str, Any],
 ) -> Handler:
     _check_handler_class(handler_class)
-    runtime = _resolve_runtime(device, runtime_options)
+    runtime = resolve_runtime(device, runtime_options)
     resolved = _resolve_logic(logic)
     handler = (handler_class or Handler)(resolved, runtime, remaining)
     # PPE's Handler accepts and ignores "async" (its asynchronous mode was removed).

@@ -1,68 +1,25 @@
-"""Code blocks: device-agnostic "run this (and update these optimizers)" requests.
+"""Building code blocks (``forward``, ``update_parameters``) and the Logic that runs them.
 
 A code block names a function, the optimizers that learn from it and whether to backpropagate;
 the runtime of the module it belongs to (``ppe.to``) executes it with ``runtime.execute``, so a
-device that compiles or stages work sees the whole step at once.
+device that compiles or stages work sees the whole step at once. The :class:`CodeBlock` type
+is part of the runtime contract (``ppe_core.runtime._execute``) and re-exported here at PPE's
+path.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ppe_core.errors import ArgumentTypeError, ConfigurationError
-from ppe_core.handler._handler import NoRuntimeError
+from ppe_core.errors import ArgumentTypeError, CodeBlockError, ConfigurationError, NoRuntimeError
 from ppe_core.handler._logic import BaseLogic
-from ppe_core.runtime import BaseRuntime, get_runtime
-from ppe_core.runtime._execute import CodeBlockError
+from ppe_core.runtime import get_runtime
+from ppe_core.runtime._execute import CodeBlock
 
 __all__ = ["CodeBlock", "CodeBlockError", "CodeBlockLogic", "forward", "update_parameters"]
-
-
-@dataclass
-class CodeBlock:
-    """A function plus what to do around it, executed by ``runtime.execute(block, batch)``.
-
-    Build one with :func:`forward` or :func:`update_parameters` and call it with a batch.
-
-    Attributes:
-        func: The function (a module or a module's bound method).
-        optimizers: The optimizers stepped after the backward pass (none: forward only).
-        backprop: Whether to backpropagate from the outputs.
-        backprop_from: The output key to backpropagate (``None``: every scalar float output
-            computed with autograd).
-        backprop_to: Names where backpropagation stops; carried for runtimes that support it
-            (the generic runtimes ignore it, as in PPE).
-        state: Extra state for runtimes, saved by :meth:`state_dict`.
-        runtime: The runtime that executes the block.
-    """
-
-    func: Callable[..., Any]
-    optimizers: list[torch.optim.Optimizer]
-    backprop: bool
-    backprop_from: str | None
-    backprop_to: set[str] | None
-    state: dict[str, Any]
-    runtime: BaseRuntime
-
-    def state_dict(self) -> dict[str, Any]:
-        """The block's state; entries that have a ``state_dict()`` are saved through it."""
-        return {k: v.state_dict() if hasattr(v, "state_dict") else v for k, v in self.state.items()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s output; stateful entries load in place."""
-        for key, value in state.items():
-            current = self.state.get(key)
-            if current is not None and hasattr(current, "load_state_dict"):
-                current.load_state_dict(value)
-            else:
-                self.state[key] = value
-
-    def __call__(self, inputs: Any) -> Any:
-        return self.runtime.execute(self, inputs)
 
 
 def forward(block: Callable[..., Any]) -> CodeBlock:
@@ -83,11 +40,8 @@ def forward(block: Callable[..., Any]) -> CodeBlock:
             "e.g. ppe.handler.forward(model) or ppe.handler.forward(model.predict)"
         )
     owner = block if isinstance(block, torch.nn.Module) else getattr(block, "__self__", None)
-    if isinstance(owner, torch.nn.Module):
-        runtime = get_runtime(owner)
-    else:
-        runtime = getattr(owner, "_ppe_runtime", None)
-    if not isinstance(runtime, BaseRuntime):
+    runtime = get_runtime(owner)
+    if runtime is None:
         what = (
             type(owner).__name__
             if owner is not None

@@ -8,17 +8,13 @@ from typing import Any
 import torch
 
 from ppe_core._reporting import report
-from ppe_core.errors import ConfigurationError, PPEError
-from ppe_core.handler._logic import BaseLogic, Logic, _normalize_outputs
+from ppe_core.errors import ConfigurationError, NoRuntimeError
+from ppe_core.handler._logic import BaseLogic, normalize_outputs
 from ppe_core.runtime import BaseRuntime, device_type_of, iter_runtime_modules
 
 __all__ = ["BaseHandler", "Handler", "NoRuntimeError"]
 
 CompleteFn = Callable[[int, Any], None]
-
-
-class NoRuntimeError(PPEError, RuntimeError):
-    """No model was passed through ``ppe.to``, so no runtime can execute it."""
 
 
 class BaseHandler:
@@ -154,6 +150,12 @@ class Handler(BaseHandler):
         options.pop("async", None)  # PPE accepts it for backward compatibility; no effect
 
     @property
+    def entry_runtime(self) -> BaseRuntime:
+        """The runtime that converts batches (``create_trainer``'s ``device``), e.g. to move
+        values that must travel on the models' device."""
+        return self._entry_runtime
+
+    @property
     def runtimes(self) -> list[BaseRuntime]:
         """The distinct runtimes found for the models (after setup)."""
         unique: list[BaseRuntime] = []
@@ -190,10 +192,16 @@ class Handler(BaseHandler):
                 "e.g. ppe.to(model, 'cpu')."
             )
         logic = self._logic
-        if isinstance(logic, Logic) and logic._autocast._enabled:
-            model = models.get(logic.model_name)
-            runtime = next((rt for m, rt in self._runtimes if m is model), self._runtimes[0][1])
-            logic._autocast.bind(device_type_of(runtime.device_spec))
+        model_name = getattr(logic, "model_name", None)
+        model = models.get(model_name) if isinstance(model_name, str) else None
+        runtime = next((rt for m, rt in self._runtimes if m is model), self._runtimes[0][1])
+        logic.bind_device(device_type_of(runtime.device_spec))
+        for owner in (runtime, self._entry_runtime):
+            options = getattr(owner, "options", None)
+            scaler = options.get("grad_scaler") if isinstance(options, Mapping) else None
+            if isinstance(scaler, torch.amp.GradScaler):
+                logic.offer_grad_scaler(scaler)
+                break
 
     def _initialize(
         self,
@@ -333,8 +341,8 @@ class Handler(BaseHandler):
     # Snapshots ------------------------------------------------------------------------------
     def _grad_scaler(self) -> torch.amp.GradScaler | None:
         """The logic's grad scaler, else the one given in the runtime options."""
-        scaler = getattr(self._logic, "_grad_scaler", None)
-        if not isinstance(scaler, torch.amp.GradScaler):
+        scaler = self._logic.get_grad_scaler()
+        if scaler is None:
             scaler = self._entry_runtime.options.get("grad_scaler")
         return scaler if isinstance(scaler, torch.amp.GradScaler) else None
 
@@ -363,13 +371,13 @@ def _report_outputs(outputs: Any, prefix: str, keys: list[str] | None) -> None:
     """Report model outputs under ``prefix`` (the reporter detaches; nothing syncs)."""
     if not isinstance(outputs, Mapping):
         if isinstance(outputs, (list, tuple)):
-            outputs = _normalize_outputs(outputs)  # keys "0", "1", ... or namedtuple fields
+            outputs = normalize_outputs(outputs)  # keys "0", "1", ... or namedtuple fields
         elif keys is None:
             if isinstance(outputs, torch.Tensor) and outputs.ndim == 0:
                 report({prefix + "loss": outputs})
             return
         else:
-            outputs = _normalize_outputs(outputs)
+            outputs = normalize_outputs(outputs)
     if keys is None:
         # Scalars only: a batch of logits has no meaningful running mean. (Inline: per step.)
         values = {

@@ -11,7 +11,13 @@ from typing import Any
 
 import torch
 
-from ppe_core.errors import ConfigurationError, PPEError, PPEWarning
+from ppe_core.errors import (
+    AMPOptionError,
+    BackwardOutputWarning,
+    BatchMismatchError,
+    ConfigurationError,
+    ModelOutputError,
+)
 from ppe_core.runtime import device_type_of, get_runtime
 
 __all__ = [
@@ -23,24 +29,9 @@ __all__ = [
     "ClousureModelOutput",
     "Logic",
     "ModelOutputError",
+    "normalize_outputs",
     "torch_autocast",
 ]
-
-
-class ModelOutputError(PPEError, TypeError, RuntimeError):
-    """The model's output cannot be used for backward (a ``RuntimeError`` too, as in PyTorch)."""
-
-
-class BatchMismatchError(PPEError, TypeError):
-    """A batch from the loader does not fit the model's ``forward`` signature."""
-
-
-class AMPOptionError(ConfigurationError, RuntimeError):
-    """An AMP option cannot be used as given (a ``RuntimeError`` too, as PPE raises)."""
-
-
-class BackwardOutputWarning(PPEWarning):
-    """An output named for backward is missing or has no graph, so it is skipped (as in PPE)."""
 
 
 @contextlib.contextmanager
@@ -50,10 +41,10 @@ def torch_autocast(enabled: bool = True) -> Iterator[None]:
     The device is the one ``device="auto"`` resolves to through the plugins; on a CPU-only setup
     this is a no-op, as PPE's helper is without CUDA. Prefer ``options={"autocast": ...}``.
     """
-    from ppe_core._plugins import get_plugin_host
+    from ppe_core._resolve import resolve_device
 
     try:
-        device_type = device_type_of(get_plugin_host().default_device())
+        device_type = device_type_of(resolve_device("auto"))
     except ConfigurationError:
         device_type = "cpu"
     if device_type == "cpu":
@@ -63,7 +54,7 @@ def torch_autocast(enabled: bool = True) -> Iterator[None]:
         yield
 
 
-def _normalize_outputs(outputs: Any) -> Mapping[str, Any]:
+def normalize_outputs(outputs: Any) -> Mapping[str, Any]:
     """Outputs keyed by name: a dict as is, a namedtuple by field, a list/tuple by index."""
     if isinstance(outputs, Mapping):
         return outputs
@@ -72,6 +63,10 @@ def _normalize_outputs(outputs: Any) -> Mapping[str, Any]:
     if isinstance(outputs, (list, tuple)):
         return {str(i): value for i, value in enumerate(outputs)}
     return {"0": outputs}
+
+
+#: PPE's private name, for subclasses written against ``pytorch_pfn_extras.handler._logic``.
+_normalize_outputs = normalize_outputs
 
 
 class _AutocastManager:
@@ -162,6 +157,29 @@ class BaseLogic:
     def eval_step(self, models: Mapping[str, torch.nn.Module], batch_idx: int, batch: Any) -> Any:
         """Compute one evaluation step's outputs (called under ``torch.no_grad``)."""
         raise NotImplementedError(f"{type(self).__name__} must implement eval_step")
+
+    def bind_device(self, device_type: str) -> None:
+        """Called by the Handler at setup with the device type of this logic's model.
+
+        The device type is that of the runtime ``ppe.to`` tagged the model with (the model named
+        by ``model_name``, else the first tagged one), so device-dependent settings such as
+        autocast need not repeat the device. Default: nothing.
+        """
+
+    def offer_grad_scaler(self, scaler: torch.amp.GradScaler) -> None:
+        """Called by the Handler at setup with the scaler the model's runtime created or was
+        given (e.g. ppe_cuda with fp16 autocast). Default: ignore it; :class:`Logic` adopts it
+        when no ``grad_scaler`` option was given, so runtime-level mixed precision needs no
+        extra option."""
+
+    def get_grad_scaler(self) -> torch.amp.GradScaler | None:
+        """The ``torch.amp.GradScaler`` this logic scales losses with, or ``None``.
+
+        The Handler saves its state in snapshots. The default returns the ``_grad_scaler``
+        attribute that PPE's logics (and subclasses written for them) set.
+        """
+        scaler = getattr(self, "_grad_scaler", None)
+        return scaler if isinstance(scaler, torch.amp.GradScaler) else None
 
     def state_dict(self) -> dict[str, Any]:
         """State to save in snapshots (none here); see :meth:`Logic.state_dict`."""
@@ -256,6 +274,15 @@ class Logic(BaseLogic):
                     f"option 'grad_accumulation_steps' must be an int >= 1, got {steps!r}"
                 )
             self.grad_accumulation_steps = steps
+
+    def bind_device(self, device_type: str) -> None:
+        """Autocast on ``device_type`` unless the ``autocast`` option names a device type."""
+        self._autocast.bind(device_type)
+
+    def offer_grad_scaler(self, scaler: torch.amp.GradScaler) -> None:
+        """Scale losses with the runtime's scaler unless a ``grad_scaler`` option was given."""
+        if self._grad_scaler is None:
+            self._grad_scaler = scaler
 
     def state_dict(self) -> dict[str, Any]:
         """``{"grad_scaler": scaler.state_dict()}`` with a grad scaler, else ``{}``."""
@@ -405,7 +432,7 @@ class Logic(BaseLogic):
     def _backward(self, outputs: Any, scale: int = 1) -> None:
         """Backpropagate the chosen outputs (``outputs`` raw or normalized), divided by
         ``scale`` (the accumulation window) and scaled by the grad scaler."""
-        named = outputs if type(outputs) is dict else _normalize_outputs(outputs)
+        named = outputs if type(outputs) is dict else normalize_outputs(outputs)
         tensors = self._to_backward(named)
         if not tensors:
             return
@@ -537,6 +564,9 @@ class ClousureLogic(Logic):
                 "train_step. Remove the 'grad_accumulation_steps' option."
             )
 
+    def offer_grad_scaler(self, scaler: torch.amp.GradScaler) -> None:
+        """Ignored: a closure-driven optimizer step cannot be scaled (see above)."""
+
     def train_step(
         self,
         models: Mapping[str, torch.nn.Module],
@@ -554,7 +584,7 @@ class ClousureLogic(Logic):
             optimizer.zero_grad()
             with autocast.autocast():
                 outs = self._forward(model, batch)
-            tensors = self._to_backward(_normalize_outputs(outs))
+            tensors = self._to_backward(normalize_outputs(outs))
             if not tensors:
                 raise ModelOutputError(
                     "ClousureLogic found no loss to backpropagate in the model's outputs; "

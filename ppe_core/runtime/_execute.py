@@ -1,22 +1,70 @@
-"""How the generic runtimes execute a code block: zero_grad, forward, backward, step."""
+"""Code blocks: the runtime's unit of work, and how the generic runtimes execute one.
+
+A :class:`CodeBlock` names a function, the optimizers that learn from it and whether to
+backpropagate; the runtime that owns it runs it with ``runtime.execute(block, batch)``.
+:func:`run_code_block` is that execution for the generic runtimes: zero_grad, forward,
+backward, step. The block's builders (``ppe.handler.forward`` / ``update_parameters``) live in
+the handler package; the type lives here, beside the contract that consumes it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ppe_core.errors import PPEError
+from ppe_core.errors import CodeBlockError
 
 if TYPE_CHECKING:
-    from ppe_core.handler._code_block import CodeBlock
+    from ppe_core.runtime._runtime import BaseRuntime
 
-__all__ = ["CodeBlockError", "run_code_block"]
+__all__ = ["CodeBlock", "CodeBlockError", "call_with_batch", "run_code_block"]
 
 
-class CodeBlockError(PPEError, ValueError):
-    """A code block cannot be built or executed as asked."""
+@dataclass
+class CodeBlock:
+    """A function plus what to do around it, executed by ``runtime.execute(block, batch)``.
+
+    Build one with ``ppe.handler.forward`` or ``ppe.handler.update_parameters`` and call it
+    with a batch.
+
+    Attributes:
+        func: The function (a module or a module's bound method).
+        optimizers: The optimizers stepped after the backward pass (none: forward only).
+        backprop: Whether to backpropagate from the outputs.
+        backprop_from: The output key to backpropagate (``None``: every scalar float output
+            computed with autograd).
+        backprop_to: Names where backpropagation stops; carried for runtimes that support it
+            (the generic runtimes ignore it, as in PPE).
+        state: Extra state for runtimes, saved by :meth:`state_dict`.
+        runtime: The runtime that executes the block.
+    """
+
+    func: Callable[..., Any]
+    optimizers: list[torch.optim.Optimizer]
+    backprop: bool
+    backprop_from: str | None
+    backprop_to: set[str] | None
+    state: dict[str, Any]
+    runtime: BaseRuntime
+
+    def state_dict(self) -> dict[str, Any]:
+        """The block's state; entries that have a ``state_dict()`` are saved through it."""
+        return {k: v.state_dict() if hasattr(v, "state_dict") else v for k, v in self.state.items()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output; stateful entries load in place."""
+        for key, value in state.items():
+            current = self.state.get(key)
+            if current is not None and hasattr(current, "load_state_dict"):
+                current.load_state_dict(value)
+            else:
+                self.state[key] = value
+
+    def __call__(self, inputs: Any) -> Any:
+        return self.runtime.execute(self, inputs)
 
 
 def call_with_batch(func: Any, batch: Any) -> Any:

@@ -12,16 +12,12 @@ from ppe_core._registry import Registry, _caller_registrant, _describe
 from ppe_core.errors import (
     ArgumentTypeError,
     ConfigurationError,
-    PPEWarning,
     RuntimeNotFoundError,
+    RuntimeReplacedWarning,
 )
 from ppe_core.runtime._runtime import BaseRuntime, DeviceLike, PyTorchRuntime
 
 __all__ = ["RuntimeRegistry", "RuntimeReplacedWarning", "device_type_of"]
-
-
-class RuntimeReplacedWarning(PPEWarning):
-    """User code registered a runtime for a device type that already had one (PPE's way)."""
 
 
 #: Device types whose runtime ships as a first-party plugin, for install hints.
@@ -137,9 +133,8 @@ class RuntimeRegistry(Registry[type[BaseRuntime]]):
                 runtimes, plugins that failed to load and what to install.
         """
         device_type = device_type_of(device)
-        entry = self._entries.get(device_type)
-        if entry is not None:
-            return entry.obj
+        if device_type in self._entries:
+            return self.get(device_type)  # get() imports a lazily registered runtime
         provider = FIRST_PARTY_PROVIDERS.get(device_type)
         problem = self._provider_failure(device_type) if self._provider_failure else None
         if problem is None and _is_torch_device_type(device_type):
@@ -171,5 +166,5 @@ class _RuntimeRegistry(RuntimeRegistry):
 
     def get_runtime_class_for_device_spec(self, device: DeviceLike) -> type[BaseRuntime]:
         """The class registered for ``device``'s type, else the fallback class."""
-        entry = self._entries.get(device_type_of(device))
-        return self._fallback_class if entry is None else entry.obj
+        device_type = device_type_of(device)
+        return self.get(device_type) if device_type in self._entries else self._fallback_class

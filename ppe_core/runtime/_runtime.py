@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ppe_core.errors import ConfigurationError
+from ppe_core.errors import ConfigurationError, RuntimeOptionError
 from ppe_core.runtime._execute import run_code_block
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
-    from ppe_core.handler._code_block import CodeBlock
+    from ppe_core.runtime._execute import CodeBlock
 
 __all__ = [
     "BaseRuntime",
@@ -24,16 +24,13 @@ __all__ = [
     "get_runtime",
     "iter_runtime_modules",
     "named_runtime_modules",
+    "tag_module",
 ]
 
 DeviceLike = str | torch.device
 _TAG = "_ppe_runtime"
 #: PPE's name for the attribute ``ppe.to`` sets on every module it moves.
 _RUNTIME_TAG_NAME = _TAG
-
-
-class RuntimeOptionError(ConfigurationError, RuntimeError):
-    """A runtime option has a value the runtime cannot use (also a ``RuntimeError``, as in PPE)."""
 
 
 class BaseRuntime:
@@ -43,7 +40,8 @@ class BaseRuntime:
     subclass must provide :meth:`move_module` and :meth:`move_tensor`; every other method has a
     working default (``convert_batch`` maps ``move_tensor`` over the batch, ``execute`` runs a
     code block, the step callbacks do nothing), so a runtime written against PPE that implements
-    only the data movement trains end to end.
+    only the data movement trains end to end. Each method's docstring says who calls it and
+    when (the runtime contract table in ``docs/plugins.md`` lists them all).
 
     Args:
         device_spec: The device modules and tensors go to, e.g. ``"cuda:1"``.
@@ -99,7 +97,15 @@ class BaseRuntime:
         loader_or_batch: Iterable[Any] | torch.Tensor | None,
         optimizer: torch.optim.Optimizer | None = None,
     ) -> None:
-        """Prepare ``module`` once before the first training or evaluation step."""
+        """Prepare ``module`` once before the first training or evaluation step.
+
+        The Handler calls it at setup for each module ``ppe.to`` tagged: once when training
+        starts, with the training loader (a dict of loaders gives the module's own entry) and
+        the module's optimizer (the optimizer keyed like the module, else the only optimizer,
+        else ``None``); and once when its first evaluation starts, with the validation loader
+        and ``optimizer=None``. A runtime may use the optimizer to copy settings such as the
+        learning rate to a device copy of the module.
+        """
 
     # Trainer callbacks ----------------------------------------------------------------------
     def train_epoch_begin(self, module: torch.nn.Module) -> None:
@@ -153,6 +159,11 @@ class BaseRuntime:
     def execute(self, code_block: CodeBlock, batch: Any) -> Any:
         """Run a code block (``ppe.handler.forward`` / ``update_parameters``) on this device.
 
+        Called whenever a code block is called: every training and evaluation step of
+        ``CodeBlockLogic`` (``logic="codeblock"``), each item of ``ppe.map``, and blocks user
+        code builds. The default ``Logic`` does not build code blocks: it runs forward and
+        backward itself, so a runtime that must see whole steps is used with ``CodeBlockLogic``.
+
         The default zeroes the block's optimizers' gradients, calls its function with the
         batch (a dict as keyword arguments, a list/tuple as positional ones, else as the one
         argument), backpropagates when the block asks for it, steps the optimizers and returns
@@ -167,7 +178,7 @@ class BaseRuntime:
         out_keys: set[str] | None = None,
         device: Any = "cpu",
     ) -> Iterable[Any]:
-        """Apply ``func`` to each item of ``iterable`` lazily (``ppe.map``).
+        """Apply ``func`` to each item of ``iterable`` lazily; called by ``ppe.map``.
 
         Yields each output with only ``out_keys`` kept (when given; the output must be a dict)
         and its tensors moved to ``device``. Devices that can overlap transfers and compute
@@ -177,7 +188,13 @@ class BaseRuntime:
 
     @classmethod
     def trace(cls, event_name: str | None, arg: Any) -> AbstractContextManager[Any]:
-        """A context manager that labels a region for the device's profiler (no-op here)."""
+        """A context manager that labels a region for the device's profiler (no-op here).
+
+        ``ppe.profiler.record(tag, device=...)`` (and ``record_function`` /
+        ``record_iterable``) enter ``trace(tag, None)`` of the runtime class registered for
+        the device type when that class overrides this method; otherwise the region is a
+        ``torch.profiler`` range.
+        """
         return contextlib.nullcontext()
 
 
@@ -308,15 +325,26 @@ def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     return obj
 
 
-def _tag(module: torch.nn.Module, runtime: BaseRuntime) -> None:
-    """Record ``runtime`` on ``module`` and every submodule (a later ``ppe.to`` re-tags)."""
+def tag_module(module: torch.nn.Module, runtime: BaseRuntime) -> None:
+    """Record ``runtime`` on ``module`` and every submodule, as ``ppe.to`` does after a move.
+
+    The Handler later finds each tagged module's runtime (:func:`iter_runtime_modules`); a
+    later call on a submodule re-tags that branch.
+    """
     for sub in module.modules():
         object.__setattr__(sub, _TAG, runtime)
 
 
-def get_runtime(module: torch.nn.Module) -> BaseRuntime | None:
-    """The runtime ``ppe.to`` tagged ``module`` with, or ``None``."""
-    runtime = module.__dict__.get(_TAG)
+def get_runtime(module: object) -> BaseRuntime | None:
+    """The runtime ``ppe.to`` tagged ``module`` with, or ``None``.
+
+    Any object may be asked (a code block's owner need not be a module); for a module only its
+    own tag counts, not an attribute inherited from its class.
+    """
+    if isinstance(module, torch.nn.Module):
+        runtime = module.__dict__.get(_TAG)
+    else:
+        runtime = getattr(module, _TAG, None)
     return runtime if isinstance(runtime, BaseRuntime) else None
 
 

@@ -22,6 +22,9 @@ _EXPORTS: dict[str, str] = {
     "AccuracyMetric": "ppe_core.training.metrics",
     "ExtensionsManagerProtocol": "ppe_core.training._protocols",
     "StateObjectProtocol": "ppe_core.training._protocols",
+    "IterationDriver": "ppe_core.training._protocols",
+    "ResumeStateHost": "ppe_core.training._protocols",
+    "StopReason": "ppe_core.training.manager",
 }
 _SUBMODULES = frozenset({"extension", "extensions", "manager", "metrics", "trigger", "triggers"})
 

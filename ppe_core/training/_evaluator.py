@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ppe_core._reporting import DictSummary, Reporter, report
-from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError
+from ppe_core.errors import ArgumentTypeError, ConfigurationError, DistributedNotInitializedError
 
 if TYPE_CHECKING:
     from ppe_core.handler import BaseHandler
@@ -48,10 +48,6 @@ def loader_length(loader: Iterable[Any], given: int | None, argument: str) -> in
     return length
 
 
-class DistributedNotInitializedError(PPEError, RuntimeError):
-    """A distributed evaluator was created before ``torch.distributed`` was initialised."""
-
-
 def _as_models(models: Any) -> dict[str, torch.nn.Module]:
     named = dict(models) if isinstance(models, Mapping) else {"main": models}
     for name, model in named.items():
@@ -71,7 +67,7 @@ def _observing_reporter(models: Mapping[str, torch.nn.Module]) -> Reporter:
     same ``main/...`` keys as in training. A data-parallel wrapper's inner module gets the
     wrapper's name, as ``default_transform_model`` gives it in the trainer.
     """
-    from ppe_core.training._manager import default_transform_model
+    from ppe_core.training.manager import default_transform_model
 
     reporter = Reporter()
     for name, model in models.items():
@@ -127,6 +123,7 @@ class Evaluator:
         self._batch: Any = None
         self._observation: dict[str, Any] = {}
         self._post_step: Callable[..., Any] | None = None
+        self._batch_unit = 1  # the first batch's size: the unit of the summary's weights
 
     @property
     def progress_bar(self) -> bool:
@@ -137,6 +134,10 @@ class Evaluator:
     def summary(self) -> DictSummary:
         """The statistics of the latest run (after ``run``: gathered over ranks if distributed)."""
         return self._summary
+
+    def setup(self, loader: Iterable[Any]) -> None:
+        """Calls the handler's ``eval_setup`` once; a Trainer calls it before training."""
+        self._setup(loader)
 
     def _setup(self, loader: Iterable[Any]) -> None:
         """Call the handler's ``eval_setup`` once (the trainer calls it before training)."""
@@ -159,7 +160,32 @@ class Evaluator:
                     report({f"val/{k}": v for k, v in values.items()})
             if post_step is not None:
                 post_step(self, batch_idx, self._batch, outputs)
-        self._summary.add(observation)
+        self._add_per_sample(batch_idx, observation)
+
+    def _add_per_sample(self, batch_idx: int, observation: dict[str, Any]) -> None:
+        """Adds a batch's observation to the summary, weighted by the batch's number of samples.
+
+        Every reported value is taken as a mean over its batch, so the run's mean is the mean over
+        all samples: ``sum(n_b * v_b) / sum(n_b)``. Weights are relative to the first batch's size
+        (``_batch_unit``): batches of that size take the unweighted path (the same
+        arithmetic as PPE when all batches are full) and only a smaller last batch is weighted.
+        """
+        size = _batch_size(self._batch)
+        if batch_idx == 0:
+            self._batch_unit = size or 1
+        unit = self._batch_unit
+        if size == unit:
+            self._summary.add(observation)
+            return
+        scale = size / unit
+        self._summary.add(
+            {
+                key: (value[0], value[1] * scale)
+                if isinstance(value, tuple) and len(value) == 2
+                else (value, scale)
+                for key, value in observation.items()
+            }
+        )
 
     def _gather_summaries(self) -> None:
         """Combine ``self._summary`` over processes; a single process keeps its own."""
@@ -219,10 +245,12 @@ class Evaluator:
 class DistributedEvaluator(Evaluator):
     """An :class:`Evaluator` whose means cover the batches of every ``torch.distributed`` rank.
 
-    Each rank evaluates its own shard (e.g. through a ``DistributedSampler``); the per-key
-    sums and counts are then all-reduced, so every rank reports the same global mean. The
-    reduction travels on the evaluator's device (the handler's entry runtime moves it), as
-    collective backends such as NCCL require.
+    Each rank evaluates its own shard (e.g. through a ``DistributedValidationSampler``, which
+    neither pads nor repeats samples); the per-key sums, weighted by each batch's number of
+    samples, are then all-reduced, so every rank reports the same mean over every sample of
+    every rank: a single process's mean over the whole set. The reduction travels on the
+    evaluator's device (the handler's entry runtime moves it), as collective backends such as
+    NCCL require.
 
     Raises:
         DistributedNotInitializedError: ``torch.distributed`` is not initialised yet (also a
@@ -246,14 +274,15 @@ class DistributedEvaluator(Evaluator):
         if not (dist.is_available() and dist.is_initialized()):
             raise DistributedNotInitializedError(
                 "a distributed evaluator needs torch.distributed to be initialised: run under "
-                "torchrun and call torch.distributed.init_process_group() before "
+                "torchrun and call ppe.distributed.init_from_env() (or "
+                "torch.distributed.init_process_group()) before "
                 "create_evaluator(..., distributed=True)"
             )
 
     def _gather_summaries(self) -> None:
-        runtime = getattr(self.handler, "_entry_runtime", None)
+        runtime = getattr(self.handler, "entry_runtime", None)  # a BaseHandler may have none
         move = runtime.move_tensor if runtime is not None else (lambda t: t)
-        self._summary = _all_reduce_summary(self._summary, move)
+        self._summary = _all_reduce_summary(self._summary, move, self._batch_unit)
 
 
 def _check_metrics(metrics: Any) -> list[Metric]:
@@ -324,13 +353,49 @@ class _PlainBar:
         )
 
 
+def _batch_size(batch: Any) -> int:
+    """The number of samples in ``batch``: the leading dimension of its first tensor.
+
+    Tensors are searched depth-first through dicts, lists and tuples (a ``(x, t)`` pair, a
+    ``{"x": x, "t": t}`` dict, a namedtuple). A batch without a tensor of at least one
+    dimension counts as one sample.
+    """
+    cls = type(batch)  # fast path for the usual dict or tuple of tensors (~1 us per batch)
+    first: Any = None
+    if cls is dict:
+        first = next(iter(batch.values()), None)
+    elif cls is tuple or cls is list:
+        first = batch[0] if batch else None
+    if type(first) is torch.Tensor and first.ndim:
+        return int(first.shape[0])
+    size = _leading_dim(batch)
+    return 1 if size is None else size
+
+
+def _leading_dim(batch: Any) -> int | None:
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.ndim else None
+    if isinstance(batch, Mapping):
+        batch = batch.values()
+    elif not isinstance(batch, (list, tuple)):
+        return None
+    for item in batch:
+        size = _leading_dim(item)
+        if size is not None:
+            return size
+    return None
+
+
 def _all_reduce_summary(
-    summary: DictSummary, move: Callable[[torch.Tensor], torch.Tensor]
+    summary: DictSummary, move: Callable[[torch.Tensor], torch.Tensor], unit: int = 1
 ) -> DictSummary:
     """Sum each key's statistics over all ranks into a new summary.
 
-    The ranks must have reported the same keys; a first small reduction checks that, so a
-    mismatch raises on every rank instead of hanging in the collective.
+    Each rank's weights count in units of its first batch's size (``unit``, see
+    ``Evaluator._add_per_sample``); they are scaled to samples before summing, so the result is
+    the mean over every sample of every rank, whatever the ranks' batch sizes. The ranks must have
+    reported the same keys; a first small reduction checks that, so a mismatch raises on every
+    rank instead of hanging in the collective.
     """
     import torch.distributed as dist
 
@@ -346,7 +411,7 @@ def _all_reduce_summary(
             f"{keys}); every rank must report the same keys, e.g. give each rank batches from a "
             "DistributedSampler and report values unconditionally"
         )
-    flat = [state[k][field] for k in keys for field in ("_x", "_x2", "_n")]
+    flat = [unit * state[k][field] for k in keys for field in ("_x", "_x2", "_n")]
     values = move(torch.tensor(flat, dtype=torch.float64))
     dist.all_reduce(values)
     totals = values.tolist()

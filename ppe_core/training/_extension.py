@@ -34,8 +34,9 @@ PRIORITY_WRITER = 300
 PRIORITY_EDITOR = 200
 #: Priority of extensions that only read the observation (logging, printing); the default.
 PRIORITY_READER = 100
-#: Priority of snapshot writers: they run after every other trigger of the iteration was
-#: evaluated, so the trigger states they save are the post-iteration ones.
+#: Priority of snapshot writers (PPE's value): they come last in the invocation order. That
+#: they also run after every other trigger of the iteration was evaluated is the separate,
+#: explicit :attr:`Extension.runs_last` flag, which snapshot extensions set.
 PRIORITY_SNAPSHOT = -100
 
 #: Anything the manager accepts as an extension: an :class:`Extension` or a plain callable
@@ -45,7 +46,7 @@ ExtensionLike = Callable[["ManagerView"], object]
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 #: Keyword arguments of :func:`make_extension` beyond PPE's own, set as attributes.
-_MAKE_EXTENSION_FLAGS = ("needs_model_state", "is_async")
+_MAKE_EXTENSION_FLAGS = ("needs_model_state", "is_async", "runs_last")
 
 # PPE reserves this name (Chainer's trainer used it); keeping the rule keeps names portable.
 _RESERVED_NAMES = frozenset({"training"})
@@ -73,6 +74,10 @@ class Extension:
         needs_model_state: Whether the extension reads model or optimizer state, so runtimes
             that defer work must make that state current before it runs.
         is_async: Whether the extension may run on a schedule decoupled from the model state.
+        runs_last: Whether the extension runs only after every other due extension's trigger
+            was consulted in its iteration, so that the trigger states it saves (a snapshot's)
+            already account for that iteration. Snapshot extensions set it; PPE decided this
+            by ``priority == PRIORITY_SNAPSHOT`` instead.
     """
 
     trigger: TriggerLike = (1, "iteration")
@@ -80,6 +85,7 @@ class Extension:
     name: str | None = None
     needs_model_state: bool = False
     is_async: bool = False
+    runs_last: bool = False
 
     @property
     def default_name(self) -> str:
@@ -147,6 +153,7 @@ class _WrappedExtension(Extension):
         self.priority = getattr(ext, "priority", Extension.priority)
         self.needs_model_state = bool(getattr(ext, "needs_model_state", False))
         self.is_async = bool(getattr(ext, "is_async", False))
+        self.runs_last = bool(getattr(ext, "runs_last", False))
         name = getattr(ext, "name", None)
         self.name = name if isinstance(name, str) else None
 
@@ -251,8 +258,9 @@ def make_extension(
 
     It only sets attributes on the function (``trigger``, ``default_name``, ``priority``,
     ``initialize``, ``finalize``, ``on_error``, as PPE does); the manager reads them when the
-    function is registered. Beyond PPE's arguments it accepts ``needs_model_state=`` and
-    ``is_async=``, which the manager honours like the :class:`Extension` attributes.
+    function is registered. Beyond PPE's arguments it accepts ``needs_model_state=``,
+    ``is_async=`` and ``runs_last=``, which the manager honours like the :class:`Extension`
+    attributes.
 
     Args:
         trigger: Default trigger; ``(1, 'iteration')`` when None.
@@ -261,7 +269,7 @@ def make_extension(
         finalizer: Called with the manager at the end of training; a no-op when None.
         initializer: Called with the manager before the first iteration; a no-op when None.
         on_error: Called with ``(manager, exc, tb)`` when training raises; a no-op when None.
-        **kwargs: ``needs_model_state`` and/or ``is_async`` (booleans).
+        **kwargs: ``needs_model_state``, ``is_async`` and/or ``runs_last`` (booleans).
 
     Returns:
         The decorator, which returns the function itself.
@@ -279,8 +287,8 @@ def make_extension(
     if unknown:
         raise ArgumentTypeError(
             f"make_extension() got unexpected keyword arguments {unknown}; it accepts trigger, "
-            "default_name, priority, finalizer, initializer, on_error, needs_model_state and "
-            "is_async (set other attributes on the function yourself)"
+            "default_name, priority, finalizer, initializer, on_error, needs_model_state, "
+            "is_async and runs_last (set other attributes on the function yourself)"
         )
 
     def decorator(ext: _F) -> _F:
@@ -360,6 +368,11 @@ class ExtensionEntry:
     def needs_model_state(self) -> bool:
         """Whether the extension declared that it reads model state."""
         return bool(getattr(self.extension, "needs_model_state", False))
+
+    @property
+    def runs_last(self) -> bool:
+        """Whether the extension runs after every other trigger of its iteration was consulted."""
+        return getattr(self.extension, "runs_last", False) is True
 
     def state_dict(self) -> dict[str, Any]:
         """Returns ``{'extension': ..., 'trigger': ...}``, the states of both parts."""

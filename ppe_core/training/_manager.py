@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import time
 import types
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -17,17 +16,31 @@ from ppe_core._reporting import _local as _reporter_local
 from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError, PPEWarning
 from ppe_core.reporting import Observation, Reporter
 from ppe_core.training._extension import (
-    PRIORITY_SNAPSHOT,
     Extension,
     ExtensionEntry,
     ExtensionLike,
-    ExtensionNameError,
     check_priority,
 )
 from ppe_core.training._protocols import StateObjectProtocol
-from ppe_core.training.triggers import NEVER, Trigger, TriggerLike, get_trigger
+from ppe_core.training._schedule import Schedule
+from ppe_core.training._state import (
+    PPE_CORE_STATE_KEY,
+    ManagerState,
+    MissingExtensionStateWarning,
+    StateDictKeyError,
+    StateDictMismatchError,
+    StateVersionWarning,
+    TransformModel,
+    warn_missing_extension_states,
+)
+from ppe_core.training._stop import StopCondition, StopReason
+from ppe_core.training.triggers import TriggerLike, get_trigger
+
+if TYPE_CHECKING:
+    from ppe_core.training._protocols import IterationDriver, ManagerView, ResumeStateHost
 
 __all__ = [
+    "PPE_CORE_STATE_KEY",
     "ExtensionErrorHandlerWarning",
     "ExtensionsManager",
     "IgniteExtensionsManager",
@@ -39,16 +52,11 @@ __all__ = [
     "StateDictKeyError",
     "StateDictMismatchError",
     "StateVersionWarning",
+    "StopReason",
     "TransformModel",
     "default_transform_model",
     "identity_transform_model",
 ]
-
-#: ``transform_model(name, model)`` returns the module whose state is saved and observed.
-TransformModel = Callable[[str, torch.nn.Module], torch.nn.Module]
-
-# A due iteration no count reaches: the trigger will not fire again.
-_NEVER_DUE = NEVER
 
 
 class ManagerStateError(PPEError, RuntimeError):
@@ -61,25 +69,6 @@ class ModelStateUnavailableError(PPEError, RuntimeError):
     Only extensions declaring ``needs_model_state = True`` may read models while extensions run,
     because runtimes that defer work only make the model state current for them.
     """
-
-
-class StateDictKeyError(PPEError, KeyError):
-    """A state dictionary passed to ``load_state_dict`` lacks a required entry."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
-
-
-class StateDictMismatchError(ConfigurationError, RuntimeError):
-    """A loaded model or optimizer state does not fit the registered model or optimizer.
-
-    Subclasses ``RuntimeError`` (what ``Module.load_state_dict`` raises) and ``ValueError``
-    (through :class:`ConfigurationError`, what ``Optimizer.load_state_dict`` raises).
-    """
-
-
-class MissingExtensionStateWarning(PPEWarning):
-    """A loaded state holds nothing for a registered extension, which keeps its current state."""
 
 
 class ExtensionErrorHandlerWarning(PPEWarning):
@@ -96,21 +85,6 @@ class IgnoredArgumentWarning(PPEWarning):
 
 class IgniteNotInstalledError(PPEError, ImportError):
     """``IgniteExtensionsManager`` was created without pytorch-ignite installed."""
-
-
-class StateVersionWarning(PPEWarning):
-    """A loaded state was written by another (or an unknown) version.
-
-    A ``UserWarning`` mentioning "version", as PPE's. States written by ppe-core itself and by
-    the PPE release ppe-core is compatible with load without it.
-    """
-
-
-#: The key under which ppe-core keeps its own resume data in a state dictionary. PPE's
-#: ``load_state_dict`` ignores unknown top-level keys, so such states still load into PPE.
-PPE_CORE_STATE_KEY = "_ppe_core"
-# PPE releases whose states load without a StateVersionWarning (the format is the same).
-_COMPATIBLE_PPE_VERSIONS = ("0.9.",)
 
 
 class _Writer(Protocol):
@@ -156,19 +130,6 @@ def _make_default_writer(out_dir: str) -> _Writer | None:
     return writer
 
 
-class _Scheduled:
-    """An entry with the first iteration at which its trigger may fire (the schedule cache)."""
-
-    __slots__ = ("due", "entry", "every", "name", "needs_state")
-
-    def __init__(self, name: str, entry: ExtensionEntry) -> None:
-        self.name = name
-        self.entry = entry
-        self.due = -1
-        self.needs_state = entry.needs_model_state
-        self.every = False  # called directly every step (see ExtensionsManager._every)
-
-
 class _IterationContext:
     """What ``run_iteration()`` returns: a reusable, allocation-free context manager."""
 
@@ -179,7 +140,7 @@ class _IterationContext:
         self._step_optimizers = step_optimizers
 
     def __enter__(self) -> None:
-        self._manager._begin_iteration(self._step_optimizers)
+        self._manager.begin_iteration(self._step_optimizers)
 
     def __exit__(
         self,
@@ -189,9 +150,9 @@ class _IterationContext:
     ) -> None:
         # Returning None lets the block's exception (if any) propagate unchanged.
         if exc is None:
-            self._manager._end_iteration(self._step_optimizers)
+            self._manager.end_iteration(self._step_optimizers)
         else:
-            self._manager._abort_iteration(exc)
+            self._manager.abort_iteration(exc)
 
 
 class ExtensionsManager:
@@ -212,6 +173,13 @@ class ExtensionsManager:
     A step at which no extension is due costs one integer comparison: each trigger tells (via
     ``next_check``) the next iteration at which it could fire, and the manager only consults
     triggers at those iterations.
+
+    The manager composes three parts, each in its own module: the schedule of due extensions
+    (``_schedule.Schedule``), the one stop condition (``_stop.StopCondition``, whose answer
+    says why training ended: :attr:`stop_reason`) and the state dictionary
+    (``_state.ManagerState``). Trainers drive it through :meth:`begin_iteration`,
+    :meth:`end_iteration` and :meth:`handle_training_error` (the
+    :class:`~ppe_core.training._protocols.IterationDriver` protocol).
 
     Args:
         models: A module (named ``"main"``) or a mapping of names to modules.
@@ -281,22 +249,9 @@ class ExtensionsManager:
         )
         self.max_epochs = max_epochs
         self._iters_per_epoch = iters_per_epoch
-        self._enable_profile = enable_profile or enable_trace
-        self._state_objects: dict[str, StateObjectProtocol] = dict(state_objects or {})
-        for name, obj in self._state_objects.items():
-            if not (
-                callable(getattr(obj, "state_dict", None))
-                and callable(getattr(obj, "load_state_dict", None))
-            ):
-                raise ArgumentTypeError(
-                    f"state object {name!r} must have state_dict() and load_state_dict(), got "
-                    f"{type(obj).__name__}"
-                )
-        # ppe-core's own resume data (the Trainer's RNG/loader state, the handler's state):
-        # saved under PPE_CORE_STATE_KEY, which PPE's load_state_dict ignores.
-        self._internal_states: dict[str, Any] = {}
-        # State objects a state may lack (added by ppe-core for PPE's layout, not by the user).
-        self._optional_state_objects: set[str] = set()
+        self._state = ManagerState(
+            self._models, self._optimizers, state_objects or {}, transform_model
+        )
 
         self.observation: Observation = {}
         self.reporter = Reporter()
@@ -306,12 +261,17 @@ class ExtensionsManager:
         for name, optimizer in self._optimizers.items():
             self.reporter.add_observer(name, optimizer)
 
-        self._stop_trigger: Trigger = get_trigger(
-            (max_epochs, "epoch") if stop_trigger is None else stop_trigger
+        self._stop = StopCondition(
+            get_trigger((max_epochs, "epoch") if stop_trigger is None else stop_trigger),
+            "max_epochs" if stop_trigger is None else "stop_trigger",
         )
-        # One stop condition: the trigger is consulted at most once per iteration, by whichever
-        # comes first (the step's own check or a read of ``stop_trigger``), and both share the
-        # answer (see _consult_stop_trigger). Stateful triggers (early stopping) need that.
+        self._schedule = Schedule(profile=enable_profile or enable_trace)
+        # Hot-path aliases of the schedule's parts (one attribute lookup less per step).
+        self._every = self._schedule.every
+        self._run_every = self._schedule.run_every
+        # The first iteration at which the schedule or the stop trigger is due; -1 forces the
+        # next step through the slow path, which rebuilds the schedule.
+        self._next_due = -1
 
         self._iteration = 0
         #: Iterations run by this process since the (possibly restored) start; PPE's name.
@@ -325,21 +285,8 @@ class ExtensionsManager:
         self._ready = False
         # The exception whose on_error handlers ran (each error is handled once).
         self._handled_error: BaseException | None = None
-        self._model_available = True
         # While an iteration is open: the reporter's observation before it (restored after).
         self._scope: Observation | None = None
-        self._every: list[Callable[[Any], object]] = []
-
-        self._entries: dict[str, ExtensionEntry] = {}
-        self._schedule: list[_Scheduled] = []
-        # Schedule cache: -1 forces the next step through the slow path, which rebuilds it.
-        self._dirty = True
-        self._next_due = -1
-        self._state_due = -1
-        self._stop_due = -1
-        self._stop_reached = False
-        self._stop_checked_at = -1
-        self._stop_value = False
 
         self._plain_context = _IterationContext(self, ())
         self._contexts: dict[tuple[str, ...], _IterationContext] = {}
@@ -425,14 +372,14 @@ class ExtensionsManager:
             ModelStateUnavailableError: Read by an extension that did not declare
                 ``needs_model_state`` in an iteration where no such extension runs.
         """
-        if not self._model_available:
+        if not self._schedule.model_available:
             self._raise_model_unavailable()
         return self._models_view
 
     @property
     def raw_models(self) -> Mapping[str, torch.nn.Module]:
         """The models as registered, without ``transform_model`` (read-only mapping)."""
-        if not self._model_available:
+        if not self._schedule.model_available:
             self._raise_model_unavailable()
         return self._raw_models_view
 
@@ -440,6 +387,16 @@ class ExtensionsManager:
     def optimizers(self) -> Mapping[str, torch.optim.Optimizer]:
         """The optimizers by name (read-only mapping)."""
         return self._optimizers_view
+
+    def set_optimizer(self, name: str, optimizer: torch.optim.Optimizer) -> None:
+        """Registers (or replaces) the optimizer ``name``; it is saved and observed from now on.
+
+        Args:
+            name: The optimizer's name (its key in :attr:`optimizers` and state dictionaries).
+            optimizer: The optimizer.
+        """
+        self._optimizers[name] = optimizer
+        self.reporter.add_observer(name, optimizer)
 
     @property
     def out(self) -> str:
@@ -451,27 +408,31 @@ class ExtensionsManager:
     def stop_trigger(self) -> bool:
         """Whether training should stop now (the stop trigger fires at this iteration).
 
-        Repeated reads at the same iteration agree; the trigger itself is only consulted at
-        the iterations its ``next_check`` announces.
+        Repeated reads at the same iteration agree, also with the manager's own check after
+        the iteration; the trigger itself is only consulted at the iterations its
+        ``next_check`` announces.
         """
         if not self._started:
             self.start_extensions()
-        if self._stop_reached:
-            return True
-        iteration = self._iteration
-        if iteration < self._stop_due and iteration != self._stop_checked_at:
-            return False  # not due, and not consulted at this iteration
-        return self._consult_stop_trigger(iteration)
+        return self._stop.read(self, self._iteration, self._iters_per_epoch)
 
-    def _consult_stop_trigger(self, iteration: int) -> bool:
-        """Calls the stop trigger once for ``iteration`` and records the answer for both users."""
-        if iteration == self._stop_checked_at:
-            return self._stop_value
-        value = bool(self._stop_trigger(self))
-        self._stop_due = self._due_after(self._stop_trigger, iteration)
-        self._stop_checked_at = iteration
-        self._stop_value = value
-        return value
+    @property
+    def stop_reason(self) -> StopReason | None:
+        """Why training ended (which stop trigger fired, or the error); None while it goes on."""
+        return self._stop.reason
+
+    @property
+    def training_length(self) -> tuple[float, str] | None:
+        """``(amount, unit)`` the stop trigger announces, e.g. ``(10, 'epoch')``; None if unknown.
+
+        ProgressBar reads it for its total; triggers that cannot tell (early stopping, a
+        function) give None.
+        """
+        get_length = getattr(self._stop.trigger, "get_training_length", None)
+        if get_length is None:
+            return None
+        length: tuple[float, str] = get_length()
+        return length
 
     def _raise_model_unavailable(self) -> None:
         raise ModelStateUnavailableError(
@@ -529,17 +490,9 @@ class ExtensionsManager:
         if call_before_training is not None:
             entry.call_before_training = bool(call_before_training)
 
-        base = name if name is not None else entry.name
-        unique = base
-        ordinal = 0
-        while unique in self._entries:
-            ordinal += 1
-            unique = f"{base}_{ordinal}"
+        unique = self._schedule.unique_name(name if name is not None else entry.name)
         entry._update_name(unique)
-        self._entries[unique] = entry
-        slot = _Scheduled(unique, entry)
-        # sorted() is stable: equal priorities keep registration order.
-        self._schedule = sorted([*self._schedule, slot], key=lambda s: -s.entry.priority)
+        self._schedule.add(unique, entry)
         self._invalidate_schedule()
         if self._started and not getattr(entry.trigger, "finished", False):
             entry.extension.initialize(self)
@@ -550,21 +503,12 @@ class ExtensionsManager:
         Raises:
             ExtensionNameError: No extension has that name (a ``ValueError``, as in PPE).
         """
-        entry = self._entries.get(name)
-        if entry is None:
-            close = difflib.get_close_matches(name, list(self._entries), n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ExtensionNameError(
-                f"no extension named {name!r} is registered (registered: "
-                f"{sorted(self._entries) or 'none'}); {hint}register it first with "
-                f"extend(..., name={name!r}) or ask for one of the registered names"
-            )
-        return entry.extension
+        return self._schedule.get(name)
 
     @property
     def extensions(self) -> list[tuple[str, ExtensionEntry]]:
         """``(name, entry)`` pairs in invocation order (descending priority)."""
-        return [(slot.name, slot.entry) for slot in self._schedule]
+        return [(slot.name, slot.entry) for slot in self._schedule.slots()]
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -580,14 +524,14 @@ class ExtensionsManager:
         self._started = True
         if self._start_time is None:
             self._start_time = time.perf_counter()
-        for slot in list(self._schedule):
+        for slot in self._schedule.slots():
             if not getattr(slot.entry.trigger, "finished", False):
                 slot.entry.extension.initialize(self)
         self.observation = {}
         with self.reporter.scope(self.observation):
-            for slot in list(self._schedule):
+            for slot in self._schedule.slots():
                 if slot.entry.call_before_training:
-                    self._call_extension(slot)
+                    self._schedule.call(self, slot)
         self._invalidate_schedule()
 
     def run_iteration(
@@ -624,12 +568,16 @@ class ExtensionsManager:
             context = self._contexts[names] = _IterationContext(self, names)
         return context
 
-    def _begin_iteration(self, step_optimizers: Sequence[str] = ()) -> None:
-        """Opens an iteration: the fast-path entry point for trainers (no context manager).
+    def begin_iteration(self, step_optimizers: Sequence[str] = ()) -> None:
+        """Opens an iteration: what ``run_iteration()`` does on entry, without a context manager.
 
-        Starts the extensions on first use, points the reporter at a fresh observation and
-        zeroes the named optimizers' gradients. Pair with :meth:`_end_iteration` on success
-        or :meth:`_abort_iteration` on an exception.
+        For trainers (the fast path): starts the extensions on first use, points the reporter
+        at a fresh observation and zeroes the named optimizers' gradients. Pair it with
+        :meth:`end_iteration` when the step succeeded, or :meth:`abort_iteration` when it
+        raised.
+
+        Raises:
+            ManagerStateError: The manager is finalized, or an iteration is already open.
         """
         if not self._ready:
             self._prepare_first_iteration()
@@ -648,15 +596,16 @@ class ExtensionsManager:
                 for name in step_optimizers:
                     self._optimizers[name].zero_grad()
             except BaseException as exc:
-                self._abort_iteration(exc)
+                self.abort_iteration(exc)
                 raise
 
-    def _end_iteration(self, step_optimizers: Sequence[str] = ()) -> None:
-        """Closes an iteration that succeeded: the fast-path exit point for trainers.
+    def end_iteration(self, step_optimizers: Sequence[str] = ()) -> bool:
+        """Closes an iteration that succeeded; returns whether training is over.
 
         Steps the named optimizers, increments the iteration, runs the extensions that are due
-        (a single comparison when none is) and finalizes when the stop trigger fired. On an
-        exception it runs the error handling of :meth:`_abort_iteration` and re-raises.
+        (a single comparison when none is) and, when the stop condition fired, finalizes the
+        manager and returns True. On an exception it runs :meth:`abort_iteration`'s error
+        handling and re-raises.
         """
         try:
             for name in step_optimizers:
@@ -664,21 +613,24 @@ class ExtensionsManager:
             iteration = self._iteration = self._iteration + 1
             self.execution += 1
             if iteration >= self._next_due:
-                self._run_due_extensions(iteration)
-            elif self._every:
-                self._run_every(iteration)
+                stop = self._run_due_extensions(iteration)
+            else:
+                stop = False
+                if self._every:
+                    self._run_every(self, iteration)
         except BaseException as exc:
-            self._abort_iteration(exc)
+            self.abort_iteration(exc)
             raise
         previous = self._scope  # _close_scope(), inline: this runs every step
         if previous is not None:
             self._scope = None
             _reporter_local.reporters.pop()
             self.reporter.observation = previous
-        if self._stop_reached:
+        if stop:
             self.finalize()
+        return stop
 
-    def _abort_iteration(self, exc: BaseException) -> None:
+    def abort_iteration(self, exc: BaseException) -> None:
         """Handles an exception raised inside an iteration; the caller re-raises ``exc``.
 
         Runs every extension's ``on_error`` (once per exception) and closes the reporter
@@ -688,38 +640,32 @@ class ExtensionsManager:
         handlers are reported as :class:`ExtensionErrorHandlerWarning` so they never mask
         ``exc``.
         """
-        self._model_available = True
+        self._schedule.model_available = True
         try:
             self._run_on_error(exc)
         finally:
             self._close_scope()
             if not isinstance(exc, Exception):
+                self._stop.record_error(exc, self._iteration, self._iters_per_epoch)
                 self._finalize(exc)
 
-    def _on_error(self, exc: BaseException) -> None:
+    def handle_training_error(self, exc: BaseException) -> None:
         """Handles an error that ends training (a trainer's ``except`` clause calls it).
 
-        Like :meth:`_abort_iteration` (``on_error`` is not run twice for one exception),
-        then finalizes the extensions and the writer: a trainer is not reused after an error.
+        Like :meth:`abort_iteration` (``on_error`` is not run twice for one exception),
+        then records the error as the :attr:`stop_reason` and finalizes the extensions and
+        the writer: a trainer is not reused after an error.
         """
-        self._model_available = True
+        self._schedule.model_available = True
         try:
             self._run_on_error(exc)
         finally:
             self._close_scope()
+            self._stop.record_error(exc, self._iteration, self._iters_per_epoch)
             self._finalize(exc)
 
-    def _run_every(self, iteration: int) -> None:
-        """Call the every-step extensions when nothing else is due (the common step)."""
-        self._model_available = iteration >= self._state_due
-        try:
-            for extension in self._every:
-                extension(self)
-        finally:
-            self._model_available = True
-
     def _close_scope(self) -> None:
-        """Undo :meth:`_begin_iteration`'s reporter switch (no-op outside an iteration)."""
+        """Undo :meth:`begin_iteration`'s reporter switch (no-op outside an iteration)."""
         previous = self._scope
         if previous is not None:
             self._scope = None
@@ -744,7 +690,7 @@ class ExtensionsManager:
         if iteration >= self._next_due:
             self._run_due_extensions(iteration)
         elif self._every:
-            self._run_every(iteration)
+            self._run_every(self, iteration)
 
     def needs_state_this_iteration(self) -> bool:
         """Whether an extension declaring ``needs_model_state`` may run in the next iteration."""
@@ -785,7 +731,7 @@ class ExtensionsManager:
             return
         self._handled_error = exc
         tb = exc.__traceback__
-        for slot in list(self._schedule):
+        for slot in self._schedule.slots():
             try:
                 slot.entry.extension.on_error(self, exc, tb)
             except Exception as handler_exc:
@@ -798,7 +744,7 @@ class ExtensionsManager:
         self._ready = False
         failures: list[tuple[str, Exception]] = []
         if self._started:
-            for slot in list(self._schedule):
+            for slot in self._schedule.slots():
                 try:
                     slot.entry.extension.finalize(self)
                 except Exception as failure:
@@ -831,98 +777,33 @@ class ExtensionsManager:
 
     def _invalidate_schedule(self) -> None:
         """Forces the next step through the slow path, which recomputes every due iteration."""
-        self._dirty = True
+        self._schedule.invalidate()
+        self._stop.invalidate()
         self._next_due = -1
-        self._state_due = -1
-        self._stop_due = -1
-        self._stop_checked_at = -1
 
-    def _due_after(self, trigger: Trigger, iteration: int) -> int:
-        """The first iteration after ``iteration`` at which ``trigger`` may fire."""
-        next_check = getattr(trigger, "next_check", None)
-        if next_check is None:
-            return iteration + 1
-        due = next_check(iteration, self._iters_per_epoch)
-        if due is None:
-            return iteration + 1
-        # A due at or before ``iteration`` breaks the contract; checking next step stays safe.
-        return min(int(due), _NEVER_DUE) if due > iteration else iteration + 1
+    def _run_due_extensions(self, iteration: int) -> bool:
+        """The slow path of a step: runs the due extensions, then consults the stop condition.
 
-    def _rebuild_schedule(self, iteration: int) -> None:
-        state_due = _NEVER_DUE
-        next_due = _NEVER_DUE
-        every: list[Callable[[Any], object]] = []
-        for slot in self._schedule:
-            slot.needs_state = slot.entry.needs_model_state
-            due = slot.due = self._due_after(slot.entry.trigger, iteration)
-            # Extensions that run every step (LogReport accumulating, ...) are called
-            # directly on steps where nothing else is due: no trigger call, no bookkeeping.
-            slot.every = (
-                getattr(slot.entry.trigger, "fires_every_iteration", False) is True
-                and not slot.needs_state
-                and slot.entry.priority != PRIORITY_SNAPSHOT  # those run after the others
-                and not self._enable_profile
+        Returns:
+            Whether the stop condition fired (training is over).
+        """
+        schedule = self._schedule
+        stop = self._stop
+        iters_per_epoch = self._iters_per_epoch
+        if schedule.dirty:
+            self._next_due = min(
+                schedule.rebuild(iteration - 1, iters_per_epoch),
+                stop.reschedule(iteration - 1, iters_per_epoch),
             )
-            if slot.every:
-                every.append(slot.entry.extension)
-                continue
-            next_due = min(next_due, due)
-            if slot.needs_state:
-                state_due = min(state_due, due)
-        self._every = every
-        self._stop_due = self._due_after(self._stop_trigger, iteration)
-        self._state_due = state_due
-        self._next_due = min(next_due, self._stop_due)
-        self._dirty = False
-
-    def _run_due_extensions(self, iteration: int) -> None:
-        if self._dirty:
-            self._rebuild_schedule(iteration - 1)
             if iteration < self._next_due:
-                self._run_every(iteration)
-                return
-        self._model_available = iteration >= self._state_due
-        next_due = _NEVER_DUE
-        state_due = _NEVER_DUE
-        deferred: list[_Scheduled] = []
-        try:
-            for slot in self._schedule:
-                due = slot.due
-                if due <= iteration:
-                    trigger = slot.entry.trigger
-                    if trigger(self):
-                        # Snapshots run after every trigger of this iteration was evaluated,
-                        # so the trigger states they save already account for this iteration.
-                        if slot.entry.priority == PRIORITY_SNAPSHOT:
-                            deferred.append(slot)
-                        else:
-                            self._call_extension(slot)
-                    due = slot.due = self._due_after(trigger, iteration)
-                if slot.every:
-                    continue
-                if due < next_due:
-                    next_due = due
-                if slot.needs_state and due < state_due:
-                    state_due = due
-            for slot in deferred:
-                self._call_extension(slot)
-        finally:
-            self._model_available = True
-        if self._stop_due <= iteration and self._consult_stop_trigger(iteration):
-            self._stop_reached = True
-        if self._dirty:
-            # An extension changed the registrations or the state: rebuild on the next step.
-            self._next_due = -1
-        else:
-            self._state_due = state_due
-            self._next_due = min(next_due, self._stop_due)
-
-    def _call_extension(self, slot: _Scheduled) -> None:
-        if self._enable_profile:
-            with torch.profiler.record_function(f"ppe_core.ExtensionsManager:{slot.name}"):
-                slot.entry.extension(self)
-        else:
-            slot.entry.extension(self)
+                self._run_every(self, iteration)
+                return False
+        next_due = schedule.run_due(self, iteration, iters_per_epoch)
+        reached = stop.after_iteration(self, iteration, iters_per_epoch)
+        # An extension that changed the registrations or the state made the schedule dirty:
+        # the next step rebuilds it.
+        self._next_due = -1 if schedule.dirty else min(next_due, stop.due)
+        return reached
 
     def needs_model_state(self, iteration: int | None = None) -> bool:
         """Whether an extension declaring ``needs_model_state`` may run at ``iteration``.
@@ -935,14 +816,34 @@ class ExtensionsManager:
         current = self._iteration
         if iteration is None:
             iteration = current + 1
-        if not self._dirty and iteration == current + 1:
-            return iteration >= self._state_due
-        return any(
-            entry.needs_model_state and self._due_after(entry.trigger, iteration - 1) <= iteration
-            for entry in self._entries.values()
-        )
+        return self._schedule.needs_model_state(iteration, current, self._iters_per_epoch)
 
     # ----------------------------------------------------------------- state dict
+
+    def add_state_object(
+        self, name: str, obj: StateObjectProtocol, *, optional: bool = False
+    ) -> None:
+        """Saves ``obj`` under ``state_dict()['state_objects'][name]`` from now on.
+
+        Like the ``state_objects=`` argument; for parts (a trainer, a handler) that join later.
+
+        Args:
+            name: Its key in ``'state_objects'``.
+            obj: Anything with ``state_dict()`` and ``load_state_dict(state)``.
+            optional: Whether a loaded state may lack it (it then keeps its state).
+
+        Raises:
+            ArgumentTypeError: ``obj`` lacks ``state_dict`` or ``load_state_dict``.
+        """
+        self._state.add_state_object(name, obj, optional=optional)
+
+    def add_resume_state(self, name: str, obj: StateObjectProtocol) -> None:
+        """Saves ``obj`` under ``state_dict()['_ppe_core'][name]``, a key PPE ignores.
+
+        For ppe-core's own resume data (a Trainer's RNG and loader states, its handler's
+        state): PPE's ``load_state_dict`` still reads the state. An empty state is left out.
+        """
+        self._state.add_resume_state(name, obj)
 
     def state_dict(self, *, transform_models: TransformModel | None = None) -> dict[str, Any]:
         """Returns the training state in PPE's layout.
@@ -959,23 +860,9 @@ class ExtensionsManager:
             transform_models: ``(name, module) -> module`` whose result's state is saved;
                 the manager's ``transform_model`` by default.
         """
-        from ppe_core._version import __version__
-
-        transform = self._transform_model if transform_models is None else transform_models
-        state: dict[str, Any] = {
-            "_start_iteration": self._iteration,
-            "_start_execution": self.execution,
-            "models": {name: transform(name, m).state_dict() for name, m in self._models.items()},
-            "optimizers": {name: opt.state_dict() for name, opt in self._optimizers.items()},
-            "state_objects": {name: obj.state_dict() for name, obj in self._state_objects.items()},
-            "extensions": {name: entry.state_dict() for name, entry in self._entries.items()},
-            "ppe_version": __version__,
-        }
-        internal = {name: obj.state_dict() for name, obj in self._internal_states.items()}
-        internal = {name: value for name, value in internal.items() if value}
-        if internal:
-            state[PPE_CORE_STATE_KEY] = internal
-        return state
+        return self._state.state_dict(
+            self._iteration, self.execution, self._schedule.entries, transform_models
+        )
 
     def load_state_dict(
         self, to_load: Mapping[str, Any], *, transform_models: TransformModel | None = None
@@ -1000,73 +887,12 @@ class ExtensionsManager:
             StateDictMismatchError: A model's or optimizer's state does not fit it (names the
                 missing and unexpected keys).
         """
-        transform = self._transform_model if transform_models is None else transform_models
-        model_states = self._require(to_load, "models", self._models)
-        optimizer_states = self._require(to_load, "optimizers", self._optimizers)
-        if "_start_iteration" not in to_load:
-            raise StateDictKeyError(
-                "the state has no '_start_iteration' entry; pass what trainer.state_dict() or "
-                "manager.state_dict() returned (or a snapshot file loaded with torch.load)"
-            )
-        _check_version(to_load.get("ppe_version"))
-        object_states: Mapping[str, Any] | None = None
-        if "state_objects" in to_load and self._state_objects:
-            required = [n for n in self._state_objects if n not in self._optional_state_objects]
-            object_states = self._require(to_load, "state_objects", required)
-        for name, model in self._models.items():
-            _load_model_state(name, transform(name, model), model_states[name])
-        for name, optimizer in self._optimizers.items():
-            _load_optimizer_state(name, optimizer, optimizer_states[name])
-        if object_states is not None:
-            for name, obj in self._state_objects.items():
-                if name in object_states:
-                    obj.load_state_dict(object_states[name])
-        extension_states: Mapping[str, Any] = to_load.get("extensions") or {}
-        internal_states: Mapping[str, Any] = to_load.get(PPE_CORE_STATE_KEY) or {}
-        missing = []
-        for name, entry in self._entries.items():
-            if name in extension_states:
-                entry.load_state_dict(extension_states[name])
-            else:
-                missing.append(name)
-        for name, obj in self._internal_states.items():
-            # Before the '_ppe_core' key, ppe-core kept the trainer state among the extensions.
-            legacy = extension_states.get(f"_{name}", {}).get("extension")
-            saved = internal_states.get(name, legacy)
-            if saved is not None:
-                obj.load_state_dict(saved)
-        self._start_iteration = self._iteration = int(to_load["_start_iteration"])
-        self._start_execution = self.execution = int(
-            to_load.get("_start_execution", self._iteration)
-        )
+        counts = self._state.load_state_dict(to_load, self._schedule.entries, transform_models)
+        self._start_iteration = self._iteration = counts.iteration
+        self._start_execution = self.execution = counts.execution
         self._invalidate_schedule()
-        if missing:
-            warnings.warn(
-                MissingExtensionStateWarning(
-                    f"the loaded state has no entry for the extensions {missing}; they keep their "
-                    "current state (the state was saved without them, or under other names)"
-                ),
-                stacklevel=2,
-            )
-
-    @staticmethod
-    def _require(
-        to_load: Mapping[str, Any], key: str, registered: Iterable[str]
-    ) -> Mapping[str, Any]:
-        states = to_load.get(key)
-        if not isinstance(states, Mapping):
-            raise StateDictKeyError(
-                f"the state has no {key!r} mapping (its keys: {sorted(map(str, to_load))}); pass "
-                "what trainer.state_dict() or manager.state_dict() returned, not a model's own "
-                "state_dict (load that with model.load_state_dict)"
-            )
-        missing = [name for name in registered if name not in states]
-        if missing:
-            raise StateDictKeyError(
-                f"the state's {key!r} lacks {missing} (it holds {sorted(states)}); register "
-                f"the {key} under the names they were saved with"
-            )
-        return states
+        if counts.missing_extensions:
+            warn_missing_extension_states(counts.missing_extensions, stacklevel=3)
 
 
 class IgniteExtensionsManager(ExtensionsManager):
@@ -1166,7 +992,7 @@ class IgniteExtensionsManager(ExtensionsManager):
 
     def _on_iteration_started(self, engine: Any) -> None:
         self._close_scope()  # left open when the previous iteration raised
-        self._begin_iteration(())
+        self.begin_iteration(())
 
     def _on_iteration_completed(self, engine: Any) -> None:
         try:
@@ -1174,7 +1000,7 @@ class IgniteExtensionsManager(ExtensionsManager):
             self.execution += 1
             self.run_extensions()
         except Exception as exc:
-            self._abort_iteration(exc)
+            self.abort_iteration(exc)
             raise
         self._close_scope()
 
@@ -1182,7 +1008,7 @@ class IgniteExtensionsManager(ExtensionsManager):
         self._finalize_extensions()
 
     def _finalize_extensions(self) -> None:
-        for slot in list(self._schedule):
+        for slot in self._schedule.slots():
             slot.entry.extension.finalize(self)
 
     def state_dict(self, *, transform_models: TransformModel | None = None) -> dict[str, Any]:
@@ -1201,99 +1027,10 @@ class IgniteExtensionsManager(ExtensionsManager):
         self._start_epoch = self._start_iteration // int(epoch_length)
 
 
-_MAX_KEYS = 8  # keys listed in a mismatch message; the rest are counted
+if TYPE_CHECKING:
 
-
-def _check_version(saved: object) -> None:
-    """Warns (as PPE does) when a state was written by another or an unknown version."""
-    from ppe_core._version import __version__
-
-    if saved == __version__ or (
-        isinstance(saved, str) and saved.startswith(_COMPATIBLE_PPE_VERSIONS)
-    ):
-        return
-    written = "an unknown version" if saved is None else f"version {saved}"
-    warnings.warn(
-        StateVersionWarning(
-            f"the loaded state was written by {written} (ppe-core is {__version__}, compatible "
-            "with PPE 0.9); it loads, but states from other versions may differ"
-        ),
-        stacklevel=3,
-    )
-
-
-def _key_list(keys: Sequence[str]) -> str:
-    listed = ", ".join(repr(k) for k in keys[:_MAX_KEYS])
-    more = len(keys) - _MAX_KEYS
-    return f"[{listed}{f', ... {more} more' if more > 0 else ''}]"
-
-
-def _load_model_state(name: str, module: torch.nn.Module, state: Mapping[str, Any]) -> None:
-    """``module.load_state_dict(state)``, explaining a mismatch by model name and keys."""
-    try:
-        module.load_state_dict(state)
-    except RuntimeError as exc:
-        expected = list(module.state_dict())
-        known = set(expected)
-        missing = [k for k in expected if k not in state]
-        unexpected = [k for k in state if k not in known]
-        lines = [f"the loaded state of model {name!r} does not fit {type(module).__name__}:"]
-        if missing:
-            lines.append(f"  missing keys (in the model, not in the state): {_key_list(missing)}")
-        if unexpected:
-            lines.append(
-                f"  unexpected keys (in the state, not in the model): {_key_list(unexpected)}"
-            )
-        lines.extend(
-            f"  {line.strip()}" for line in str(exc).splitlines() if "size mismatch" in line
-        )
-        if not missing and not unexpected and len(lines) == 1:
-            lines.append(f"  {exc}")
-        prefix = "module."
-        if unexpected and all(k.startswith(prefix) for k in unexpected):
-            lines.append(
-                "The state's keys start with 'module.': it was saved from a DataParallel/"
-                "DistributedDataParallel wrapper. Pass transform_model="
-                "ppe.training.manager.default_transform_model when saving, or strip the prefix."
-            )
-        elif missing and all(k.startswith(prefix) for k in missing):
-            lines.append(
-                "The model's keys start with 'module.': unwrap it when loading with "
-                "transform_model=ppe.training.manager.default_transform_model."
-            )
-        lines.append(
-            f"Load a snapshot saved from the same architecture under the name {name!r}, or load "
-            f"the weights yourself with model.load_state_dict(state['models'][{name!r}], "
-            "strict=False) to keep the matching part."
-        )
-        raise StateDictMismatchError("\n".join(lines)) from exc
-
-
-def _load_optimizer_state(name: str, optimizer: Any, state: Mapping[str, Any]) -> None:
-    """``optimizer.load_state_dict(state)``, explaining a mismatch by optimizer name."""
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        # Anything with load_state_dict (PPE does not type-check optimizers either).
-        optimizer.load_state_dict(state)
-        return
-    fix = (
-        f"Create optimizer {name!r} as when the snapshot was saved (same type, the same "
-        "parameters in the same groups), or restore only the weights with "
-        "model.load_state_dict(state['models'][<name>])."
-    )
-    # Hyperparameters each group has now; a state from another optimizer type lacks some.
-    before = [set(group) - {"params", "param_names"} for group in optimizer.param_groups]
-    try:
-        optimizer.load_state_dict(dict(state))
-    except (ValueError, KeyError) as exc:
-        raise StateDictMismatchError(
-            f"the loaded state of optimizer {name!r} ({type(optimizer).__name__}) does not fit "
-            f"it: {exc}. {fix}"
-        ) from exc
-    for index, (keys, group) in enumerate(zip(before, optimizer.param_groups, strict=False)):
-        lacking = sorted(keys - set(group))
-        if lacking:
-            raise StateDictMismatchError(
-                f"the loaded state of optimizer {name!r} ({type(optimizer).__name__}) lacks the "
-                f"hyperparameters {lacking} in param group {index}: it was saved from a "
-                f"different optimizer type. {fix}"
-            )
+    def _implements(
+        manager: ExtensionsManager,
+    ) -> tuple[IterationDriver, ResumeStateHost, ManagerView]:
+        """Checked by mypy: the manager implements the protocols its users rely on."""
+        return manager, manager, manager

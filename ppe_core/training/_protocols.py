@@ -1,8 +1,8 @@
-"""Structural types for what triggers and extensions may see of a manager."""
+"""Structural types: what triggers, extensions and trainers may use of a manager."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -76,3 +76,43 @@ class StateObjectProtocol(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+class ResumeStateHost(Protocol):
+    """Where a trainer registers what it needs saved beyond the models and optimizers.
+
+    ``ExtensionsManager`` implements it; ``attach_resume_state`` uses it for the Trainer's RNG
+    and loader states and its handler's state.
+    """
+
+    def add_state_object(
+        self, name: str, obj: StateObjectProtocol, *, optional: bool = False
+    ) -> None: ...
+
+    def add_resume_state(self, name: str, obj: StateObjectProtocol) -> None: ...
+
+
+class IterationDriver(Protocol):
+    """What a training loop calls on its manager, per iteration and when training fails.
+
+    ``ExtensionsManager`` implements it (``run_iteration()`` is the same as a context
+    manager). Per step a loop calls ``begin_iteration()``, runs the step, then
+    ``end_iteration()``, which returns True once the stop condition fired; an exception that
+    ends training goes to ``handle_training_error``.
+    """
+
+    def start_extensions(self) -> None: ...
+
+    def begin_iteration(self, step_optimizers: Sequence[str] = ()) -> None: ...
+
+    def end_iteration(self, step_optimizers: Sequence[str] = ()) -> bool: ...
+
+    def abort_iteration(self, exc: BaseException) -> None: ...
+
+    def handle_training_error(self, exc: BaseException) -> None: ...
+
+    @property
+    def stop_trigger(self) -> bool: ...
+
+    @property
+    def iteration(self) -> int: ...

@@ -4,31 +4,32 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from ppe_core.training._protocols import ResumeStateHost
 
 __all__ = ["TrainerState", "attach_resume_state"]
 
 
-def attach_resume_state(manager: Any, state: TrainerState, handler: Any) -> None:
-    """Makes ``manager`` save what a Trainer needs to resume, and time each step.
+def attach_resume_state(manager: ResumeStateHost, state: TrainerState, handler: Any) -> None:
+    """Makes ``manager`` save what a Trainer needs to resume.
 
     The trainer state and the handler's state (its GradScaler's, ...) travel under the
     state dictionary's ``'_ppe_core'`` key, which PPE's ``load_state_dict`` ignores; a
     handler without ``state_dict``/``load_state_dict``, or with an empty state, adds nothing.
-    Each step's duration is reported as ``elapsed_time``, as PPE's Trainer does.
     """
-    manager._internal_states["trainer_state"] = state
+    manager.add_resume_state("trainer_state", state)
     if callable(getattr(handler, "state_dict", None)) and callable(
         getattr(handler, "load_state_dict", None)
     ):
-        manager._internal_states["handler"] = handler
+        manager.add_resume_state("handler", handler)
         if handler.state_dict().get("grad_scaler") is not None:
             # Also where PPE's create_trainer(options={'grad_scaler': ...}) keeps it, so that
             # snapshots move between PPE and ppe-core with the scaler's state.
-            manager._state_objects[PPE_GRAD_SCALER_KEY] = _GradScalerMirror(handler)
-            manager._optional_state_objects.add(PPE_GRAD_SCALER_KEY)
+            manager.add_state_object(PPE_GRAD_SCALER_KEY, _GradScalerMirror(handler), optional=True)
 
 
 #: The ``state_objects`` name PPE's ``create_trainer`` gives ``options={'grad_scaler': ...}``.
@@ -132,7 +133,7 @@ class TrainerState:
     def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
         missing = {"torch", "python"} - set(to_load)
         if missing:
-            from ppe_core.training._manager import StateDictKeyError
+            from ppe_core.training._state import StateDictKeyError
 
             raise StateDictKeyError(
                 f"the saved trainer state lacks {sorted(missing)}; it was not written by "

@@ -20,6 +20,7 @@ from ppe_core.training.triggers import get_trigger
 if TYPE_CHECKING:
     from ppe_core.handler import BaseHandler
     from ppe_core.training._manager import ExtensionsManager
+    from ppe_core.training._stop import StopReason
 
 __all__ = [
     "AmbiguousEvaluatorError",
@@ -71,10 +72,16 @@ class _EvaluatorExtension(Extension):
     def __init__(self, trainer: Trainer, evaluator: Evaluator) -> None:
         self._trainer = trainer
         self._evaluator = evaluator
+        self._loader: Iterable[Any] | None = None
+        self._eval_len: int | None = None
+
+    def set_loader(self, loader: Iterable[Any] | None, eval_len: int | None) -> None:
+        """The validation data of the current ``run()`` (the trainer sets it when run starts)."""
+        self._loader = loader
+        self._eval_len = eval_len
 
     def __call__(self, manager: Any) -> None:
-        trainer, evaluator = self._trainer, self._evaluator
-        loader = trainer._val_loader
+        trainer, evaluator, loader = self._trainer, self._evaluator, self._loader
         if loader is None:  # run() checks this; the extension may also be called by hand
             raise ConfigurationError("the evaluator extension needs run(train_loader, val_loader)")
         handler: Any = evaluator.handler
@@ -82,7 +89,7 @@ class _EvaluatorExtension(Extension):
         try:
             # The evaluator reports its means into the manager's observation (the current
             # reporter while extensions run).
-            evaluator.run(loader, eval_len=trainer._eval_len)
+            evaluator.run(loader, eval_len=self._eval_len)
         finally:
             handler.train_validation_end(trainer, evaluator)
 
@@ -200,8 +207,9 @@ class Trainer:
         self._manager: ExtensionsManager | None = None
         self._state = TrainerState(lambda: getattr(self.handler, "runtimes", []))
         self._pending_state: dict[str, Any] | None = None
-        self._val_loader: Iterable[Any] | None = None
-        self._eval_len: int | None = None
+        self._evaluator_extensions = [
+            _EvaluatorExtension(self, evaluator) for evaluator, _ in self._evaluators.values()
+        ]
         self._train_post_step: Callable[..., Any] | None = None
         self._batch: Any = None
         for extension in extensions or []:
@@ -258,6 +266,17 @@ class Trainer:
         return self._manager.stop_trigger if self._manager is not None else False
 
     @property
+    def stop_reason(self) -> StopReason | None:
+        """Why training ended: which stop trigger fired (and when), or the error; else None.
+
+        E.g. ``trainer.stop_reason.kind`` is ``"max_epochs"`` after a full run,
+        ``"stop_trigger"`` when a ``stop_trigger`` such as ``EarlyStoppingTrigger`` ended it
+        (``.trigger`` is that trigger, ``.iteration`` when), and ``"error"`` after an
+        exception.
+        """
+        return self._manager.stop_reason if self._manager is not None else None
+
+    @property
     def is_before_training(self) -> bool:
         return self._manager is None or self._manager.iteration == 0
 
@@ -278,8 +297,7 @@ class Trainer:
         """Replace (or add) the optimizer ``name``, also in a running manager."""
         self.optimizers[name] = optimizer
         if self._manager is not None:
-            self._manager._optimizers[name] = optimizer
-            self._manager.reporter.add_observer(name, optimizer)
+            self._manager.set_optimizer(name, optimizer)
 
     def is_epoch_last_iter(self, idx: int) -> bool:
         """Whether batch index ``idx`` (0-based within the epoch) is the epoch's last."""
@@ -357,8 +375,10 @@ class Trainer:
         # PPE's trainer also reports each step's duration as ``elapsed_time``; ppe-core leaves
         # it out (docs/migration.md): LogReport/PrintReport overwrite the key with the run's
         # elapsed time anyway, and it would cost clock reads and a summary entry per step.
-        for name, (evaluator, trigger) in self._evaluators.items():
-            manager.extend(_EvaluatorExtension(self, evaluator), name=name, trigger=trigger)
+        for name, (_, trigger), extension in zip(
+            self._evaluators, self._evaluators.values(), self._evaluator_extensions, strict=True
+        ):
+            manager.extend(extension, name=name, trigger=trigger)
         for extension, extension_kwargs in self._extensions:
             manager.extend(extension, **extension_kwargs)
         attach_resume_state(manager, self._state, self.handler)
@@ -427,8 +447,9 @@ class Trainer:
             val_loader = None
         iters_per_epoch = loader_length(train_loader, train_len, "train_len")
         if val_loader is not None:
-            self._eval_len = loader_length(val_loader, eval_len, "eval_len")
-        self._val_loader = val_loader
+            eval_len = loader_length(val_loader, eval_len, "eval_len")
+        for extension in self._evaluator_extensions:
+            extension.set_loader(val_loader, eval_len)
         if self._manager is None:
             self._setup_manager(iters_per_epoch)
         manager = self.manager
@@ -445,7 +466,7 @@ class Trainer:
                 stacklevel=2,
             )
         for evaluator, _ in self._evaluators.values():
-            evaluator._setup(val_loader)  # type: ignore[arg-type]  # checked above
+            evaluator.setup(val_loader)  # type: ignore[arg-type]  # checked above
         # PPE's protocol: train_step calls complete_fn(batch_idx, outputs), which runs the
         # handler's train_post_step. ppe-core's own Handler.train_step does that work inline
         # when given no complete_fn (saving two calls per step), also calling an overridden
@@ -453,8 +474,8 @@ class Trainer:
         self._train_post_step = getattr(handler, "train_post_step", None)
         inline = getattr(type(handler), "train_step", None) is _default_train_step()
         begin, end, train_step, complete = (
-            manager._begin_iteration,
-            manager._end_iteration,
+            manager.begin_iteration,
+            manager.end_iteration,
             self._step_function(),
             None if inline else self._complete_step,
         )
@@ -477,10 +498,10 @@ class Trainer:
                         begin()
                         self._batch = batch
                         train_step(self, batch_idx, batch, complete)
-                        end()
+                        stop = end()  # True once the stop condition fired
                         if profile is not None:
                             profile.step()
-                        if manager._stop_reached:  # set by _end_iteration: stop trigger fired
+                        if stop:
                             break
                     else:
                         done = manager.iteration % iters_per_epoch
@@ -496,7 +517,7 @@ class Trainer:
                     profile.on_trace_ready = None
         except BaseException as exc:
             error = exc
-            manager._on_error(exc)
+            manager.handle_training_error(exc)
             raise
         finally:
             self._batch = None

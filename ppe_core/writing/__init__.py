@@ -36,7 +36,7 @@ def __getattr__(name: str) -> object:
     # TensorBoardWriter needs the optional tensorboard package only when it is created; its
     # module is imported on first access so ``import ppe_core.writing`` stays light.
     if name == "TensorBoardWriter":
-        from ppe_core.training.extensions._tensorboard import TensorBoardWriter
+        from ppe_core.writing._tensorboard_writer import TensorBoardWriter
 
         return TensorBoardWriter
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

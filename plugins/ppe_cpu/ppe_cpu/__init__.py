@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from ppe_cpu._runtime import CPURuntime
+from ppe_cpu._runtime import CPU_OPTIONS, CPURuntime
 
-__all__ = ["CPURuntime"]
+__all__ = ["CPU_OPTIONS", "CPURuntime"]

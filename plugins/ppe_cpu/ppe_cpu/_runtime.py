@@ -1,30 +1,87 @@
-"""``CPURuntime``: the runtime for ``device="cpu"``."""
+"""``CPURuntime``: the runtime for ``device="cpu"``, with CPU options (bf16 autocast, threads,
+channels-last, ``torch.compile``)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from ppe_core.errors import ConfigurationError
-from ppe_core.runtime import DeviceLike, PyTorchRuntime, device_type_of
+import torch
 
-__all__ = ["CPURuntime"]
+from ppe_core.runtime import DeviceLike, DeviceRuntime, OptionSpec, RuntimeOptions, positive_int
+
+__all__ = ["CPU_OPTIONS", "CPURuntime"]
+
+#: The options ``CPURuntime`` accepts (also rendered in docs/runtimes.md).
+CPU_OPTIONS = RuntimeOptions(
+    "CPURuntime",
+    OptionSpec(
+        "autocast",
+        (bool, torch.dtype, Mapping),
+        False,
+        "Run the model's forward under `torch.autocast('cpu')`: `True` is bfloat16, or a "
+        "dtype, or a dict of `torch.autocast` arguments.",
+        "torch.bfloat16",
+    ),
+    OptionSpec(
+        "grad_scaler",
+        (torch.amp.GradScaler,),
+        None,
+        "A `torch.amp.GradScaler` for code blocks (as `PyTorchRuntime`); saved in snapshots.",
+        "torch.amp.GradScaler('cpu')",
+    ),
+    OptionSpec(
+        "num_threads",
+        (int,),
+        None,
+        "`torch.set_num_threads(n)` when the runtime is created (default: leave torch's).",
+        "4",
+        positive_int,
+    ),
+    OptionSpec(
+        "channels_last",
+        (bool,),
+        False,
+        "Module and 4-D batch tensors in channels-last memory format (faster CNNs).",
+    ),
+    OptionSpec(
+        "compile",
+        (bool, Mapping),
+        False,
+        "`torch.compile` the module in place: `True`, or a dict of `torch.compile` "
+        "arguments. `state_dict` keys are unchanged.",
+        "{'backend': 'inductor'}",
+    ),
+)
 
 
-class CPURuntime(PyTorchRuntime):
+class CPURuntime(DeviceRuntime):
     """Runs models on the host CPU.
 
-    A thin specialisation of the generic runtime today; CPU-specific features (bf16 autocast,
-    thread settings) attach here, never in the core.
+    Options (``ppe.to(model, "cpu", options=...)``; see :data:`CPU_OPTIONS`):
+        autocast: ``True`` (bfloat16), a dtype, or a dict of ``torch.autocast`` arguments;
+            the module's forward runs under ``torch.autocast("cpu")``.
+        grad_scaler: As in ``PyTorchRuntime``.
+        num_threads: Intra-op threads, set with ``torch.set_num_threads`` on creation.
+        channels_last: The module (on ``ppe.to``) and 4-D batch tensors (in
+            ``convert_batch``) use ``torch.channels_last``.
+        compile: ``True`` or ``torch.compile`` arguments; the module is compiled in place
+            when moved, so its ``state_dict`` keys do not change.
+
+    Module options act on the module ``ppe.to`` moves; batch options act where this runtime
+    converts batches (``create_trainer(runtime_options=...)``). Pass the same dict to both.
     """
 
-    #: PyTorchRuntime's options (``autocast``, ``grad_scaler``); any other key is rejected.
-    accepted_options: ClassVar[frozenset[str] | None] = PyTorchRuntime.accepted_options
+    #: The option names of :data:`CPU_OPTIONS`; any other key is rejected.
+    accepted_options: ClassVar[frozenset[str] | None] = CPU_OPTIONS.names
+    #: The declarative spec the options are validated against.
+    option_spec: ClassVar[RuntimeOptions] = CPU_OPTIONS
+    device_type: ClassVar[str] = "cpu"
+    #: ``autocast=True`` on the CPU: bfloat16, the type CPUs compute fast.
+    default_autocast_dtype: ClassVar[torch.dtype] = torch.bfloat16
 
     def __init__(self, device_spec: DeviceLike, options: Mapping[str, Any] | None = None) -> None:
-        if device_type_of(device_spec) != "cpu":
-            raise ConfigurationError(
-                f"CPURuntime serves 'cpu' devices, got {device_spec!r}; pass device='cpu', or "
-                "leave runtime_class unset so the device's own runtime is looked up"
-            )
         super().__init__(device_spec, options)
+        self.num_threads: int | None = self.resolved_options["num_threads"]
+        if self.num_threads is not None:
+            torch.set_num_threads(self.num_threads)

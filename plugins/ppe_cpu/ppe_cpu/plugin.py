@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 
 import torch
 
@@ -24,9 +25,23 @@ def ppe_default_device() -> str:
     return "cpu"
 
 
+def _distribution_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "(not installed, imported from source)"
+
+
 @hookimpl
 def ppe_environment_info() -> list[str]:
-    """CPU threading facts that explain training speed."""
+    """The plugin's version and the CPU facts that explain training speed."""
+    processor = platform.processor() or platform.machine() or "unknown processor"
+    capability = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "unknown")()
     return [
-        f"cpu: {os.cpu_count()} logical cores, torch uses {torch.get_num_threads()} threads",
+        f"cpu: ppe-cpu {_distribution_version('ppe-cpu')}, torch {torch.__version__}",
+        f"cpu: {processor}, {os.cpu_count()} logical cores, SIMD {capability}",
+        f"cpu: torch uses {torch.get_num_threads()} intra-op and "
+        f"{torch.get_num_interop_threads()} inter-op threads",
     ]

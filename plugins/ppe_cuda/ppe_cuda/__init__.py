@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
-from ppe_cuda._runtime import CUDARuntime, CUDAUnavailableError
+from ppe_cuda._prefetch import PrefetchLoader
+from ppe_cuda._runtime import CUDA_OPTIONS, CUDARuntime, CUDAUnavailableError, MemoryReporter
 
-__all__ = ["CUDARuntime", "CUDAUnavailableError"]
+__all__ = [
+    "CUDA_OPTIONS",
+    "CUDARuntime",
+    "CUDAUnavailableError",
+    "MemoryReporter",
+    "PrefetchLoader",
+]

@@ -1,4 +1,6 @@
-"""``CUDARuntime``: the runtime for ``device="cuda"`` / ``"cuda:N"``."""
+"""``CUDARuntime``: the runtime for ``device="cuda"`` / ``"cuda:N"``, with CUDA options
+(autocast with a grad scaler, non-blocking copies, cuDNN/TF32 switches, ``torch.compile``,
+memory reporting)."""
 
 from __future__ import annotations
 
@@ -7,34 +9,151 @@ from typing import Any, ClassVar
 
 import torch
 
-from ppe_core.errors import ConfigurationError, PPEError
-from ppe_core.runtime import DeviceLike, PyTorchRuntime, device_type_of
+from ppe_core.errors import DeviceUnavailableError
+from ppe_core.runtime import DeviceLike, DeviceRuntime, OptionSpec, RuntimeOptions, positive_int
 
-__all__ = ["CUDARuntime", "CUDAUnavailableError"]
-
-
-class CUDAUnavailableError(PPEError, RuntimeError):
-    """A CUDA device was requested where PyTorch cannot use one."""
+__all__ = ["CUDA_OPTIONS", "CUDARuntime", "CUDAUnavailableError", "MemoryReporter"]
 
 
-class CUDARuntime(PyTorchRuntime):
+class CUDAUnavailableError(DeviceUnavailableError):
+    """A CUDA device was requested where PyTorch cannot use one (a ``RuntimeError``)."""
+
+
+#: ``report_memory=True`` reports every this many training steps (and each epoch's first).
+DEFAULT_MEMORY_EVERY = 100
+
+#: The options ``CUDARuntime`` accepts (also rendered in docs/runtimes.md).
+CUDA_OPTIONS = RuntimeOptions(
+    "CUDARuntime",
+    OptionSpec(
+        "autocast",
+        (bool, torch.dtype, Mapping),
+        False,
+        "Run the model's forward under `torch.autocast('cuda')`: `True` is float16, or a "
+        "dtype, or a dict of `torch.autocast` arguments. float16 without `grad_scaler` "
+        "creates a `torch.amp.GradScaler('cuda')` (`runtime.grad_scaler`).",
+        "torch.bfloat16",
+    ),
+    OptionSpec(
+        "grad_scaler",
+        (torch.amp.GradScaler,),
+        None,
+        "A `torch.amp.GradScaler` for code blocks (as `PyTorchRuntime`); saved in snapshots.",
+        "torch.amp.GradScaler('cuda')",
+    ),
+    OptionSpec(
+        "channels_last",
+        (bool,),
+        False,
+        "Module and 4-D batch tensors in channels-last memory format (faster CNNs).",
+    ),
+    OptionSpec(
+        "non_blocking",
+        (bool,),
+        False,
+        "Host-to-device batch copies with `non_blocking=True` (asynchronous from pinned "
+        "memory: `DataLoader(pin_memory=True)`).",
+    ),
+    OptionSpec(
+        "cudnn_benchmark",
+        (bool,),
+        None,
+        "Set `torch.backends.cudnn.benchmark` when the runtime is created (default: leave it).",
+    ),
+    OptionSpec(
+        "tf32",
+        (bool,),
+        None,
+        "Allow TF32 in matmuls and cuDNN convolutions when the runtime is created "
+        "(default: leave torch's settings).",
+    ),
+    OptionSpec(
+        "compile",
+        (bool, Mapping),
+        False,
+        "`torch.compile` the module in place: `True`, or a dict of `torch.compile` "
+        "arguments. `state_dict` keys are unchanged.",
+        "{'mode': 'max-autotune'}",
+    ),
+    OptionSpec(
+        "report_memory",
+        (bool, int),
+        False,
+        "Report `cuda/max_memory_allocated`, `cuda/memory_allocated` and "
+        f"`cuda/max_memory_reserved` (bytes) every N training steps (`True`: "
+        f"{DEFAULT_MEMORY_EVERY}) and at each epoch's first step; no device sync.",
+        "10",
+        positive_int,
+    ),
+)
+
+
+class CUDARuntime(DeviceRuntime):
     """Runs models on an NVIDIA GPU.
 
     Importing and registering this class never touches the CUDA driver; constructing it
-    (``ppe.to(model, "cuda")``) checks that the device can be used and explains why not.
+    (``ppe.to(model, "cuda")``) validates the options, then checks that the device can be used
+    and explains why not.
+
+    Options (``ppe.to(model, "cuda", options=...)``; see :data:`CUDA_OPTIONS`): ``autocast``,
+    ``grad_scaler``, ``channels_last``, ``non_blocking``, ``cudnn_benchmark``, ``tf32``,
+    ``compile``, ``report_memory``. Module options act on the module ``ppe.to`` moves; batch
+    options (``non_blocking``, ``channels_last``) act where this runtime converts batches
+    (``create_trainer(runtime_options=...)``). Pass the same dict to both.
     """
 
-    #: PyTorchRuntime's options (``autocast``, ``grad_scaler``); any other key is rejected.
-    accepted_options: ClassVar[frozenset[str] | None] = PyTorchRuntime.accepted_options
+    #: The option names of :data:`CUDA_OPTIONS`; any other key is rejected.
+    accepted_options: ClassVar[frozenset[str] | None] = CUDA_OPTIONS.names
+    #: The declarative spec the options are validated against.
+    option_spec: ClassVar[RuntimeOptions] = CUDA_OPTIONS
+    device_type: ClassVar[str] = "cuda"
+    #: ``autocast=True`` on a GPU: float16 (with a GradScaler); pass torch.bfloat16 for bf16.
+    default_autocast_dtype: ClassVar[torch.dtype] = torch.float16
 
     def __init__(self, device_spec: DeviceLike, options: Mapping[str, Any] | None = None) -> None:
-        if device_type_of(device_spec) != "cuda":
-            raise ConfigurationError(
-                f"CUDARuntime serves 'cuda' devices, got {device_spec!r}; pass device='cuda' or "
-                "'cuda:N', or leave runtime_class unset so the device's own runtime is looked up"
-            )
-        super().__init__(device_spec, options)  # validates the spec; touches no driver
+        super().__init__(device_spec, options)  # validates spec and options; touches no driver
         _require_cuda(device_spec)
+        fp16 = self.autocast is not None and self.autocast["dtype"] == torch.float16
+        if fp16 and self._grad_scaler is None:
+            # fp16 gradients underflow without loss scaling; in options so that the Handler
+            # saves its state in snapshots and offers it to the Logic, and code blocks use it.
+            self._grad_scaler = self.options["grad_scaler"] = torch.amp.GradScaler("cuda")
+        resolved = self.resolved_options
+        every = resolved["report_memory"]
+        #: Report memory every this many training steps (``0``: off).
+        self.memory_every: int = (
+            DEFAULT_MEMORY_EVERY if every is True else 0 if every is False else int(every)
+        )
+        if resolved["cudnn_benchmark"] is not None:
+            torch.backends.cudnn.benchmark = resolved["cudnn_benchmark"]
+        if resolved["tf32"] is not None:
+            torch.backends.cuda.matmul.allow_tf32 = resolved["tf32"]
+            torch.backends.cudnn.allow_tf32 = resolved["tf32"]
+        self._memory_hooks: list[Any] = []
+
+    @property
+    def grad_scaler(self) -> torch.amp.GradScaler | None:
+        """The grad scaler (given, or created for float16 autocast); the Handler offers it to the
+        Logic, which scales its loss with it unless the trainer's options name another."""
+        return self._grad_scaler
+
+    def initialize_module(
+        self,
+        module: torch.nn.Module,
+        loader_or_batch: Any,
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> None:
+        """Install the memory reporter (``report_memory``) on the optimizer's step, so the
+        per-step path of runs without it has no extra call."""
+        if not self.memory_every or (optimizer is None and self._memory_hooks):
+            return  # an evaluator's setup keeps the trainer's reporter
+        for handle in self._memory_hooks:
+            handle.remove()
+        self._memory_hooks.clear()
+        if self.memory_every:
+            length = _epoch_length(loader_or_batch)
+            reporter = MemoryReporter(self.device, self.memory_every, length)
+            self._memory_hooks.append(reporter.install(module, optimizer))
 
     def rng_state(self) -> torch.Tensor:
         """This device's CUDA RNG state, saved in snapshots for bit-exact resume."""
@@ -42,6 +161,66 @@ class CUDARuntime(PyTorchRuntime):
 
     def set_rng_state(self, state: Any) -> None:
         torch.cuda.set_rng_state(state, self.device)
+
+
+def _epoch_length(loader: Any) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+class MemoryReporter:
+    """Reports the CUDA caching allocator's counters every ``every`` training steps.
+
+    The values come from ``torch.cuda.memory_stats`` (host-side counters: no device
+    synchronisation), reported with ``ppe_core.reporting.report`` inside the step's
+    observation, at the first step of each epoch and every ``every`` steps.
+
+    Args:
+        device: The device whose counters are read.
+        every: Steps between reports.
+        epoch_length: Steps per epoch (to report at each epoch's first step), if known.
+    """
+
+    KEYS = (
+        ("cuda/max_memory_allocated", "allocated_bytes.all.peak"),
+        ("cuda/memory_allocated", "allocated_bytes.all.current"),
+        ("cuda/max_memory_reserved", "reserved_bytes.all.peak"),
+    )
+
+    def __init__(self, device: torch.device, every: int, epoch_length: int | None = None) -> None:
+        self.device = device
+        self.every = every
+        self.epoch_length = epoch_length
+        self.steps = 0
+
+    def __call__(self, *args: Any) -> None:
+        """Count one training step; report when due (an optimizer step post-hook)."""
+        step = self.steps
+        self.steps = step + 1
+        in_epoch = step % self.epoch_length if self.epoch_length else step
+        if in_epoch == 0 or step % self.every == 0:
+            self.report()
+
+    def report(self) -> None:
+        """Report the three counters now."""
+        from ppe_core.reporting import report
+
+        stats = torch.cuda.memory_stats(self.device)
+        report({key: stats.get(stat, 0) for key, stat in self.KEYS})
+
+    def install(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> Any:
+        """Hook onto ``optimizer``'s step (or, without one, the module's training forwards);
+        returns the removable handle."""
+        if optimizer is not None:
+            return optimizer.register_step_post_hook(self)
+
+        def on_forward(mod: torch.nn.Module, args: Any, output: Any) -> None:
+            if mod.training and torch.is_grad_enabled():
+                self()
+
+        return module.register_forward_hook(on_forward)
 
 
 def _require_cuda(device_spec: DeviceLike) -> None:

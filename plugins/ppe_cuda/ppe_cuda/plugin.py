@@ -22,13 +22,30 @@ def ppe_default_device() -> str | None:
     return "cuda" if torch.cuda.is_available() else None
 
 
+def _distribution_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "(not installed, imported from source)"
+
+
 @hookimpl
 def ppe_environment_info() -> list[str]:
-    """CUDA build, driver visibility and devices."""
-    lines = [f"cuda: torch built with CUDA {torch.version.cuda or '(none)'}"]
-    if torch.cuda.is_available():
-        for i in range(torch.cuda.device_count()):
-            lines.append(f"cuda:{i}: {torch.cuda.get_device_name(i)}")
-    else:
+    """The plugin's version, the CUDA/cuDNN build, and each visible device."""
+    cudnn = torch.backends.cudnn.version() if torch.version.cuda else None  # type: ignore[no-untyped-call]
+    lines = [
+        f"cuda: ppe-cuda {_distribution_version('ppe-cuda')}, torch {torch.__version__} built "
+        f"with CUDA {torch.version.cuda or '(none)'}, cuDNN {cudnn or '(none)'}",
+    ]
+    if not torch.cuda.is_available():
         lines.append("cuda: no usable device")
+        return lines
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        lines.append(
+            f"cuda:{i}: {props.name}, {props.total_memory / 2**30:.1f} GiB, compute capability "
+            f"{props.major}.{props.minor}, {props.multi_processor_count} SMs"
+        )
     return lines

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ppe_core.errors import ArgumentTypeError, PPEError
+from ppe_core.errors import ArgumentTypeError, MissingObservationError
 from ppe_core.training._extension import PRIORITY_EDITOR, Extension
-from ppe_core.training.extensions._evaluator import _require_distributed
-from ppe_core.training.extensions._plot_report import DueCheck
+from ppe_core.training.extensions import _util
+from ppe_core.training.extensions._util import DueCheck, require_distributed
 from ppe_core.training.triggers import get_trigger
 
 if TYPE_CHECKING:
@@ -31,16 +31,6 @@ __all__ = [
     "StandardDeviationAccumulate",
     "UnbiasedStandardDeviationAccumulate",
 ]
-
-
-class MissingObservationError(PPEError, KeyError):
-    """An accumulate extension ran at an iteration whose observation lacks its source key.
-
-    Subclasses ``KeyError``, which PPE raises (``observation[key]``) in this situation.
-    """
-
-    def __str__(self) -> str:  # KeyError would show the message quoted
-        return str(self.args[0]) if self.args else ""
 
 
 def _plain(value: Any) -> Any:
@@ -252,7 +242,7 @@ class AccumulateBase(Extension):
         self._due = DueCheck(self._trigger)
         self._distributed = distributed
         if distributed:
-            _require_distributed(f"{type(self).__name__}(distributed=True)")
+            require_distributed(f"{type(self).__name__}(distributed=True)")
         self._init_summary()
 
     def _init_summary(self) -> None:
@@ -278,9 +268,8 @@ class AccumulateBase(Extension):
             self._init_summary()
 
     def _all_reduce_summaries(self) -> _Summary:
-        from ppe_core.training.extensions._evaluator import _dist_gather
-
-        return self._summary_class.merged(_dist_gather(self._summary.state_dict()))
+        # Looked up on the module at call time, so tests can stand in for other ranks.
+        return self._summary_class.merged(_util.dist_gather(self._summary.state_dict()))
 
     def state_dict(self) -> dict[str, Any]:
         """Returns the trigger's state and the running summary (PPE's keys)."""

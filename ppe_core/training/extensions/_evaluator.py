@@ -19,10 +19,18 @@ from typing import IO, TYPE_CHECKING, Any
 import torch
 
 from ppe_core._reporting import DictSummary, Reporter, get_current_reporter, report
-from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError
+from ppe_core.errors import (
+    ArgumentTypeError,
+    ConfigurationError,
+    DistributedNotInitializedError,
+)
 from ppe_core.training._extension import PRIORITY_WRITER, Extension
 from ppe_core.training._manager import IgnoredArgumentWarning
-from ppe_core.training.extensions._util import OptionalDependencyError, is_terminal
+from ppe_core.training.extensions._util import (
+    OptionalDependencyError,
+    is_terminal,
+)
+from ppe_core.training.extensions._util import dist_gather as _dist_gather
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
@@ -52,10 +60,6 @@ class MissingEvalTargetError(ConfigurationError, KeyError):
 
     def __str__(self) -> str:  # KeyError would show the message quoted
         return str(self.args[0]) if self.args else ""
-
-
-class DistributedNotInitializedError(PPEError, RuntimeError):
-    """A distributed feature was used before ``torch.distributed`` was initialised."""
 
 
 class TextProgressBar:
@@ -418,15 +422,6 @@ def _current_or_new_reporter() -> Reporter:
         return Reporter()
 
 
-def _dist_gather(obj: Any) -> list[Any]:
-    """``obj`` of every rank, in rank order (``torch.distributed.all_gather_object``)."""
-    import torch.distributed as dist
-
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, obj)
-    return gathered
-
-
 def _merge_summaries(parts: Iterable[Any]) -> DictSummary:
     """One summary holding the sums of ``parts`` (DictSummaries or their state dicts)."""
     totals: dict[str, dict[str, float]] = {}
@@ -439,17 +434,6 @@ def _merge_summaries(parts: Iterable[Any]) -> DictSummary:
     merged = DictSummary()
     merged.load_state_dict(totals)
     return merged
-
-
-def _require_distributed(owner: str) -> None:
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        raise DistributedNotInitializedError(
-            f"{owner} needs torch.distributed to be initialised; call "
-            "torch.distributed.init_process_group(...) first (torchrun sets up the "
-            "environment), or use the non-distributed variant"
-        )
 
 
 class DistributedEvaluator(Evaluator):

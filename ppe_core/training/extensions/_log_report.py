@@ -6,25 +6,26 @@ import importlib
 import importlib.util
 import json
 from collections.abc import Callable, Iterable, Mapping
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ppe_core.errors import ConfigurationError
 from ppe_core.reporting import DictSummary, to_floats
 from ppe_core.training._extension import PRIORITY_READER, Extension
 from ppe_core.training.extensions._util import (
+    LOG_FORMATS,
     EveryIteration,
+    LogSaver,
     OptionalDependencyError,
+    is_output_rank,
     key_tuple,
 )
-from ppe_core.training.triggers import NEVER, TriggerLike, get_trigger
+from ppe_core.training.triggers import get_trigger, next_due
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
+    from ppe_core.training.triggers import Trigger, TriggerLike
 
 __all__ = ["LOG_FORMATS", "LogReport", "LogWriter"]
-
-#: The accepted values of ``LogReport(format=...)``.
-LOG_FORMATS = ("json", "json-lines", "yaml")
 
 # Filename suffix -> format, used when ``format`` is None.
 _SUFFIX_FORMATS = {".json": "json", ".jsonl": "json-lines", ".yaml": "yaml", ".yml": "yaml"}
@@ -57,33 +58,6 @@ def _require_yaml() -> None:
             "LogReport(format='yaml') needs PyYAML, which is not installed; run "
             "`pip install pyyaml`, or use format='json' or 'json-lines'"
         )
-
-
-def _due_after(due: int | None, iteration: int) -> int:
-    """The next iteration to consult a trigger at, from its ``next_check`` answer."""
-    return iteration + 1 if due is None or due <= iteration else min(due, NEVER)
-
-
-class _LogSaver:
-    """The ``savefun`` LogReport hands its writer: serializes a list of log entries.
-
-    A module-level class so process-based writers can pickle it.
-    """
-
-    def __init__(self, fmt: str) -> None:
-        self.fmt = fmt
-
-    def __call__(self, target: list[dict[str, Any]], file_obj: IO[bytes]) -> None:
-        if self.fmt == "json":
-            text = json.dumps(target, indent=4)
-        elif self.fmt == "json-lines":
-            # One object per line, each ending with a newline, so appends stay valid.
-            text = "".join(json.dumps(entry) + "\n" for entry in target)
-        else:
-            yaml: Any = importlib.import_module("yaml")
-            # A YAML sequence: appended chunks concatenate into one longer sequence.
-            text = yaml.safe_dump(target) if target else ""
-        file_obj.write(text.encode("utf-8"))
 
 
 class LogReport(Extension):
@@ -157,7 +131,7 @@ class LogReport(Extension):
         self._append = append
         self._format = format
         self._writer = writer
-        self._saver = _LogSaver(format)
+        self._saver = LogSaver(format)
         self._summary = DictSummary()
         self._log: list[dict[str, Any]] = []
         # Entries already in the file (append mode writes only the rest).
@@ -186,13 +160,11 @@ class LogReport(Extension):
             return
         if self._due < 0:
             # First call (or first after a load): ask the schedule before the trigger itself.
-            self._due = _due_after(
-                trigger.next_check(iteration - 1, iters_per_epoch), iteration - 1
-            )
+            self._due = next_due(trigger, iteration - 1, iters_per_epoch)
             if iteration < self._due:
                 return
         fire = bool(trigger(manager))
-        self._due = _due_after(trigger.next_check(iteration, iters_per_epoch), iteration)
+        self._due = next_due(trigger, iteration, iters_per_epoch)
         if fire:
             self._emit(manager)
 
@@ -208,6 +180,11 @@ class LogReport(Extension):
         self._write(manager, entry)
 
     def _write(self, manager: ManagerView, entry: Mapping[str, Any]) -> None:
+        if not is_output_rank():
+            # Under torch.distributed only rank 0 writes the file; every rank keeps the entries
+            # (PrintReport, BestValue, ... read them) and its snapshots stay identical.
+            self._written = len(self._log)
+            return
         writer: Any = self._writer if self._writer is not None else getattr(manager, "writer", None)
         if writer is None:
             from ppe_core.writing import SimpleWriter
@@ -226,6 +203,23 @@ class LogReport(Extension):
     def log(self) -> list[dict[str, Any]]:
         """The entries emitted so far (including those restored by ``load_state_dict``)."""
         return list(self._log)
+
+    @property
+    def num_entries(self) -> int:
+        """How many entries :attr:`log` holds (without copying it)."""
+        return len(self._log)
+
+    def entries_since(self, start: int) -> list[dict[str, Any]]:
+        """The entries from index ``start`` on: what a reader that saw ``start`` lacks."""
+        return self._log[start:]
+
+    @property
+    def entry_trigger(self) -> Trigger:
+        """The trigger that decides when an entry is emitted (``trigger=``, e.g. per epoch).
+
+        Not the extension's own trigger, which fires every iteration to accumulate.
+        """
+        return self._trigger
 
     def state_dict(self) -> dict[str, Any]:
         """Returns the log, the running summary and the trigger state (PPE's layout).

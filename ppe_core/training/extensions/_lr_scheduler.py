@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from ppe_core.errors import ConfigurationError
+from ppe_core.errors import ConfigurationError, MissingObservationError
 from ppe_core.training._extension import Extension
 from ppe_core.training.triggers import get_trigger
 
@@ -16,13 +16,6 @@ if TYPE_CHECKING:
     from ppe_core.training.triggers import TriggerLike
 
 __all__ = ["LRScheduler", "MissingObservationError", "Stepper"]
-
-
-class MissingObservationError(ConfigurationError):
-    """A value an extension needs (e.g. ``'val/loss'`` for ReduceLROnPlateau) was not reported.
-
-    Subclasses ``ValueError`` (through :class:`ConfigurationError`), which PPE raised here.
-    """
 
 
 class _Scheduler(Protocol):

@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ppe_core.training._extension import PRIORITY_EDITOR, Extension
-from ppe_core.training.extensions._plot_report import DueCheck
-from ppe_core.training.extensions._util import EveryIteration
+from ppe_core.training.extensions._util import DueCheck, EveryIteration
 from ppe_core.training.triggers import get_trigger
 
 if TYPE_CHECKING:

@@ -6,122 +6,29 @@ import json
 import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any
 
 from ppe_core.errors import ConfigurationError, PPEWarning
 from ppe_core.reporting import DictSummary, to_floats
 from ppe_core.training._extension import Extension
-from ppe_core.training.extensions._util import EveryIteration, OptionalDependencyError
-from ppe_core.training.triggers import Trigger, get_trigger
+from ppe_core.training.extensions._util import (
+    DueCheck,
+    EveryIteration,
+    WriterLike,
+    missing_extra_error,
+    write_file,
+)
+from ppe_core.training.triggers import get_trigger
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
     from ppe_core.training.triggers import TriggerLike
 
-__all__ = [
-    "DueCheck",
-    "NoPlotDataWarning",
-    "PlotReport",
-    "SaveFun",
-    "WriterLike",
-    "missing_extra_error",
-    "write_file",
-]
-
-#: ``savefun(target, file_object)``: what writers call to serialize a target.
-SaveFun = Callable[[Any, IO[bytes]], object]
+__all__ = ["NoPlotDataWarning", "PlotReport"]
 
 
 class NoPlotDataWarning(PPEWarning):
     """PlotReport had no value of any of its keys to plot, so it wrote no file."""
-
-
-# Helpers shared with ProfileReport, TensorBoard and MicroAverage ------------------------------
-
-
-class WriterLike(Protocol):
-    """A ``ppe_core.writing`` writer, as the extensions call it."""
-
-    def __call__(
-        self,
-        filename: str,
-        out_dir: str,
-        target: Any,
-        *,
-        savefun: SaveFun | None = None,
-        append: bool = False,
-    ) -> None: ...
-
-    def finalize(self) -> None: ...
-
-
-def missing_extra_error(feature: str, package: str, extra: str) -> OptionalDependencyError:
-    """Builds the error raised when ``feature`` needs the uninstalled ``package``."""
-    return OptionalDependencyError(
-        f"{feature} needs {package}, which is not installed. Install it with "
-        f"`pip install 'ppe-core[{extra}]'` (or `pip install {package}`)."
-    )
-
-
-def write_file(
-    manager: ManagerView,
-    writer: WriterLike | None,
-    filename: str,
-    target: Any,
-    savefun: SaveFun,
-    *,
-    append: bool = False,
-) -> None:
-    """Saves ``target`` as ``filename`` under ``manager.out`` through a writer.
-
-    Uses ``writer`` when given, else the manager's writer, else a ``SimpleWriter`` (which
-    replaces files atomically) in this thread.
-    """
-    chosen = writer if writer is not None else getattr(manager, "writer", None)
-    if chosen is None:
-        from ppe_core.writing import SimpleWriter
-
-        chosen = SimpleWriter()
-    chosen(filename, manager.out, target, savefun=savefun, append=append)
-
-
-class DueCheck:
-    """Consults a trigger only at the iterations its ``next_check`` announces.
-
-    For extensions that run every iteration (to accumulate values) but act on an inner
-    trigger: the trigger sees the same calls it would get from the manager.
-
-    Args:
-        trigger: The inner trigger.
-    """
-
-    def __init__(self, trigger: Trigger) -> None:
-        self.trigger = trigger
-        self._due = -1
-        self._last = -1
-
-    def __call__(self, manager: ManagerView) -> bool:
-        """Returns whether the trigger fires at ``manager.iteration``."""
-        iteration = manager.iteration
-        if iteration <= self._last:  # the iteration was reset (e.g. a loaded state)
-            self._due = -1
-        self._last = iteration
-        if iteration < self._due:
-            return False
-        trigger = self.trigger
-        if self._due < 0:
-            self._due = self._after(
-                trigger.next_check(iteration - 1, manager.iters_per_epoch), iteration - 1
-            )
-            if iteration < self._due:
-                return False
-        fired = bool(trigger(manager))
-        self._due = self._after(trigger.next_check(iteration, manager.iters_per_epoch), iteration)
-        return fired
-
-    @staticmethod
-    def _after(due: int | None, iteration: int) -> int:
-        return iteration + 1 if due is None or due <= iteration else due
 
 
 def _save_figure(target: tuple[Any, Any, str], file_obj: IO[bytes]) -> None:

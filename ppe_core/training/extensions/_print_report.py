@@ -11,8 +11,8 @@ from typing import IO, TYPE_CHECKING, Any
 from ppe_core.errors import ConfigurationError
 from ppe_core.training._extension import PRIORITY_READER, Extension, ExtensionNameError
 from ppe_core.training.extensions._log_report import LogReport
-from ppe_core.training.extensions._util import is_terminal, key_tuple
-from ppe_core.training.triggers import Trigger
+from ppe_core.training.extensions._util import is_output_rank, is_terminal, key_tuple
+from ppe_core.training.triggers import Trigger, next_due
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
@@ -48,21 +48,21 @@ def _format_cell(value: Any, width: int) -> str:
 class _NewEntriesTrigger(Trigger):
     """PrintReport's default trigger: fires when its LogReport has entries not yet printed.
 
-    ``next_check`` forwards the LogReport trigger's schedule, so the manager only consults
-    it at the iterations where an entry can appear.
+    ``next_check`` forwards the schedule of the LogReport's entry trigger, so the manager
+    only consults it at the iterations where an entry can appear.
     """
 
     def __init__(self, owner: PrintReport) -> None:
         self._owner = owner
 
     def __call__(self, manager: ManagerView) -> bool:
-        return self._owner._has_work(manager)
+        return self._owner.has_new_entries(manager)
 
-    def next_check(self, iteration: int, iters_per_epoch: int) -> int | None:
-        source = self._owner._resolved
-        if source is None or self._owner._feeds_log_report:
+    def next_check(self, iteration: int, iters_per_epoch: int) -> int:
+        source = self._owner.scheduled_log_report
+        if source is None:
             return iteration + 1
-        return source._trigger.next_check(iteration, iters_per_epoch)
+        return next_due(source.entry_trigger, iteration, iters_per_epoch)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -151,12 +151,22 @@ class PrintReport(Extension):
         """Finds the LogReport; entries it already holds (from earlier runs) are not printed."""
         log_report = self._resolve(manager)
         if not self._restored:
-            self._printed = len(log_report._log)
+            self._printed = log_report.num_entries
 
-    def _has_work(self, manager: ManagerView) -> bool:
+    @property
+    def scheduled_log_report(self) -> LogReport | None:
+        """The registered LogReport whose entry schedule decides when this one is due.
+
+        None while it is not found yet, or when this extension feeds a LogReport instance
+        itself (it then runs every iteration).
+        """
+        return None if self._feeds_log_report else self._resolved
+
+    def has_new_entries(self, manager: ManagerView) -> bool:
+        """Whether the LogReport holds entries this extension has not printed yet."""
         if self._feeds_log_report:
             return True
-        return len(self._resolve(manager)._log) > self._printed
+        return self._resolve(manager).num_entries > self._printed
 
     def __call__(self, manager: ManagerView) -> None:
         """Prints the LogReport entries that appeared since the last call."""
@@ -171,13 +181,14 @@ class PrintReport(Extension):
             self._print_new(self._resolved)
 
     def _print_new(self, log_report: LogReport) -> None:
-        log = log_report._log
-        if len(log) <= self._printed:
+        if log_report.num_entries <= self._printed:
             return
-        new = log[self._printed :]
-        self._printed = len(log)
+        new = log_report.entries_since(self._printed)
+        self._printed = log_report.num_entries
         if self._infer:
             self._update_columns(new, log_report)
+        if not is_output_rank():  # under torch.distributed only rank 0 prints the table
+            return
         with self._external_write():
             out = self._out
             if self._header_due:
@@ -198,7 +209,7 @@ class PrintReport(Extension):
                     seen.append(key)
                     grew = True
         if grew:
-            unit = getattr(log_report._trigger, "unit", "epoch")
+            unit = getattr(log_report.entry_trigger, "unit", "epoch")
             columns = _column_order(seen, unit if unit in ("epoch", "iteration") else "epoch")
             if columns != self._columns:
                 self._columns = columns

@@ -15,8 +15,13 @@ import torch
 from ppe_core.errors import ConfigurationError
 from ppe_core.reporting import DictSummary, to_floats
 from ppe_core.training._extension import Extension
-from ppe_core.training.extensions._log_report import LOG_FORMATS, _LogSaver
-from ppe_core.training.extensions._plot_report import WriterLike, missing_extra_error, write_file
+from ppe_core.training.extensions._util import (
+    LOG_FORMATS,
+    LogSaver,
+    WriterLike,
+    missing_extra_error,
+    write_file,
+)
 from ppe_core.training.triggers import get_trigger
 
 if TYPE_CHECKING:
@@ -201,7 +206,7 @@ class ProfileReport(Extension):
             self._writer,
             filename,
             list(self._log),
-            _LogSaver(self._format),
+            LogSaver(self._format),
             append=self._append,
         )
         if self._append:

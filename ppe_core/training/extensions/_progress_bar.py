@@ -12,7 +12,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from ppe_core.errors import ConfigurationError
 from ppe_core.training._extension import PRIORITY_READER, Extension
-from ppe_core.training.extensions._util import in_notebook, is_terminal
+from ppe_core.training.extensions._util import in_notebook, is_output_rank, is_terminal
 from ppe_core.training.triggers import Trigger
 
 if TYPE_CHECKING:
@@ -50,6 +50,10 @@ def _format_eta(seconds: float) -> str:
     return str(datetime.timedelta(seconds=round(max(seconds, 0.0))))
 
 
+#: ProgressBar's default ``min_interval``: seconds between plain (non-terminal) lines.
+DEFAULT_MIN_INTERVAL = 5.0
+
+
 class _Progress:
     """What every display needs: totals and a recent-window speed estimate."""
 
@@ -83,14 +87,23 @@ class _PlainDisplay:
     anything matching PPE's output still finds it.
     """
 
-    def __init__(self, out: IO[str], progress: _Progress) -> None:
+    def __init__(self, out: IO[str], progress: _Progress, min_interval: float) -> None:
         self._out = out
         self._progress = progress
+        self._min_interval = min_interval
         self._last = -1
+        self._last_time = -math.inf
 
-    def update(self, iteration: int, epoch_detail: float) -> None:
+    def update(self, iteration: int, epoch_detail: float, final: bool = False) -> None:
         if iteration == self._last:
             return
+        if not final:
+            # Like tqdm's ``mininterval``: a line every few seconds keeps CI logs and
+            # redirected output readable however short the update interval is.
+            now = time.perf_counter()
+            if now - self._last_time < self._min_interval:
+                return
+            self._last_time = now
         self._last = iteration
         progress = self._progress
         speed = progress.speed(iteration)
@@ -112,6 +125,16 @@ class _PlainDisplay:
         flush = getattr(self._out, "flush", None)
         if flush is not None:
             flush()
+
+    def close(self) -> None:
+        pass
+
+
+class _NoDisplay:
+    """What ranks other than 0 show under torch.distributed: nothing."""
+
+    def update(self, iteration: int, epoch_detail: float, final: bool = False) -> None:
+        pass
 
     def close(self) -> None:
         pass
@@ -143,7 +166,7 @@ class _TqdmDisplay:
             leave=True,
         )
 
-    def update(self, iteration: int, epoch_detail: float) -> None:
+    def update(self, iteration: int, epoch_detail: float, final: bool = False) -> None:
         bar = self._bar
         bar.set_description_str(f"epoch {epoch_detail:.2f}{self._epochs}", refresh=False)
         delta = iteration - bar.n
@@ -175,9 +198,18 @@ class ProgressBar(Extension):
         update_interval: Iterations between updates (an upper bound, see above).
         bar_length: Width of the bar in characters.
         out: Text stream to draw on; ``sys.stdout`` (at construction time) when None.
+        min_interval: Off a terminal, the fewest seconds between two plain lines (tqdm's
+            ``mininterval`` for logs): a line every few seconds plus the final one, however
+            fast training is; ``0`` prints at every update. ``None`` (default):
+            :data:`DEFAULT_MIN_INTERVAL` when writing to the process's own stdout/stderr
+            redirected to a file or pipe (CI logs), ``0`` for a stream you pass (every update,
+            as in PPE).
+
+    Under ``torch.distributed`` only rank 0 draws; the other ranks show nothing.
 
     Raises:
-        ConfigurationError: ``update_interval`` or ``bar_length`` is not a positive integer.
+        ConfigurationError: ``update_interval`` or ``bar_length`` is not a positive integer,
+            or ``min_interval`` is negative.
     """
 
     priority = PRIORITY_READER
@@ -188,12 +220,27 @@ class ProgressBar(Extension):
         update_interval: int = 100,
         bar_length: int = 50,
         out: IO[str] | None = None,
+        *,
+        min_interval: float | None = None,
     ) -> None:
         for name, value in (("update_interval", update_interval), ("bar_length", bar_length)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigurationError(
                     f"ProgressBar {name} must be a positive integer, got {value!r}"
                 )
+        if min_interval is None:
+            own = out is None or out is sys.stdout or out is sys.stderr
+            min_interval = DEFAULT_MIN_INTERVAL if own else 0.0
+        if (
+            isinstance(min_interval, bool)
+            or not isinstance(min_interval, (int, float))
+            or not min_interval >= 0
+        ):
+            raise ConfigurationError(
+                f"ProgressBar min_interval must be a number of seconds >= 0, got "
+                f"{min_interval!r}; e.g. min_interval=5.0, or 0 for a line at every update"
+            )
+        self._min_interval = float(min_interval)
         if training_length is not None:
             _check_length(training_length)
         self._training_length = training_length
@@ -202,17 +249,16 @@ class ProgressBar(Extension):
         self._out: IO[str] = sys.stdout if out is None else out
         self._schedule = _EveryN(update_interval)
         self.trigger = self._schedule
-        self._display: _PlainDisplay | _TqdmDisplay | None = None
+        self._display: _PlainDisplay | _TqdmDisplay | _NoDisplay | None = None
 
     def _length(self, manager: ManagerView) -> tuple[float, str] | None:
         length = self._training_length
         if length is None:
-            # ManagerView has no public training length; PPE reads the stop trigger too.
-            stop = getattr(manager, "_stop_trigger", None)
-            get_length = getattr(stop, "get_training_length", None)
-            if get_length is None:
+            # Not part of ManagerView (PPE's managers lack it): an ExtensionsManager has it.
+            announced = getattr(manager, "training_length", None)
+            if announced is None:
                 return None
-            length = _check_length(get_length())
+            length = _check_length(announced)
         return length
 
     def _total_iterations(self, manager: ManagerView) -> int | None:
@@ -232,14 +278,16 @@ class ProgressBar(Extension):
         start = manager.iteration
         progress = _Progress(total, manager.iters_per_epoch, start, self._length(manager))
         out = self._out
-        if out is sys.stdout and in_notebook():
+        if not is_output_rank():
+            self._display = _NoDisplay()
+        elif out is sys.stdout and in_notebook():
             tqdm_auto: Any = importlib.import_module("tqdm.auto")
             self._display = _TqdmDisplay(tqdm_auto.tqdm, out, progress, start, self._bar_length)
         elif is_terminal(out):
             tqdm: Any = importlib.import_module("tqdm")
             self._display = _TqdmDisplay(tqdm.tqdm, out, progress, start, self._bar_length)
         else:
-            self._display = _PlainDisplay(out, progress)
+            self._display = _PlainDisplay(out, progress, self._min_interval)
 
     def __call__(self, manager: ManagerView) -> None:
         """Redraws the bar (or prints a line) for the current iteration."""
@@ -255,7 +303,7 @@ class ProgressBar(Extension):
             return
         self._display = None
         try:
-            display.update(manager.iteration, manager.epoch_detail)
+            display.update(manager.iteration, manager.epoch_detail, final=True)
         finally:
             display.close()
 

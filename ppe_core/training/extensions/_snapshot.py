@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import enum
 import glob
 import hashlib
@@ -12,6 +13,7 @@ import logging
 import os
 import pickle
 import re
+import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -79,8 +81,9 @@ class SnapshotVerificationWarning(PPEWarning):
 class SnapshotMode(enum.Enum):
     """How snapshots are taken under ``torch.distributed`` (PPE's ``snapshot_mode``).
 
-    ``DEFAULT``: one process (or, with ``saver_rank``, that rank) writes. ``DISTRIBUTED``:
-    only ``saver_rank`` writes, then every rank waits at a barrier. ``SHARDED``: every rank
+    ``DEFAULT``: one process writes (under torch.distributed ``saver_rank``, rank 0 by
+    default, then every rank waits at a barrier). ``DISTRIBUTED``: the same, but the process
+    group must exist when the snapshot is created. ``SHARDED``: every rank
     writes its own part under ``<filename>/<rank>`` (for sharded states such as FSDP's), and
     ``saver_rank`` marks the directory complete.
     """
@@ -95,6 +98,37 @@ _log = logging.getLogger("ppe_core.snapshot")
 
 def _write_bytes(data: bytes, file_obj: IO[bytes]) -> None:
     file_obj.write(data)
+
+
+def _writes_in_background(writer: Any) -> bool:
+    """Whether ``writer`` saves in a worker (ThreadWriter, ProcessWriter, the queue writers)."""
+    from ppe_core.writing import ProcessQueueWriter, ProcessWriter, ThreadQueueWriter, ThreadWriter
+
+    return isinstance(writer, (ThreadWriter, ProcessWriter, ThreadQueueWriter, ProcessQueueWriter))
+
+
+def _host_copy(obj: Any) -> Any:
+    """A copy of a state (nested dicts, lists, tuples) whose tensors are fresh host tensors.
+
+    What a background save reads while training goes on changing the originals. Containers keep
+    their type and attributes (a module ``state_dict``'s ``_metadata``); other values are deep
+    copied, immutable ones shared.
+    """
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, (str, bytes, int, float, bool, type(None))):
+        return obj
+    if isinstance(obj, dict):
+        new = copy.copy(obj)
+        for key, value in obj.items():
+            new[key] = _host_copy(value)
+        return new
+    if isinstance(obj, list):
+        return [_host_copy(value) for value in obj]
+    if isinstance(obj, tuple):
+        items = [_host_copy(value) for value in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+    return copy.deepcopy(obj)
 
 
 def _complete_manifest(path: str) -> dict[str, Any]:
@@ -212,6 +246,7 @@ class _Snapshot(Extension):
 
     trigger = (1, "epoch")
     priority = PRIORITY_SNAPSHOT
+    runs_last = True  # after this iteration's triggers, so their saved states include it
     needs_model_state = True
 
     def __init__(
@@ -259,6 +294,9 @@ class _Snapshot(Extension):
         self._saver_rank = saver_rank
         self._savefun = savefun or torch.save
         self._written: list[str] = []  # paths written, for n_retains with a callable filename
+        # With a background writer: the save in flight (at most one) and its failure, if any.
+        self._in_flight: threading.Thread | None = None
+        self._background_error: BaseException | None = None
         #: The path of the snapshot autoload restored, or None.
         self.loaded_from: str | None = None
 
@@ -287,7 +325,39 @@ class _Snapshot(Extension):
             target.load_state_dict(state)
 
     def _is_saver(self) -> bool:
-        return self._saver_rank is None or _rank() == self._saver_rank
+        """Whether this process writes: all alone, or ``saver_rank`` (default 0) of a group."""
+        if _world_size() < 2:
+            return True
+        return _rank() == (0 if self._saver_rank is None else self._saver_rank)
+
+    def _check_ranks_agree(self, path: str | None, out_dir: str) -> None:
+        """Under torch.distributed, raise on every rank unless all chose the same snapshot.
+
+        One rank writes the snapshots, so a rank that cannot see its files (another
+        ``out_dir``, a node without the shared filesystem) would silently start afresh while
+        the others resume: the ranks would train different models.
+        """
+        dist = _dist()
+        if dist is None or _world_size() < 2:
+            return
+        mine: tuple[str, Any] | None = None
+        if path is not None:
+            try:
+                digest = _read_manifest(path)[1].get("sha256")
+            except (OSError, ValueError, AttributeError):
+                digest = None
+            mine = (os.path.relpath(path, out_dir), digest)
+        everyone: list[Any] = [None] * _world_size()
+        dist.all_gather_object(everyone, mine)
+        if any(other != mine for other in everyone):
+            chosen = ", ".join(
+                f"rank {r}: {'nothing' if c is None else c[0]}" for r, c in enumerate(everyone)
+            )
+            raise SnapshotError(
+                f"autoload found different snapshots on different ranks ({chosen}) in "
+                f"{out_dir}. Under torch.distributed one rank writes the snapshots, so every rank "
+                "must read the same out_dir (one directory, on a filesystem shared by all nodes)"
+            )
 
     # Autoload ---------------------------------------------------------------------------------
     def initialize(self, manager: Any) -> str | None:  # type: ignore[override]
@@ -301,6 +371,7 @@ class _Snapshot(Extension):
             return None
         out_dir = self._out_dir(manager)
         path, state = self._newest_valid(out_dir)
+        self._check_ranks_agree(path, out_dir)
         if path is None:
             return None
         try:
@@ -372,12 +443,17 @@ class _Snapshot(Extension):
         if self.condition is not None and not self.condition():
             return
         self._save(manager)
+        dist = _dist()
+        if dist is not None and _world_size() > 1:
+            dist.barrier()  # no rank runs ahead of a snapshot being taken
 
     def on_error(self, manager: Any, exc: BaseException, tb: Any) -> None:
         if self._snapshot_on_error:
-            self._save(manager)
+            self._save(manager)  # no barrier: the other ranks may not be failing
+        self._wait_in_flight(raise_error=False)  # the run's error is the one to report
 
     def finalize(self, manager: Any) -> None:
+        self._wait_in_flight()
         # A writer given to the snapshot alone is finalized here (flushing background
         # writes); the manager's writer is the manager's to finalize.
         if self.writer is not None and self.writer is not getattr(manager, "writer", None):
@@ -393,30 +469,76 @@ class _Snapshot(Extension):
         self._write(manager, self._filename(manager))
 
     def _write(self, manager: Any, filename: str) -> None:
-        # Serialize now: the bytes are a consistent copy even for background writers, and the
-        # hash that makes the snapshot verifiable is computed from exactly what is written.
+        writer = self._writer(manager)
+        iteration = int(manager.iteration)
+        out_dir, files_dir = manager.out, self._out_dir(manager)
+        if not _writes_in_background(writer):
+            self._commit(
+                writer.__call__, filename, out_dir, files_dir, self._state(manager), iteration
+            )
+            return
+        # A background writer: training pauses only to copy the state to host memory; the
+        # serialization, the hash and both files are done by one thread of this snapshot's
+        # (data file first, then its manifest, so a crash never leaves a manifest without data).
+        self._wait_in_flight()
+        state = _host_copy(self._state(manager))
+
+        def save(name: str, directory: str, data: bytes, *, savefun: Any) -> None:
+            writer.save(name, directory, data, savefun, False)
+
+        def run() -> None:
+            try:
+                self._commit(save, filename, out_dir, files_dir, state, iteration)
+            except BaseException as exc:  # reported by the next snapshot or at finalize
+                self._background_error = exc
+
+        thread = threading.Thread(target=run, name=f"ppe_core snapshot {filename}", daemon=False)
+        self._in_flight = thread
+        thread.start()
+
+    def _wait_in_flight(self, raise_error: bool = True) -> None:
+        """Waits for the background save in flight; re-raises its failure (as SnapshotError)."""
+        thread, self._in_flight = self._in_flight, None
+        if thread is not None:
+            thread.join()
+        error, self._background_error = self._background_error, None
+        if error is not None and raise_error:
+            raise SnapshotError(
+                f"a background snapshot save failed: {type(error).__name__}: {error}. The "
+                "previous complete snapshots are untouched; check the disk and the writer."
+            ) from error
+
+    def _commit(
+        self,
+        save: Callable[..., None],
+        filename: str,
+        out_dir: str,
+        files_dir: str,
+        state: Any,
+        iteration: int,
+    ) -> None:
+        """Serializes ``state``, writes it and its manifest, and applies ``n_retains``."""
+        # The hash that makes the snapshot verifiable is computed from exactly what is written.
         buffer = io.BytesIO()
-        self._savefun(self._state(manager), buffer)
+        self._savefun(state, buffer)
         data = buffer.getvalue()
         manifest = {
             "format": _FORMAT,
             "version": 1,
             "sha256": hashlib.sha256(data).hexdigest(),
             "size": len(data),
-            "iteration": int(manager.iteration),
+            "iteration": iteration,
             "created": time.time(),
         }
-        writer = self._writer(manager)
-        out_dir = manager.out
-        writer(filename, out_dir, data, savefun=_write_bytes)
+        save(filename, out_dir, data, savefun=_write_bytes)
         manifest_bytes = json.dumps(manifest, indent=1).encode()
-        writer(manifest_path(filename), out_dir, manifest_bytes, savefun=_write_bytes)
-        path = os.path.join(self._out_dir(manager), filename)
+        save(manifest_path(filename), out_dir, manifest_bytes, savefun=_write_bytes)
+        path = os.path.join(files_dir, filename)
         if path in self._written:
             self._written.remove(path)
         self._written.append(path)
         if self.n_retains > 0:
-            self._remove_old(self._out_dir(manager), keep=path)
+            self._remove_old(files_dir, keep=path)
 
     def _remove_old(self, out_dir: str, keep: str) -> None:
         """Delete all but the newest ``n_retains`` complete snapshots (never an incomplete one).
@@ -459,12 +581,6 @@ class _DistributedSnapshot(_Snapshot):
                 f"{saver_rank}"
             )
 
-    def _save(self, manager: Any) -> None:
-        super()._save(manager)
-        dist = _dist()
-        if dist is not None and _world_size() > 1:
-            dist.barrier()
-
 
 class _ShardedSnapshot(_Snapshot):
     """Every rank writes ``<filename>/<rank>``; ``saver_rank`` then marks it complete."""
@@ -484,8 +600,15 @@ class _ShardedSnapshot(_Snapshot):
         super().__init__(filename=os.path.join(filename, str(_rank())), **kwargs)
         self._sharded_saver = saver_rank
 
+    def _is_saver(self) -> bool:
+        return True  # every rank writes its own shard
+
+    def _check_ranks_agree(self, path: str | None, out_dir: str) -> None:
+        pass  # _newest_valid compares the ranks' snapshot directories
+
     def _save(self, manager: Any) -> None:
         super()._save(manager)
+        self._wait_in_flight()  # every rank's part is on disk before the directory is complete
         dist = _dist()
         if dist is not None and _world_size() > 1:
             dist.barrier()
@@ -545,7 +668,9 @@ def snapshot(
         n_retains: Keep only the newest N complete snapshots (N > 0; otherwise all are kept);
             old files are deleted only after the new one is complete.
         autoload: Resume from the newest valid snapshot when training starts.
-        saver_rank: Under torch.distributed, only this rank writes (``None``: every rank).
+        saver_rank: Under torch.distributed, only this rank writes (``None``: rank 0), and
+            every rank then waits at a barrier; without a process group the one process
+            writes. With ``autoload``, every rank restores the same snapshot (checked).
         snapshot_mode: How ranks share the work under torch.distributed (:class:`SnapshotMode`).
 
     Raises:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ppe_core.training._extension import Extension
-from ppe_core.training.extensions._plot_report import DueCheck, WriterLike
+from ppe_core.training.extensions._util import DueCheck, WriterLike
 from ppe_core.training.triggers import Trigger, TriggerLike, get_trigger
 
 if TYPE_CHECKING:

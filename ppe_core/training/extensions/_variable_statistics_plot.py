@@ -14,7 +14,7 @@ import torch
 
 from ppe_core.errors import ConfigurationError
 from ppe_core.training._extension import Extension
-from ppe_core.training.extensions._plot_report import (
+from ppe_core.training.extensions._util import (
     DueCheck,
     WriterLike,
     missing_extra_error,

@@ -17,8 +17,8 @@ from ppe_core.training.extensions._evaluator import (
     IgniteEvaluator,
     MissingEvalTargetError,
     TextProgressBar,
-    _dist_gather,
 )
+from ppe_core.training.extensions._util import dist_gather as _dist_gather
 
 __all__ = [
     "DistributedEvaluator",

@@ -25,6 +25,7 @@ from ppe_core.training.triggers._base import (
     TriggerFunc,
     TriggerLike,
     TriggerTypeError,
+    next_due,
 )
 from ppe_core.training.triggers._factory import get_trigger
 from ppe_core.training.triggers._function import FunctionTrigger
@@ -61,6 +62,7 @@ __all__ = [
     "interval_trigger",
     "manual_schedule_trigger",
     "minmax_value_trigger",
+    "next_due",
     "once_trigger",
     "time_trigger",
 ]

@@ -19,6 +19,30 @@ NEVER: int = sys.maxsize
 
 UNITS = ("epoch", "iteration")
 
+
+def next_due(trigger: object, iteration: int, iters_per_epoch: int) -> int:
+    """The first iteration after ``iteration`` at which ``trigger`` must be consulted.
+
+    The one reading of the :meth:`Trigger.next_check` contract shared by the manager's schedule
+    and by every extension that consults an inner trigger itself: a trigger without
+    ``next_check``, an answer of ``None`` ("unpredictable") or an answer at or before
+    ``iteration`` (a contract breach, handled safely) all mean "consult it next iteration";
+    :data:`NEVER` means never.
+
+    Args:
+        trigger: Any trigger object (``next_check`` is optional, as for plain callables).
+        iteration: The completed-iteration count just processed (0 before training).
+        iters_per_epoch: Iterations in one epoch.
+    """
+    next_check = getattr(trigger, "next_check", None)
+    if next_check is None:
+        return iteration + 1
+    due = next_check(iteration, iters_per_epoch)
+    if due is None or due <= iteration:
+        return iteration + 1
+    return min(int(due), NEVER)
+
+
 # Fractional periods are read as the nearest fraction with at most this denominator, so that
 # 0.1 or 1/3 of an epoch mean exactly a tenth or a third despite float rounding.
 _MAX_DENOMINATOR = 1_000_000

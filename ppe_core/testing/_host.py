@@ -1,4 +1,4 @@
-"""Helpers for testing code that uses ppe-core and for testing ppe-core plugins."""
+"""``plugin_host``: an isolated plugin host for tests of code that uses ppe-core or plugins."""
 
 from __future__ import annotations
 

@@ -1,0 +1,88 @@
+"""ppe-example-device's tests: ppe-core's conformance kit, then the plugin's own features.
+
+Run after ``pip install -e examples/ppe_example_device``: the tests find the runtime through
+the installed ``ppe_core`` entry point, exactly as users' training scripts do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import torch
+from ppe_example_device import ExampleDeviceRuntime, bytes_copied, reset_stats
+
+import ppe_core as ppe
+from ppe_core.errors import ConfigurationError
+from ppe_core.testing import RuntimeConformance
+
+
+class TestExampleDeviceConformance(RuntimeConformance):
+    """Every check of the kit, on the runtime the entry point registers for ``exampledev``."""
+
+    device = "exampledev"
+    tensor_device = "cpu"  # the simulated device keeps data in host memory
+    options: ClassVar[Mapping[str, Any]] = {"count_copies": True}
+
+
+def test_the_entry_point_registers_the_runtime_and_the_extension() -> None:
+    names = {ep.name: ep.value for ep in entry_points(group="ppe_core")}
+    assert names["ppe_example_device"] == "ppe_example_device.plugin"
+    registry = ppe.runtime.runtime_registry
+    assert registry.get_runtime_class_for_device_spec("exampledev:1") is ExampleDeviceRuntime
+    assert ppe.training.extensions.CopyStats.__module__ == "ppe_example_device._extension"
+
+
+def test_copy_stats_reports_the_bytes_each_epoch_copied(tmp_path: Path) -> None:
+    reset_stats()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+
+    class Regression(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = model
+
+        def forward(self, x: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {"loss": torch.nn.functional.mse_loss(self.net(x), t)}
+
+    wrapped = ppe.to(Regression(), "exampledev")
+    log = ppe.training.extensions.LogReport(filename=None)
+    trainer = ppe.engine.create_trainer(
+        wrapped,
+        torch.optim.SGD(wrapped.parameters(), lr=0.1),
+        2,
+        device="exampledev",
+        out_dir=str(tmp_path),
+        extensions=[ppe.training.extensions.CopyStats(), log],
+    )
+    batches = [{"x": torch.randn(8, 4), "t": torch.randn(8, 1)} for _ in range(3)]
+    trainer.run(batches)
+    per_epoch = 3 * (8 * 4 + 8 * 1) * 4  # three float32 batches of x and t
+    assert [entry["exampledev/bytes_copied"] for entry in log.log] == [per_epoch, per_epoch]
+    assert bytes_copied() == 2 * per_epoch
+
+
+def test_counting_can_be_switched_off() -> None:
+    reset_stats()
+    runtime = ExampleDeviceRuntime("exampledev", {"count_copies": False})
+    runtime.convert_batch({"x": torch.ones(4)})
+    assert bytes_copied() == 0
+
+
+@pytest.mark.parametrize(
+    ("device", "options", "message"),
+    [
+        ("exampledev", {"count_copies": "yes"}, "'count_copies' must be True or False"),
+        ("exampledev", {"count_copie": True}, "'count_copie'; accepted options: count_copies"),
+        ("exampledev:x", {}, "has no valid index"),
+    ],
+)
+def test_bad_options_and_devices_name_the_problem(
+    device: str, options: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        ExampleDeviceRuntime(device, options)

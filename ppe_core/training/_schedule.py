@@ -1,0 +1,215 @@
+"""The schedule of registered extensions: which are due when, and running the due ones."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ppe_core.training._extension import ExtensionEntry, ExtensionNameError
+from ppe_core.training.triggers import NEVER, next_due
+
+if TYPE_CHECKING:
+    from ppe_core.training._extension import Extension
+    from ppe_core.training._protocols import ManagerView
+
+__all__ = ["Schedule", "Slot"]
+
+
+class Slot:
+    """A registered extension with the first iteration at which its trigger may fire."""
+
+    __slots__ = ("due", "entry", "every", "name", "needs_state", "runs_last")
+
+    def __init__(self, name: str, entry: ExtensionEntry) -> None:
+        self.name = name
+        self.entry = entry
+        self.due = -1
+        self.needs_state = entry.needs_model_state
+        self.runs_last = entry.runs_last
+        self.every = False  # called directly every step (see Schedule.every)
+
+
+class Schedule:
+    """The extensions in invocation order, with each one's next due iteration cached.
+
+    Every trigger tells through ``next_check`` (read by :func:`next_due`) the next iteration
+    at which it may fire, so the manager only walks the schedule at :meth:`rebuild`'s or
+    :meth:`run_due`'s returned iteration; on the other steps it calls only the
+    every-iteration extensions in :attr:`every`. Extensions with ``runs_last`` run after every
+    other due trigger of their iteration was consulted.
+
+    Args:
+        profile: Wrap each extension call in a ``torch.profiler.record_function`` range (the
+            every-iteration shortcut is then off, so each call is recorded).
+    """
+
+    def __init__(self, *, profile: bool = False) -> None:
+        self._profile = profile
+        self._entries: dict[str, ExtensionEntry] = {}
+        self._slots: list[Slot] = []
+        #: Extensions called directly on steps where nothing else is due (LogReport
+        #: accumulating, ...). The list object never changes, so the manager may keep it.
+        self.every: list[Callable[[Any], object]] = []
+        #: Whether the schedule must be rebuilt before it is used again.
+        self.dirty = True
+        #: The first iteration at which an extension declaring ``needs_model_state`` is due.
+        self.state_due = -1
+        #: False while extensions run in an iteration where no ``needs_model_state`` one is
+        #: due: the manager's ``models`` then refuses reads.
+        self.model_available = True
+
+    # ----------------------------------------------------------------- registration
+
+    def unique_name(self, base: str) -> str:
+        """``base``, or ``<base>_1``, ``<base>_2``, ... : the first name not registered."""
+        unique = base
+        ordinal = 0
+        while unique in self._entries:
+            ordinal += 1
+            unique = f"{base}_{ordinal}"
+        return unique
+
+    def add(self, name: str, entry: ExtensionEntry) -> None:
+        """Registers ``entry`` under the (unused) ``name``, in descending-priority order."""
+        self._entries[name] = entry
+        # sorted() is stable: equal priorities keep registration order.
+        self._slots = sorted([*self._slots, Slot(name, entry)], key=lambda s: -s.entry.priority)
+        self.invalidate()
+
+    def get(self, name: str) -> Extension:
+        """The extension registered as ``name``.
+
+        Raises:
+            ExtensionNameError: No extension has that name (a ``ValueError``, as in PPE).
+        """
+        entry = self._entries.get(name)
+        if entry is None:
+            close = difflib.get_close_matches(name, list(self._entries), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ExtensionNameError(
+                f"no extension named {name!r} is registered (registered: "
+                f"{sorted(self._entries) or 'none'}); {hint}register it first with "
+                f"extend(..., name={name!r}) or ask for one of the registered names"
+            )
+        return entry.extension
+
+    @property
+    def entries(self) -> dict[str, ExtensionEntry]:
+        """The entries by name, in registration order (the mapping itself, not a copy)."""
+        return self._entries
+
+    def slots(self) -> Iterator[Slot]:
+        """The slots in invocation order, over a copy (extensions may register others)."""
+        return iter(list(self._slots))
+
+    # ----------------------------------------------------------------- due iterations
+
+    def invalidate(self) -> None:
+        """Forces a :meth:`rebuild` before the schedule is used again."""
+        self.dirty = True
+        self.state_due = -1
+
+    def rebuild(self, iteration: int, iters_per_epoch: int) -> int:
+        """Recomputes every due iteration after ``iteration``; returns the earliest one.
+
+        The every-iteration extensions are not counted in the result: :attr:`every` lists
+        them.
+        """
+        state_due = NEVER
+        earliest = NEVER
+        every: list[Callable[[Any], object]] = []
+        for slot in self._slots:
+            entry = slot.entry
+            slot.needs_state = entry.needs_model_state
+            slot.runs_last = entry.runs_last
+            due = slot.due = next_due(entry.trigger, iteration, iters_per_epoch)
+            slot.every = (
+                getattr(entry.trigger, "fires_every_iteration", False) is True
+                and not slot.needs_state
+                and not slot.runs_last
+                and not self._profile
+            )
+            if slot.every:
+                every.append(entry.extension)
+                continue
+            earliest = min(earliest, due)
+            if slot.needs_state:
+                state_due = min(state_due, due)
+        self.every[:] = every
+        self.state_due = state_due
+        self.dirty = False
+        return earliest
+
+    def needs_model_state(self, iteration: int, current: int, iters_per_epoch: int) -> bool:
+        """Whether a ``needs_model_state`` extension may run at ``iteration``.
+
+        Args:
+            iteration: The completed-iteration count asked about.
+            current: The manager's current count (the cached answer covers ``current + 1``).
+            iters_per_epoch: Iterations in one epoch.
+        """
+        if not self.dirty and iteration == current + 1:
+            return iteration >= self.state_due
+        return any(
+            entry.needs_model_state
+            and next_due(entry.trigger, iteration - 1, iters_per_epoch) <= iteration
+            for entry in self._entries.values()
+        )
+
+    # ----------------------------------------------------------------- running
+
+    def call(self, manager: ManagerView, slot: Slot) -> None:
+        """Runs one extension (inside a profiler range when profiling)."""
+        if self._profile:
+            with torch.profiler.record_function(f"ppe_core.ExtensionsManager:{slot.name}"):
+                slot.entry.extension(manager)
+        else:
+            slot.entry.extension(manager)
+
+    def run_every(self, manager: ManagerView, iteration: int) -> None:
+        """Calls the every-iteration extensions: the step where nothing else is due."""
+        self.model_available = iteration >= self.state_due
+        try:
+            for extension in self.every:
+                extension(manager)
+        finally:
+            self.model_available = True
+
+    def run_due(self, manager: ManagerView, iteration: int, iters_per_epoch: int) -> int:
+        """Runs the extensions whose trigger fires at ``iteration``; returns the next due one.
+
+        ``runs_last`` extensions run after every due trigger was consulted, so the trigger
+        states they save already account for this iteration. When an extension changed the
+        registrations (:attr:`dirty`), the caller must rebuild before the next step.
+        """
+        self.model_available = iteration >= self.state_due
+        earliest = NEVER
+        state_due = NEVER
+        deferred: list[Slot] = []
+        try:
+            for slot in self._slots:
+                due = slot.due
+                if due <= iteration:
+                    trigger = slot.entry.trigger
+                    if trigger(manager):
+                        if slot.runs_last:
+                            deferred.append(slot)
+                        else:
+                            self.call(manager, slot)
+                    due = slot.due = next_due(trigger, iteration, iters_per_epoch)
+                if slot.every:
+                    continue
+                if due < earliest:
+                    earliest = due
+                if slot.needs_state and due < state_due:
+                    state_due = due
+            for slot in deferred:
+                self.call(manager, slot)
+        finally:
+            self.model_available = True
+        if not self.dirty:
+            self.state_due = state_due
+        return earliest

@@ -1,0 +1,239 @@
+"""The shape of the package: no import cycles, and the runtime contract below the plugin layer.
+
+Imports are read from the source (``ast``), so the checks cover modules no test imports.
+An import *at import time* is a module-level one (not inside a function, not under
+``if TYPE_CHECKING:``). Importing ``a.b.c`` also runs the ``__init__`` of ``a.b``; that
+package is an edge too unless it already encloses the importing module (then it is running
+or done). Cycles through such edges are what fails when a module is imported first.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+import ppe_core
+
+ROOT = Path(ppe_core.__file__).resolve().parent
+
+
+@cache
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in ROOT.rglob("*.py"):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _targets(module: str, node: ast.Import | ast.ImportFrom) -> set[str]:
+    """The ppe_core modules an import statement names."""
+    modules = _modules()
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names if alias.name in modules}
+    base = node.module or ""
+    if node.level:
+        package = module.split(".")
+        if modules[module].name != "__init__.py":
+            package.pop()
+        package = package[: len(package) - node.level + 1]
+        base = ".".join([*package, base] if base else package)
+    found = set()
+    for alias in node.names:
+        if f"{base}.{alias.name}" in modules:
+            found.add(f"{base}.{alias.name}")  # a submodule
+        elif base in modules:
+            found.add(base)
+    return found
+
+
+def _imports(module: str, *, at_import_time: bool) -> set[str]:
+    """What ``module`` imports: at import time only, or anywhere (functions, TYPE_CHECKING)."""
+    tree = ast.parse(_modules()[module].read_text())
+    found: set[str] = set()
+
+    def visit(statements: list[ast.stmt]) -> None:
+        for node in statements:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found.update(_targets(module, node))
+            elif isinstance(node, ast.If):
+                if not _is_type_checking(node.test):
+                    visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+                for handler in node.handlers:
+                    visit(handler.body)
+                visit(node.orelse)
+                visit(node.finalbody)
+            elif isinstance(node, ast.With):
+                visit(node.body)
+
+    if at_import_time:
+        visit(tree.body)
+    else:
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found.update(_targets(module, node))
+    found.discard(module)
+    return found
+
+
+def _import_time_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for module in modules:
+        edges = set()
+        for target in _imports(module, at_import_time=True):
+            edges.add(target)
+            parts = target.split(".")
+            for i in range(2, len(parts)):
+                package = ".".join(parts[:i])
+                if package in modules and not module.startswith(package + "."):
+                    edges.add(package)  # its __init__ runs first
+        edges.discard(module)
+        graph[module] = edges
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in sorted(graph[node]):
+            if succ not in index:
+                connect(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                item = stack.pop()
+                on_stack.discard(item)
+                component.append(item)
+                if item == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    return components
+
+
+def test_the_graph_reader_sees_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+    # The reader itself: ppe_core.plugins imports ppe_core._plugins at import time.
+    assert "ppe_core._plugins" in _imports("ppe_core.plugins", at_import_time=True)
+    assert "ppe_core._plugins" in _imports("ppe_core._resolve", at_import_time=False)
+    assert "ppe_core._plugins" not in _imports("ppe_core._resolve", at_import_time=True)
+
+
+def test_no_import_time_cycles() -> None:
+    graph = _import_time_graph()
+    cycles = _cycles(graph)
+    described = [
+        " -> ".join(f"{m} (imports {sorted(graph[m] & set(c))})" for m in c) for c in cycles
+    ]
+    assert not cycles, "import cycles:\n" + "\n".join(described)
+
+
+# The runtime contract is the bottom layer: what a runtime is. Resolving one for a device needs
+# the plugin host, which sits above it; the handler and the engine sit above both.
+_ABOVE_THE_RUNTIME = ("ppe_core._plugins", "ppe_core._resolve", "ppe_core.plugins")
+_ABOVE_THE_RUNTIME_PACKAGES = ("ppe_core.handler", "ppe_core.engine", "ppe_core.training")
+# Re-exports at PPE's paths: the package's lazy __getattr__ and the ``ppe.runtime._to`` shim.
+_PPE_PATH_SHIMS = {"ppe_core.runtime", "ppe_core.runtime._to"}
+
+
+def test_runtime_contract_does_not_import_the_layers_above() -> None:
+    offending = {}
+    for module in _modules():
+        if not (module.startswith("ppe_core.runtime.") or module == "ppe_core.runtime"):
+            continue
+        if module in _PPE_PATH_SHIMS:
+            continue
+        above = {
+            target
+            for target in _imports(module, at_import_time=False)
+            if target in _ABOVE_THE_RUNTIME
+            or any(target == p or target.startswith(p + ".") for p in _ABOVE_THE_RUNTIME_PACKAGES)
+        }
+        if above:
+            offending[module] = sorted(above)
+    assert not offending, f"the runtime contract imports layers above it: {offending}"
+
+
+def test_ppe_path_shims_only_re_export() -> None:
+    # Exempt from the layer rule only because they define nothing: no code of the contract
+    # may hide in them.
+    for module in _PPE_PATH_SHIMS:
+        tree = ast.parse(_modules()[module].read_text())
+        defined = [
+            node.name
+            for node in tree.body
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+            and node.name not in {"__getattr__", "__dir__"}
+        ]
+        assert defined == [], f"{module} defines {defined}; move them out of the shim"
+
+
+def test_ppe_paths_of_to_are_one_function() -> None:
+    import ppe_core._resolve
+    import ppe_core.runtime._to
+
+    assert ppe_core.to is ppe_core.runtime.to is ppe_core.runtime._to.to is ppe_core._resolve.to
+    assert "to" in dir(ppe_core.runtime) and "runtime_registry" in dir(ppe_core.runtime)
+
+
+@pytest.mark.slow  # a fresh interpreter imports torch
+def test_import_ppe_core_loads_neither_the_plugin_host_nor_the_engine() -> None:
+    # ``ppe_core.to`` is re-exported eagerly; resolving needs the host only when called.
+    code = (
+        "import sys, ppe_core\n"
+        "print(' '.join(sorted(m for m in ('ppe_core._plugins', 'ppe_core.handler', "
+        "'ppe_core.engine', 'ppe_core.training', 'ppe_core.errors') if m in sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["ppe_core.errors"]
+
+
+def test_no_module_imports_a_lazily_provided_error_at_import_time() -> None:
+    # ppe_core.errors loads those classes from the modules that define them; importing one
+    # from there while the training stack is still importing would ask for a half-built module.
+    import ppe_core.errors
+
+    lazy = set(ppe_core.errors._ELSEWHERE)
+    offending = []
+    for module, path in _modules().items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ImportFrom) and node.module == "ppe_core.errors":
+                names = {alias.name for alias in node.names} & lazy
+                if names:
+                    offending.append(f"{module}: {sorted(names)}")
+    assert not offending, f"import these from their defining modules instead: {offending}"
