@@ -243,8 +243,10 @@ class PyTorchRuntime(BaseRuntime):
         move = self.move_tensor
         if type(args) is dict:  # the common batch: one level of tensors, done inline
             device, plain = self._device, self._plain_move
+            # ``v.to(device)`` returns ``v`` itself when it is already there; comparing the
+            # device first skips that call's argument parsing (a third of its cost).
             return {
-                k: (v.to(device) if plain else move(v))
+                k: ((v if v.device == device else v.to(device)) if plain else move(v))
                 if isinstance(v, torch.Tensor)
                 else _map_tensors(v, move)
                 for k, v in args.items()
