@@ -110,7 +110,6 @@ def main(argv: list[str] | None = None) -> float:
         shuffle=True,
         generator=torch.Generator().manual_seed(args.seed),
     )
-    # One batch: the evaluator averages over batches, so this makes val/accuracy exact.
     val_loader = DataLoader(val_set, batch_size=len(val_set))
 
     model = ppe.to(Classifier(), args.device)  # tag the module with its runtime, and move it

@@ -28,6 +28,7 @@ from ppe_core.runtime._runtime import (
     PyTorchRuntime,
     get_runtime,
     iter_runtime_modules,
+    map_tensors,
     named_runtime_modules,
     tag_module,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "device_type_of",
     "get_runtime",
     "iter_runtime_modules",
+    "map_tensors",
     "named_runtime_modules",
     "positive_int",
     "runtime_registry",

@@ -76,7 +76,7 @@ class BaseRuntime:
         Tensors nested in dicts, lists, tuples and namedtuples are moved and the container
         types kept; anything else passes through unchanged.
         """
-        return _map_tensors(args, self.move_tensor)
+        return map_tensors(args, self.move_tensor)
 
     def _convert_batch_dict(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """PPE's helper: a dict batch with its top-level tensors moved (subclasses call it)."""
@@ -248,10 +248,10 @@ class PyTorchRuntime(BaseRuntime):
             return {
                 k: ((v if v.device == device else v.to(device)) if plain else move(v))
                 if isinstance(v, torch.Tensor)
-                else _map_tensors(v, move)
+                else map_tensors(v, move)
                 for k, v in args.items()
             }
-        return _map_tensors(args, move)
+        return map_tensors(args, move)
 
     def move_module(self, module: torch.nn.Module) -> torch.nn.Module:
         return module.to(self._device)
@@ -302,29 +302,42 @@ def _map_outputs(
                     f"{type(out).__name__}, not a dict; return a dict or omit out_keys"
                 )
             out = {key: out[key] for key in out_keys}
-        yield _map_tensors(out, lambda t: t.to(device))
+        yield map_tensors(out, lambda t: t.to(device))
 
 
-def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """Apply ``fn`` to every tensor in a nested structure, keeping container types."""
+def map_tensors(
+    obj: Any,
+    fn: Callable[[torch.Tensor], torch.Tensor],
+    leaf: Callable[[Any], Any] | None = None,
+) -> Any:
+    """Apply ``fn`` to every tensor in nested dicts, lists, tuples and namedtuples.
+
+    Container types are kept, including a module ``state_dict``'s ``OrderedDict`` with its
+    ``_metadata`` (which ``load_state_dict`` reads). Anything else is passed to ``leaf``
+    (e.g. ``copy.deepcopy`` for a snapshot's private copy), or returned as it is.
+    """
     if isinstance(obj, torch.Tensor):
         return fn(obj)
     if isinstance(obj, Mapping):
-        converted = {k: _map_tensors(v, fn) for k, v in obj.items()}
+        converted = {k: map_tensors(v, fn, leaf) for k, v in obj.items()}
         if type(obj) is dict:
             return converted
         try:
-            return type(obj)(converted)  # type: ignore[call-arg]  # OrderedDict, subclasses
+            result = type(obj)(converted)  # type: ignore[call-arg]  # OrderedDict, subclasses
         except TypeError:
             return converted
+        metadata = getattr(obj, "_metadata", None)
+        if metadata is not None:
+            result._metadata = metadata.copy()  # type: ignore[attr-defined]
+        return result
     if isinstance(obj, tuple):
-        items = [_map_tensors(v, fn) for v in obj]
+        items = [map_tensors(v, fn, leaf) for v in obj]
         if hasattr(obj, "_fields"):  # namedtuple
             return type(obj)(*items)
         return type(obj)(items) if type(obj) is not tuple else tuple(items)
     if isinstance(obj, list):
-        return [_map_tensors(v, fn) for v in obj]
-    return obj
+        return [map_tensors(v, fn, leaf) for v in obj]
+    return obj if leaf is None else leaf(obj)
 
 
 def tag_module(module: torch.nn.Module, runtime: BaseRuntime) -> None:

@@ -8,8 +8,7 @@ from typing import Any
 
 import torch
 
-from ppe_core.runtime import DeviceLike, device_type_of
-from ppe_core.runtime._runtime import _map_tensors
+from ppe_core.runtime import DeviceLike, device_type_of, map_tensors
 
 __all__ = ["PrefetchLoader"]
 
@@ -81,7 +80,7 @@ class PrefetchLoader:
             if batch is end:
                 return end
             with torch.cuda.stream(stream):
-                return _map_tensors(batch, self._copy)
+                return map_tensors(batch, self._copy)
 
         upcoming = load()
         while upcoming is not end:
@@ -93,6 +92,6 @@ class PrefetchLoader:
                 tensor.record_stream(current)
                 return tensor
 
-            _map_tensors(batch, keep)
+            map_tensors(batch, keep)
             upcoming = load()  # the next copy overlaps this batch's step
             yield batch

@@ -22,6 +22,7 @@ from typing import IO, Any
 import torch
 
 from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError, PPEWarning
+from ppe_core.runtime import map_tensors
 from ppe_core.training._extension import PRIORITY_SNAPSHOT, Extension
 from ppe_core.writing import SimpleWriter, Writer
 
@@ -108,27 +109,9 @@ def _writes_in_background(writer: Any) -> bool:
 
 
 def _host_copy(obj: Any) -> Any:
-    """A copy of a state (nested dicts, lists, tuples) whose tensors are fresh host tensors.
-
-    What a background save reads while training goes on changing the originals. Containers keep
-    their type and attributes (a module ``state_dict``'s ``_metadata``); other values are deep
-    copied, immutable ones shared.
-    """
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, (str, bytes, int, float, bool, type(None))):
-        return obj
-    if isinstance(obj, dict):
-        new = copy.copy(obj)
-        for key, value in obj.items():
-            new[key] = _host_copy(value)
-        return new
-    if isinstance(obj, list):
-        return [_host_copy(value) for value in obj]
-    if isinstance(obj, tuple):
-        items = [_host_copy(value) for value in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
-    return copy.deepcopy(obj)
+    """A copy of a state whose tensors are fresh host tensors and whose other values are deep
+    copies: what a background save reads while training goes on changing the originals."""
+    return map_tensors(obj, lambda t: t.detach().to("cpu", copy=True), leaf=copy.deepcopy)
 
 
 def _complete_manifest(path: str) -> dict[str, Any]:
