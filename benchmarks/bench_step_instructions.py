@@ -2,7 +2,8 @@
 
 Wall-clock timings on a shared 2-core VM swing by +-15 us per step; instruction counts do not.
 Each variant (the suite's workloads: raw loop, Trainer bare, Trainer with LogReport +
-PrintReport + ProgressBar with and without a per-step ``report`` in ``forward``, peers) runs
+PrintReport + ProgressBar with and without a per-step ``report`` in ``forward``, peers, and
+the Evaluator against a raw ``no_grad`` loop) runs
 once for 1 and once for 3 epochs of 200 steps with instrumentation switched on only around the
 run; the per-step count is the difference divided by the 400 extra steps. Needs ``valgrind``.
 
@@ -72,8 +73,10 @@ def measure() -> list[tuple[str, float, float]]:
     finally:
         os.unlink(f.name)
     per_step = {v: (counts[(v, 3)] - counts[(v, 1)]) / 400 for v in variants}
-    base = per_step["raw loop"]
-    return [(v, n, base) for v, n in per_step.items()]
+    # Training rows compare with the raw training loop, "eval: ..." rows with the raw
+    # no_grad loop (per batch).
+    base, eval_base = per_step["raw loop"], per_step.get("eval: raw no_grad loop", 0.0)
+    return [(v, n, eval_base if v.startswith("eval:") else base) for v, n in per_step.items()]
 
 
 def main() -> None:

@@ -139,6 +139,9 @@ class Handler(BaseHandler):
         cls = type(self)
         self._custom_train_post = cls.train_post_step is not Handler.train_post_step
         self._custom_eval_post = cls.eval_post_step is not Handler.eval_post_step
+        # ``"train/" + key`` and ``"val/" + key`` per output key, built once.
+        self._train_names: dict[str, str] = {}
+        self._eval_names: dict[str, str] = {}
 
     def consume_options(self, options: dict[str, Any]) -> None:
         self._train_report_keys = _report_keys(
@@ -276,7 +279,7 @@ class Handler(BaseHandler):
         else:  # inline: the default post-step, without a call per step
             for module, runtime in self._train_post:
                 runtime.train_post_step(trainer, module, batch_idx, batch, outputs)
-            _report_outputs(outputs, "train/", self._train_report_keys)
+            _report_outputs(outputs, "train/", self._train_report_keys, self._train_names)
         return outputs
 
     def train_post_step(self, trainer: Any, batch_idx: int, batch: Any, outputs: Any) -> None:
@@ -284,7 +287,7 @@ class Handler(BaseHandler):
         self._ensure(trainer.models)
         for module, runtime in self._train_post:
             runtime.train_post_step(trainer, module, batch_idx, batch, outputs)
-        _report_outputs(outputs, "train/", self._train_report_keys)
+        _report_outputs(outputs, "train/", self._train_report_keys, self._train_names)
 
     def train_cleanup(self, trainer: Any) -> None:
         self._ensure(trainer.models)
@@ -328,7 +331,7 @@ class Handler(BaseHandler):
         else:
             for module, runtime in self._eval_post:
                 runtime.eval_post_step(evaluator, module, batch_idx, batch, outputs)
-            _report_outputs(outputs, "val/", self._eval_report_keys)
+            _report_outputs(outputs, "val/", self._eval_report_keys, self._eval_names)
         return outputs
 
     def eval_post_step(self, evaluator: Any, batch_idx: int, batch: Any, outputs: Any) -> None:
@@ -336,7 +339,7 @@ class Handler(BaseHandler):
         self._ensure(evaluator.models)
         for module, runtime in self._eval_post:
             runtime.eval_post_step(evaluator, module, batch_idx, batch, outputs)
-        _report_outputs(outputs, "val/", self._eval_report_keys)
+        _report_outputs(outputs, "val/", self._eval_report_keys, self._eval_names)
 
     # Snapshots ------------------------------------------------------------------------------
     def _grad_scaler(self) -> torch.amp.GradScaler | None:
@@ -367,21 +370,39 @@ def _overriding(
     return [(m, rt) for m, rt in found if getattr(type(rt), method) is not base]
 
 
-def _report_outputs(outputs: Any, prefix: str, keys: list[str] | None) -> None:
-    """Report model outputs under ``prefix`` (the reporter detaches; nothing syncs)."""
+def _report_outputs(
+    outputs: Any, prefix: str, keys: list[str] | None, names: dict[str, str]
+) -> None:
+    """Report model outputs under ``prefix`` (the reporter detaches; nothing syncs).
+
+    ``names`` caches ``prefix + key`` per output key, so a step builds no strings and the
+    observation's keys keep their cached hashes.
+    """
+    if type(outputs) is dict and keys is None:
+        # The common case, inline (it runs every step): a plain dict, scalars only (a batch of
+        # logits has no meaningful running mean).
+        values = {}
+        for k, v in outputs.items():
+            if (v.ndim == 0) if isinstance(v, torch.Tensor) else _is_number(v):
+                try:
+                    values[names[k]] = v
+                except KeyError:
+                    values[_name(names, prefix, k)] = v
+        if values:
+            report(values)
+        return
     if not isinstance(outputs, Mapping):
         if isinstance(outputs, (list, tuple)):
             outputs = normalize_outputs(outputs)  # keys "0", "1", ... or namedtuple fields
         elif keys is None:
             if isinstance(outputs, torch.Tensor) and outputs.ndim == 0:
-                report({prefix + "loss": outputs})
+                report({_name(names, prefix, "loss"): outputs})
             return
         else:
             outputs = normalize_outputs(outputs)
     if keys is None:
-        # Scalars only: a batch of logits has no meaningful running mean. (Inline: per step.)
         values = {
-            prefix + k: v
+            _name(names, prefix, k): v
             for k, v in outputs.items()
             if (v.ndim == 0 if isinstance(v, torch.Tensor) else _is_number(v))
         }
@@ -392,9 +413,19 @@ def _report_outputs(outputs: Any, prefix: str, keys: list[str] | None) -> None:
                 f"report keys {missing} are not in the model's outputs {sorted(outputs)}; "
                 "fix train_report_keys/eval_report_keys or the model's output dict."
             )
-        values = {prefix + k: outputs[k] for k in keys}
+        values = {_name(names, prefix, k): outputs[k] for k in keys}
     if values:
         report(values)
+
+
+def _name(names: dict[str, str], prefix: str, key: str) -> str:
+    """``prefix + key``, cached in ``names`` (bounded: models with ever-new keys stay cheap)."""
+    name = names.get(key)
+    if name is None:
+        if len(names) >= 1024:
+            names.clear()
+        name = names[key] = prefix + key
+    return name
 
 
 def _is_number(value: Any) -> bool:

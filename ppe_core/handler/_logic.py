@@ -369,14 +369,17 @@ class Logic(BaseLogic):
         """
         keys = self.backward_outputs
         if keys is None:
-            tensors = [
-                v
-                for v in outputs.values()
-                if isinstance(v, torch.Tensor)
-                and v.grad_fn is not None
-                and v.numel() == 1
-                and (v.dtype.is_floating_point or v.dtype.is_complex)
-            ]
+            # A loop, not a comprehension (no frame per step); ``not is_leaf`` is
+            # ``grad_fn is not None`` without wrapping the graph node in a Python object.
+            tensors = []
+            for v in outputs.values():
+                if (
+                    isinstance(v, torch.Tensor)
+                    and not v.is_leaf
+                    and (v.ndim == 0 or v.numel() == 1)
+                    and (v.dtype.is_floating_point or v.dtype.is_complex)
+                ):
+                    tensors.append(v)
             if not tensors and not self._warned_nothing:
                 self._warn_nothing(outputs)
             return tensors
@@ -468,8 +471,12 @@ class Logic(BaseLogic):
         batch_idx: int,
         batch: Any,
     ) -> Any:
-        model = self._model(models)
-        optimizer = self._optimizer(optimizers)
+        name = self.model_name
+        try:  # two subscripts inline, not two helper calls: this runs every step
+            model = models[name]
+            optimizer = optimizers[name]
+        except KeyError:
+            model, optimizer = self._model(models), self._optimizer(optimizers)  # raise
         n = self.grad_accumulation_steps
         if n == 1:
             optimizer.zero_grad()
@@ -504,7 +511,10 @@ class Logic(BaseLogic):
     ) -> None:
         if self.grad_accumulation_steps > 1 and not self._window(batch_idx)[1]:
             return
-        optimizer = self._optimizer(optimizers)
+        try:
+            optimizer = optimizers[self.model_name]
+        except KeyError:
+            optimizer = self._optimizer(optimizers)  # raises the explained error
         if self._grad_scaler is None:
             optimizer.step()
         else:

@@ -11,6 +11,8 @@ import torch
 from ppe_core.errors import ConfigurationError, RuntimeOptionError
 from ppe_core.runtime._execute import run_code_block
 
+_Tensor = torch.Tensor
+
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
@@ -224,6 +226,7 @@ class PyTorchRuntime(BaseRuntime):
                 f"{type(self).__name__} cannot use the device {device_spec!r}: {exc}. Pass a "
                 "device type with an optional index, e.g. 'cpu', 'cuda' or 'cuda:1'."
             ) from exc
+        self._on_cpu = self._device.type == "cpu"
         self._autocast_kwargs = _autocast_kwargs(self.options.get("autocast"), self._device.type)
         scaler = self.options.get("grad_scaler")
         if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
@@ -243,6 +246,14 @@ class PyTorchRuntime(BaseRuntime):
         move = self.move_tensor
         if type(args) is dict:  # the common batch: one level of tensors, done inline
             device, plain = self._device, self._plain_move
+            if plain and self._on_cpu:
+                # Every value a CPU tensor already (the CPU runtime's usual batch): a shallow
+                # copy, no per-tensor call. ``is_cpu`` is a flag; ``.device`` builds an object.
+                for v in args.values():
+                    if type(v) is not _Tensor or not v.is_cpu:
+                        break
+                else:
+                    return dict(args)
             # ``v.to(device)`` returns ``v`` itself when it is already there; comparing the
             # device first skips that call's argument parsing (a third of its cost).
             return {

@@ -148,6 +148,8 @@ class Evaluator:
     def _complete_step(self, batch_idx: int, outputs: Any) -> None:
         """``complete_fn`` for the handler: metrics, ``eval_post_step``, then the summary."""
         observation = self._observation
+        # The run already made the reporter current with this observation; the scope keeps a
+        # handler that completes a step elsewhere (another thread, later) reporting into it.
         with self._reporter.scope(observation):
             post_step = self._post_step
             for metric in self._metrics:
@@ -211,16 +213,29 @@ class Evaluator:
         bar = _make_bar(length) if self._progress_bar else None
         self._summary = DictSummary()
         reporter = self._reporter
-        step, complete, profile = handler.eval_step, self._complete_step, self._profile
+        # ppe-core's own Handler reports the outputs inside eval_step when given no complete_fn
+        # (calling an overridden eval_post_step too), saving calls per batch; metrics need the
+        # callback, which runs them before the outputs are reported.
+        from ppe_core.handler import Handler
+
+        inline = type(handler).eval_step is Handler.eval_step and not self._metrics
+        step, profile = handler.eval_step, self._profile
+        complete = None if inline else self._complete_step
+        add = self._add_per_sample
+        previous = reporter.observation
         try:
             handler.eval_loop_begin(self)
-            with torch.no_grad(), profile if profile is not None else contextlib.nullcontext():
+            # The reporter is current for the whole run; each batch only swaps its observation.
+            profiling = profile if profile is not None else contextlib.nullcontext()
+            with reporter, torch.no_grad(), profiling:
                 for batch_idx, batch in zip(range(length), loader, strict=False):
                     self._batch = batch
                     observation: dict[str, Any] = {}
                     self._observation = observation
-                    with reporter.scope(observation):
-                        step(self, batch_idx, batch, complete)
+                    reporter.observation = observation
+                    step(self, batch_idx, batch, complete)
+                    if inline:
+                        add(batch_idx, observation)
                     if bar is not None:
                         bar.update(1)
                     if profile is not None:
@@ -231,6 +246,7 @@ class Evaluator:
             raise
         finally:
             self._batch = None
+            reporter.observation = previous
             if bar is not None:
                 bar.close()
             for name, model in self.models.items():
