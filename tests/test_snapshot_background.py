@@ -252,10 +252,11 @@ def test_failed_path_save_raises_and_keeps_the_previous_snapshot(
     trainer = _trainer(tmp_path, writer=ThreadWriter())
     trainer.extend(E.snapshot(filename="snap_{.iteration}"), trigger=(4, "iteration"))
     with pytest.raises(SnapshotError, match="background snapshot save failed"):
-        trainer.run(_data())
+        trainer.run(_data(12))  # snap_8 fails in the background; raised before snap_12
     verify_snapshot(str(tmp_path / "snap_4"))  # the previous one is intact
     assert not (tmp_path / "snap_8").exists()
     assert not Path(manifest_path(str(tmp_path / "snap_8"))).exists()
+    assert not (tmp_path / "snap_12").exists()
     # No temporary file and no manifest but the first snapshot's.
     assert sorted(p.name for p in tmp_path.iterdir()) == [".snap_4" + MANIFEST_SUFFIX, "snap_4"]
 
@@ -267,3 +268,47 @@ def test_a_failed_flush_to_disk_is_raised(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setattr(_snapshot.os, "fsync", failing_fsync)
     with pytest.raises(OSError, match="I/O error"):
         _snapshot._save_and_hash({"x": torch.ones(2)}, str(tmp_path / "file"))
+
+
+def test_the_final_snapshot_of_a_background_writer_is_saved_without_a_host_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run() would wait for it at once: it is saved in the training thread, from the state."""
+    copies: list[int] = []
+    real = _snapshot._host_copy
+
+    def counting(obj: Any, reuse: Any = None) -> Any:
+        copies.append(1)
+        return real(obj, reuse)
+
+    monkeypatch.setattr(_snapshot, "_host_copy", counting)
+    trainer = _trainer(tmp_path, writer=ThreadWriter())
+    trainer.extend(E.snapshot(filename="snap_{.iteration}"), trigger=(4, "iteration"))
+    trainer.run(_data())
+    assert len(copies) == 1  # snap_4 only; snap_8 is the last iteration's
+    final = load_snapshot(str(tmp_path / "snap_8"))  # verified against its manifest
+    weight = trainer.models["main"].fc.weight.detach()
+    assert torch.equal(final["models"]["main"]["fc.weight"], weight)
+
+
+def test_snapshot_on_error_with_a_background_writer_is_written_before_the_error_propagates(
+    tmp_path: Path,
+) -> None:
+    class Boom(RuntimeError):
+        pass
+
+    def fail_at_6(manager: Any) -> None:
+        if manager.iteration == 6:
+            raise Boom("stop here")
+
+    trainer = _trainer(tmp_path, writer=ThreadWriter())
+    trainer.extend(
+        E.snapshot(filename="snap_{.iteration}", snapshot_on_error=True), trigger=(4, "iteration")
+    )
+    trainer.extend(fail_at_6, trigger=(1, "iteration"))
+    with pytest.raises(Boom):
+        trainer.run(_data())
+    assert load_snapshot(str(tmp_path / "snap_6"))["models"]["main"]["fc.weight"].shape == (
+        128,
+        128,
+    )

@@ -519,14 +519,16 @@ class _Snapshot(Extension):
     def __call__(self, manager: Any) -> None:
         if self.condition is not None and not self.condition():
             return
-        self._save(manager)
+        # When training stops after this iteration, run() would wait for a background save at
+        # once: saving in this thread spares the host copy of the whole state.
+        self._save(manager, final=bool(getattr(manager, "stop_trigger", False)))
         dist = _dist()
         if dist is not None and _world_size() > 1:
             dist.barrier()  # no rank runs ahead of a snapshot being taken
 
     def on_error(self, manager: Any, exc: BaseException, tb: Any) -> None:
         if self._snapshot_on_error:
-            self._save(manager)  # no barrier: the other ranks may not be failing
+            self._save(manager, final=True)  # no barrier: the other ranks may not be failing
         self._wait_in_flight(raise_error=False)  # the run's error is the one to report
 
     def finalize(self, manager: Any) -> None:
@@ -541,17 +543,29 @@ class _Snapshot(Extension):
         filename = self.filename
         return str(filename(manager)) if callable(filename) else filename.format(manager)
 
-    def _save(self, manager: Any) -> None:
+    def _save(self, manager: Any, final: bool = False) -> None:
         if not self._is_saver():
             return
-        self._write(manager, self._filename(manager))
+        self._write(manager, self._filename(manager), final)
 
-    def _write(self, manager: Any, filename: str) -> None:
+    def _write(self, manager: Any, filename: str, final: bool = False) -> None:
+        """Writes the snapshot; ``final``: nothing trains after it (the end, or an error), so
+        a background writer's save is done in this thread, from the state itself."""
         writer = self._writer(manager)
         iteration = int(manager.iteration)
         out_dir, files_dir = manager.out, self._out_dir(manager)
         background = _writes_in_background(writer)
         by_path = self._path_writer(writer, background)
+        if background and final:
+            self._wait_in_flight()  # the previous snapshot's files come first (n_retains)
+
+            def save_here(name: str, directory: str, data: bytes, *, savefun: Any) -> None:
+                writer.save(name, directory, data, savefun, False)
+
+            self._commit(
+                save_here, filename, out_dir, files_dir, self._state(manager), iteration, by_path
+            )
+            return
         if not background:
             self._commit(
                 writer.__call__,
