@@ -312,3 +312,37 @@ def test_snapshot_on_error_with_a_background_writer_is_written_before_the_error_
         128,
         128,
     )
+
+
+@pytest.fixture
+def world_of_one(tmp_path: Path) -> Any:
+    """A single-process gloo group (what the distributed snapshot modes need)."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", world_size=1, rank=0
+    )
+    try:
+        yield dist
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("writer", [SimpleWriter, ThreadWriter])
+@pytest.mark.parametrize("mode", ["DISTRIBUTED", "SHARDED"])
+def test_distributed_snapshot_modes_write_every_snapshot_the_last_one_too(
+    tmp_path: Path, world_of_one: Any, writer: type[Writer], mode: str
+) -> None:
+    out = tmp_path / "out"
+    trainer = _trainer(out, writer=writer())
+    snapshot_mode = getattr(E.SnapshotMode, mode)
+    trainer.extend(
+        E.snapshot(filename="snap_{.iteration}", snapshot_mode=snapshot_mode, saver_rank=0),
+        trigger=(4, "iteration"),
+    )
+    trainer.run(_data())
+    for it in (4, 8):  # 8: the last iteration's, saved in the training thread
+        path = out / f"snap_{it}" / "0" if mode == "SHARDED" else out / f"snap_{it}"
+        assert load_snapshot(str(path))["models"]["main"]["fc.weight"].shape == (128, 128)
+        if mode == "SHARDED":
+            assert (out / f"snap_{it}" / "complete").exists()

@@ -738,8 +738,8 @@ class _ShardedSnapshot(_Snapshot):
     def _check_ranks_agree(self, path: str | None, out_dir: str) -> None:
         pass  # _newest_valid compares the ranks' snapshot directories
 
-    def _save(self, manager: Any) -> None:
-        super()._save(manager)
+    def _save(self, manager: Any, final: bool = False) -> None:
+        super()._save(manager, final)
         self._wait_in_flight()  # every rank's part is on disk before the directory is complete
         dist = _dist()
         if dist is not None and _world_size() > 1:

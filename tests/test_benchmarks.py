@@ -1,0 +1,78 @@
+"""The benchmark suite's own claims hold: every variant does the raw loop's work.
+
+The suite (``python -m benchmarks``) is not part of the tests' pass/fail and nothing here is
+timed; these tests keep its workloads honest and runnable, on a few batches.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Iterator
+from types import ModuleType
+
+import pytest
+import torch
+
+HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+
+
+@pytest.fixture(scope="module")
+def suite() -> Iterator[ModuleType]:
+    sys.path.insert(0, HERE)
+    try:
+        import suite as module
+
+        if module._installed("ignite"):
+            with warnings.catch_warnings():
+                # Importing ignite 0.5 scripts a function with the deprecated torch.jit.script.
+                warnings.simplefilter("ignore", DeprecationWarning)
+                import ignite.engine  # noqa: F401
+
+        yield module
+    finally:
+        sys.path.remove(HERE)
+
+
+def test_every_training_variant_ends_with_the_raw_loops_weights(suite: ModuleType) -> None:
+    """The ratios compare equal work: same seed, same batches, bit-identical final weights."""
+    data = suite.batches(12)
+    _, reference = suite.raw(data, 2)
+    variants = {**suite.step_variants()[0], **suite.instruction_variants()}
+    trained = [name for name in variants if not name.startswith(("eval:", "raw"))]
+    assert {"ppe-core bare", "ppe-core +3ext", "ppe-core +3ext+report"} <= set(trained)
+    for name in trained:
+        _, model = variants[name](data, 2)
+        assert suite.same_weights(model, reference), name
+
+
+def test_evaluation_workloads_run_every_pass_without_changing_the_model(
+    suite: ModuleType,
+) -> None:
+    data = suite.batches(5)
+    variants = suite.instruction_variants()
+    for name in ("eval: raw no_grad loop", "eval: ppe-core Evaluator"):
+        _, first = variants[name](data, 1)
+        _, again = variants[name](data, 3)
+        assert suite.same_weights(first, again), name  # same seed, evaluation only
+
+
+def test_same_weights_tells_different_models_apart(suite: ModuleType) -> None:
+    data = suite.batches(4)
+    _, one_epoch = suite.raw(data, 1)
+    _, two_epochs = suite.raw(data, 2)
+    assert not suite.same_weights(one_epoch, two_epochs)
+
+
+def test_unknown_sections_are_refused_with_the_choices(suite: ModuleType) -> None:
+    with pytest.raises(SystemExit, match=r"unknown section.*choose from"):
+        suite.main(["--only", "steps"])
+
+
+def test_the_gpu_section_says_why_it_did_not_run_without_cuda(suite: ModuleType) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the section really runs (see -m gpu runs)")
+    report = suite.Report()
+    suite.section_gpu(report, suite.parse(["--quick"]))
+    assert "no CUDA device" in report.table()
