@@ -7,7 +7,7 @@ import io
 import json
 import os
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 import torch
@@ -22,6 +22,7 @@ from ppe_core.training.extensions._snapshot import (
     verify_snapshot,
 )
 from ppe_core.writing import SimpleWriter, ThreadWriter, Writer
+from ppe_core.writing._writer_base import _LocalFileSystem
 
 E = ppe.training.extensions
 
@@ -72,22 +73,14 @@ def _count_path_saves(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 class _LocalFS:
-    """A user-supplied file system (PFIO-like interface) that happens to be local."""
+    """A user-supplied file system (PFIO-like interface) that happens to be local: it hands
+    every call to the default one, but is not it."""
 
-    def open(self, file_path: str, mode: str = "rb") -> IO[Any]:
-        return open(file_path, mode)
+    def __init__(self) -> None:
+        self._local = _LocalFileSystem()
 
-    def makedirs(self, file_path: str, mode: int = 0o777, exist_ok: bool = False) -> None:
-        os.makedirs(file_path, mode, exist_ok)
-
-    def exists(self, file_path: str) -> bool:
-        return os.path.exists(file_path)
-
-    def rename(self, src: str, dst: str) -> None:
-        os.replace(src, dst)
-
-    def remove(self, file_path: str, recursive: bool = False) -> None:
-        os.remove(file_path)
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._local, name)
 
 
 # Writer.save_via_path ---------------------------------------------------------------------
