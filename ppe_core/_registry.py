@@ -111,21 +111,9 @@ class Registry(Generic[T]):
             DuplicateRegistrationError: ``name`` is taken and ``replace`` is false.
             ArgumentTypeError: ``name`` is not a non-empty string or ``obj`` is unsuitable.
         """
-        if not isinstance(name, str) or not name:
-            raise ArgumentTypeError(
-                f"{self.kind} names must be non-empty strings, got {name!r}; pass the name "
-                f"users will ask for, e.g. register('mydev', obj)"
-            )
+        self._check_name(name, "register('mydev', obj)")
         self._validate(name, obj)
-        registrant = self._current_registrant or _caller_registrant(1)
-        previous = self._entries.get(name)
-        if previous is not None and not replace:
-            raise DuplicateRegistrationError(
-                f"{self.kind} {name!r} is already registered by {previous.registrant} "
-                f"as {_describe(previous.obj)}; {registrant} tried to register "
-                f"{_describe(obj)} under the same name. Use another name, or pass "
-                f"replace=True to override it on purpose."
-            )
+        registrant, previous = self._admit(name, _describe(obj), replace)
         self._entries[name] = RegistryEntry(name, obj, registrant, previous)
         return obj
 
@@ -137,23 +125,34 @@ class Registry(Generic[T]):
         the registrant. Duplicates follow :meth:`register`'s rules.
         """
         lazy = LazyTarget(target)
+        self._check_name(name, "register_lazy('mydev', 'pkg.mod:Obj')")
+        registrant, previous = self._admit(name, target, replace)
+        # The placeholder stands in for T until _resolve replaces it with the real object.
+        placeholder = cast(T, lazy)
+        self._entries[name] = RegistryEntry(name, placeholder, registrant, previous)
+
+    def _check_name(self, name: object, example: str) -> None:
         if not isinstance(name, str) or not name:
             raise ArgumentTypeError(
                 f"{self.kind} names must be non-empty strings, got {name!r}; pass the name "
-                f"users will ask for, e.g. register_lazy('mydev', 'pkg.mod:Obj')"
+                f"users will ask for, e.g. {example}"
             )
-        registrant = self._current_registrant or _caller_registrant(1)
+
+    def _admit(
+        self, name: str, described: str, replace: bool
+    ) -> tuple[Registrant, RegistryEntry[T] | None]:
+        """The registrant of a new entry ``name`` and the entry it replaces; raises on a
+        duplicate unless ``replace``. Called directly by the public register methods."""
+        registrant = self._current_registrant or _caller_registrant(2)
         previous = self._entries.get(name)
         if previous is not None and not replace:
             raise DuplicateRegistrationError(
                 f"{self.kind} {name!r} is already registered by {previous.registrant} "
                 f"as {_describe(previous.obj)}; {registrant} tried to register "
-                f"{target} under the same name. Use another name, or pass replace=True to "
-                f"override it on purpose."
+                f"{described} under the same name. Use another name, or pass "
+                f"replace=True to override it on purpose."
             )
-        # The placeholder stands in for T until _resolve replaces it with the real object.
-        placeholder = cast(T, lazy)
-        self._entries[name] = RegistryEntry(name, placeholder, registrant, previous)
+        return registrant, previous
 
     def _resolve(self, entry: RegistryEntry[T]) -> T:
         """Import a lazy entry's target, validate it and store it in place of the placeholder."""

@@ -301,6 +301,19 @@ def test_a_class_without_device_says_to_set_it() -> None:
         TestNothing.conformance_target()
 
 
+def test_the_package_re_exports_exactly_the_kit_and_a_method_per_check() -> None:
+    import ppe_core.testing
+    from ppe_core.testing import _conformance
+
+    # ppe_core.testing spells the kit's names out for its lazy re-export: keep them in sync.
+    assert set(ppe_core.testing.__all__) == {*_conformance.__all__, "plugin_host"}
+    for name in _conformance.__all__:
+        assert getattr(ppe_core.testing, name) is getattr(_conformance, name)
+    # RuntimeConformance spells out one test method per check, so every check is collected.
+    methods = {name for name in dir(RuntimeConformance) if name.startswith("test_")}
+    assert methods == {f"test_{name}" for name in CHECKS}
+
+
 def test_importing_the_kit_does_not_import_pytest() -> None:
     from conftest import run_python
 

@@ -176,3 +176,15 @@ def test_the_sphinx_role_hook_renders_roles_as_code() -> None:
     spec.loader.exec_module(hook)
     html = "A :class:<code>~ppe_core.training.Evaluator</code> and :func:<code>ppe.to</code>."
     assert hook.on_page_content(html) == "A <code>Evaluator</code> and <code>ppe.to</code>."
+
+
+def test_the_readme_set_up_commands_are_what_ci_runs() -> None:
+    # CI (.ci/run) installs a fresh clone with the README's commands; they must not drift apart.
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Set up on a fresh machine", 1)[1].split("\n## ", 1)[0]
+    commands = [line[4:] for line in section.splitlines() if line.startswith("    ")]
+    ci_lines = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert len(commands) == 2, commands
+    assert commands[1].endswith("&& .venv/bin/python -m pytest"), commands[1]
+    for command in commands:
+        assert command in ci_lines, f"README command not run by .ci/run: {command}"

@@ -140,12 +140,16 @@ def test_batch_mover_converts_only_4d_tensors_to_channels_last() -> None:
     assert pickle.loads(pickle.dumps(move)).channels_last
 
 
-def test_the_docs_option_tables_are_the_plugins_specs() -> None:
+def test_the_docs_and_readme_option_tables_are_the_plugins_specs() -> None:
     from pathlib import Path
 
     from ppe_cpu import CPU_OPTIONS
     from ppe_cuda import CUDA_OPTIONS
 
-    page = (Path(__file__).parent.parent / "docs" / "runtimes.md").read_text()
+    root = Path(__file__).parent.parent
+    page = (root / "docs" / "runtimes.md").read_text()
     assert CPU_OPTIONS.markdown_table() in page
     assert CUDA_OPTIONS.markdown_table() in page
+    # The plugins' READMEs show the same tables.
+    assert CPU_OPTIONS.markdown_table() in (root / "plugins/ppe_cpu/README.md").read_text()
+    assert CUDA_OPTIONS.markdown_table() in (root / "plugins/ppe_cuda/README.md").read_text()

@@ -303,9 +303,10 @@ def test_record_uses_a_torch_profiler_range_for_the_generic_runtimes() -> None:
     assert "ppe_core_generic_region" in {event.name for event in prof.events()}
 
 
-def test_resolve_runtime_is_shared_by_to_and_the_factories() -> None:
+def test_resolve_runtime_is_shared_by_to_and_the_factories(monkeypatch: pytest.MonkeyPatch) -> None:
     from ppe_core.plugins import resolve_runtime
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # "auto" is the CPU here
     runtime = resolve_runtime("auto")
     assert type(runtime).__name__ == "CPURuntime" and runtime.device_spec == "cpu"
     mine = resolve_runtime("cpu", {"tag": 1}, Recording)

@@ -609,9 +609,8 @@ class _ConstantLoss(torch.nn.Module):
         return {"loss": self.fc(x).sum() * 0 + 1.0}
 
 
-def test_early_stopping_mid_epoch_stops_the_trainer_once(tmp_path: Any) -> None:
-    """Issue 14, bug 1: one stop condition, consulted once per iteration; the run ends where
-    the trigger fired (iteration 6 of an 8-step epoch) instead of failing in the next epoch."""
+def _early_stopping_trainer(tmp_path: Any) -> tuple[Any, Any]:
+    """A trainer on :class:`_ConstantLoss` whose early stopping fires at iteration 6."""
     torch.manual_seed(0)
     model = ppe.to(_ConstantLoss(), "cpu")
     stop = ppe.training.triggers.EarlyStoppingTrigger(
@@ -624,6 +623,13 @@ def test_early_stopping_mid_epoch_stops_the_trainer_once(tmp_path: Any) -> None:
         stop_trigger=stop,
         out_dir=str(tmp_path),
     )
+    return trainer, stop
+
+
+def test_early_stopping_mid_epoch_stops_the_trainer_once(tmp_path: Any) -> None:
+    """Issue 14, bug 1: one stop condition, consulted once per iteration; the run ends where
+    the trigger fired (iteration 6 of an 8-step epoch) instead of failing in the next epoch."""
+    trainer, _ = _early_stopping_trainer(tmp_path)
     trainer.run([{"x": torch.randn(4, 2)} for _ in range(8)])
     assert (trainer.manager.iteration, trainer.manager.epoch) == (6, 0)
     assert trainer.manager.stop_trigger
@@ -633,18 +639,7 @@ def test_early_stopping_mid_epoch_stops_the_trainer_once(tmp_path: Any) -> None:
 
 
 def test_stop_reason_names_the_early_stopping_trigger_and_its_iteration(tmp_path: Any) -> None:
-    torch.manual_seed(0)
-    model = ppe.to(_ConstantLoss(), "cpu")
-    stop = ppe.training.triggers.EarlyStoppingTrigger(
-        check_trigger=(2, "iteration"), monitor="train/loss", patience=2, max_trigger=(5, "epoch")
-    )
-    trainer = ppe.engine.create_trainer(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        5,
-        stop_trigger=stop,
-        out_dir=str(tmp_path),
-    )
+    trainer, stop = _early_stopping_trainer(tmp_path)
     assert trainer.stop_reason is None  # not started
     trainer.run([{"x": torch.randn(4, 2)} for _ in range(8)])
     reason = trainer.stop_reason

@@ -200,6 +200,7 @@ class Handler(BaseHandler):
         runtime = next((rt for m, rt in self._runtimes if m is model), self._runtimes[0][1])
         logic.bind_device(device_type_of(runtime.device_spec))
         for owner in (runtime, self._entry_runtime):
+            # A runtime whose __init__ skipped BaseRuntime's may have no options.
             options = getattr(owner, "options", None)
             scaler = options.get("grad_scaler") if isinstance(options, Mapping) else None
             if isinstance(scaler, torch.amp.GradScaler):
@@ -376,36 +377,26 @@ def _report_outputs(
     """Report model outputs under ``prefix`` (the reporter detaches; nothing syncs).
 
     ``names`` caches ``prefix + key`` per output key, so a step builds no strings and the
-    observation's keys keep their cached hashes.
+    observation's keys keep their cached hashes. A plain dict (the common case, every step)
+    skips the ABC ``isinstance`` check.
     """
-    if type(outputs) is dict and keys is None:
-        # The common case, inline (it runs every step): a plain dict, scalars only (a batch of
-        # logits has no meaningful running mean).
-        values = {}
+    if type(outputs) is not dict and not isinstance(outputs, Mapping):
+        if isinstance(outputs, (list, tuple)) or keys is not None:
+            outputs = normalize_outputs(outputs)  # keys "0", "1", ... or namedtuple fields
+        else:
+            if isinstance(outputs, torch.Tensor) and outputs.ndim == 0:
+                report({_name(names, prefix, "loss"): outputs})
+            return
+    values = {}
+    if keys is None:
+        # Scalars only: a batch of logits has no meaningful running mean. A loop, not a
+        # comprehension: no frame per step.
         for k, v in outputs.items():
             if (v.ndim == 0) if isinstance(v, torch.Tensor) else _is_number(v):
                 try:
                     values[names[k]] = v
                 except KeyError:
                     values[_name(names, prefix, k)] = v
-        if values:
-            report(values)
-        return
-    if not isinstance(outputs, Mapping):
-        if isinstance(outputs, (list, tuple)):
-            outputs = normalize_outputs(outputs)  # keys "0", "1", ... or namedtuple fields
-        elif keys is None:
-            if isinstance(outputs, torch.Tensor) and outputs.ndim == 0:
-                report({_name(names, prefix, "loss"): outputs})
-            return
-        else:
-            outputs = normalize_outputs(outputs)
-    if keys is None:
-        values = {
-            _name(names, prefix, k): v
-            for k, v in outputs.items()
-            if (v.ndim == 0 if isinstance(v, torch.Tensor) else _is_number(v))
-        }
     else:
         missing = [k for k in keys if k not in outputs]
         if missing:

@@ -256,11 +256,7 @@ class Writer:
                 os.close(fd)
             self.fs.rename(tmp, dest)
         except BaseException:
-            try:
-                if os.path.exists(tmp):
-                    os.remove(tmp)
-            except OSError:
-                pass  # the original error matters more than a leftover temporary file
+            self._discard(tmp)
             raise
         self._sync_dir(parent)
         self._post_save()
@@ -299,13 +295,17 @@ class Writer:
                 _sync_file(f)
             self.fs.rename(tmp, dest)
         except BaseException:
-            try:
-                if self.fs.exists(tmp):
-                    self.fs.remove(tmp)
-            except OSError:
-                pass  # the original error matters more than a leftover temporary file
+            self._discard(tmp)
             raise
         self._sync_dir(parent)
+
+    def _discard(self, tmp: str) -> None:
+        """Removes the temporary file of a failed save, if any, without masking the failure."""
+        try:
+            if self.fs.exists(tmp):
+                self.fs.remove(tmp)
+        except OSError:
+            pass  # the original error matters more than a leftover temporary file
 
     def _sync_dir(self, dir_path: str) -> None:
         fsync_dir = getattr(self.fs, "fsync_dir", None)

@@ -150,10 +150,9 @@ class CUDARuntime(DeviceRuntime):
         for handle in self._memory_hooks:
             handle.remove()
         self._memory_hooks.clear()
-        if self.memory_every:
-            length = _epoch_length(loader_or_batch)
-            reporter = MemoryReporter(self.device, self.memory_every, length)
-            self._memory_hooks.append(reporter.install(module, optimizer))
+        length = _epoch_length(loader_or_batch)
+        reporter = MemoryReporter(self.device, self.memory_every, length)
+        self._memory_hooks.append(reporter.install(module, optimizer))
 
     def rng_state(self) -> torch.Tensor:
         """This device's CUDA RNG state, saved in snapshots for bit-exact resume."""

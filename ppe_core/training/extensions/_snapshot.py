@@ -556,16 +556,6 @@ class _Snapshot(Extension):
         out_dir, files_dir = manager.out, self._out_dir(manager)
         background = _writes_in_background(writer)
         by_path = self._path_writer(writer, background)
-        if background and final:
-            self._wait_in_flight()  # the previous snapshot's files come first (n_retains)
-
-            def save_here(name: str, directory: str, data: bytes, *, savefun: Any) -> None:
-                writer.save(name, directory, data, savefun, False)
-
-            self._commit(
-                save_here, filename, out_dir, files_dir, self._state(manager), iteration, by_path
-            )
-            return
         if not background:
             self._commit(
                 writer.__call__,
@@ -577,17 +567,25 @@ class _Snapshot(Extension):
                 by_path,
             )
             return
-        # A background writer: training pauses only to copy the state to host memory; the
-        # serialization, the hash and both files are done by one thread of this snapshot's
-        # (data file first, then its manifest, so a crash never leaves a manifest without data).
-        self._wait_in_flight()
-        # The previous save finished, so its host buffers can be refilled; not when a custom
-        # savefun, which might keep what it was given, serializes.
-        reuse = self._host_buffers if self._savefun is torch.save else None
-        state = _host_copy(self._state(manager), reuse)
 
+        # A background writer's __call__ would save later, in its worker: the snapshot calls
+        # its save() itself, in this thread (final) or in one thread of the snapshot's.
         def save(name: str, directory: str, data: bytes, *, savefun: Any) -> None:
             writer.save(name, directory, data, savefun, False)
+
+        # The previous snapshot's files come first (n_retains), and its host buffers are free.
+        self._wait_in_flight()
+        if final:
+            self._commit(
+                save, filename, out_dir, files_dir, self._state(manager), iteration, by_path
+            )
+            return
+        # Training pauses only to copy the state to host memory; the serialization, the hash
+        # and both files are done by the snapshot's thread (data file first, then its manifest,
+        # so a crash never leaves a manifest without data). Buffers are not reused when a
+        # custom savefun, which might keep what it was given, serializes.
+        reuse = self._host_buffers if self._savefun is torch.save else None
+        state = _host_copy(self._state(manager), reuse)
 
         def run() -> None:
             try:
