@@ -301,7 +301,7 @@ def test_snapshot_on_error_with_a_background_writer_is_written_before_the_error_
     trainer.extend(fail_at_6, trigger=(1, "iteration"))
     with pytest.raises(Boom):
         trainer.run(_data())
-    assert load_snapshot(str(tmp_path / "snap_6"))["models"]["main"]["fc.weight"].shape == (
+    assert load_snapshot(str(tmp_path / "snapshots_on_error" / "snap_6"))["models"]["main"]["fc.weight"].shape == (
         128,
         128,
     )
