@@ -151,6 +151,12 @@ def _process_is_dead(pid: int) -> bool:
     return False
 
 
+#: How many directory levels below the output directory are searched for leftovers: files
+#: go there or one level down (sharded snapshots, ``snapshots_on_error/``), or two (sharded
+#: error snapshots); no deeper, so that an output directory such as ``.`` is not walked whole.
+_TEMP_DEPTH = 2
+
+
 def _remove_dead_temps(directory: str) -> list[str]:
     """Removes the temporary files under ``directory`` whose writer process died on this host.
 
@@ -166,7 +172,10 @@ def _remove_dead_temps(directory: str) -> list[str]:
     if os.name != "posix":
         return []
     removed = []
-    for parent, _, names in os.walk(directory):
+    top = directory.rstrip(os.sep).count(os.sep)
+    for parent, subdirs, names in os.walk(directory):
+        if parent.rstrip(os.sep).count(os.sep) - top >= _TEMP_DEPTH:
+            subdirs.clear()  # deeper than any file a writer puts there (see _TEMP_DEPTH)
         for name in names:
             match = _TEMPORARY_NAME.fullmatch(name)
             if match is None or match["host"] != _HOST_TAG:

@@ -897,9 +897,13 @@ def snapshot(
         condition: Skip the snapshot when ``condition()`` is false.
         writer: Writer to save through (default: the manager's); not together with
             ``savefun``, as in PPE.
-        snapshot_on_error: Also snapshot when training raises.
+        snapshot_on_error: Also snapshot when training raises, into the
+            :data:`ERROR_SNAPSHOT_DIR` sub-directory: for inspection, never autoloaded (the
+            state after a failure is not bit-exactly resumable) and never counted by
+            ``n_retains``.
         n_retains: Keep only the newest N complete snapshots (N > 0; otherwise all are kept);
-            old files are deleted only after the new one is complete.
+            old files are deleted only after the new one is complete. ppe-core's own data
+            files whose manifest a kill prevented count too; PPE's files are never deleted.
         autoload: Resume from the newest valid snapshot when training starts.
         saver_rank: Under torch.distributed, only this rank writes (``None``: rank 0), and
             every rank then waits at a barrier; without a process group the one process
@@ -909,6 +913,8 @@ def snapshot(
     Raises:
         ArgumentTypeError: Both ``savefun`` and ``writer`` are given (a ``TypeError``, as in
             PPE), or an argument has the wrong type.
+        ConfigurationError: When training starts: ``filename`` cannot be formatted with the
+            manager, or the snapshot's own writer's directory is an existing file.
     """
     if savefun is not None and writer is not None:
         raise ArgumentTypeError(
