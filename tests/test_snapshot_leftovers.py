@@ -197,25 +197,22 @@ def _train(out: Path, epochs: int, *extensions: Any) -> Any:
 def test_n_retains_retires_own_data_files_whose_manifest_a_kill_prevented(tmp_path: Path) -> None:
     import pytorch_pfn_extras as ppe09
 
-    def snap() -> Any:
-        return ppe.training.ExtensionEntry(
-            E.snapshot(autoload=True, n_retains=2), trigger=(2, "iteration")
-        )
-
-    _train(tmp_path, 2, snap())  # snapshots at iterations 2 and 4
-    # A kill between the data file's rename and its manifest's: the data file alone remains.
-    os.remove(manifest_path(str(tmp_path / "snapshot_iter_2")))
-    # A snapshot written by PPE, in the same directory, older than everything.
+    # Killed right after snapshot_iter_6 was renamed into place, before its manifest was.
+    killed = _script("killed_before_manifest.py", str(tmp_path), "3", "6", check=False)
+    assert killed.returncode == -signal.SIGKILL
+    assert (tmp_path / "snapshot_iter_6").exists()
+    assert not Path(manifest_path(str(tmp_path / "snapshot_iter_6"))).exists()
+    # A snapshot written by PPE in the same directory, older than everything: never deleted.
     model = torch.nn.Linear(3, 1)
     manager = ppe09.training.ExtensionsManager(model, {}, 1, iters_per_epoch=1)
     ppe_file = tmp_path / "snapshot_iter_1"
     torch.save(manager.state_dict(), ppe_file)
     os.utime(ppe_file, (1, 1))
 
-    _train(tmp_path, 4, snap())  # resumes at 4, snapshots at 6 and 8
+    _script("killed_before_manifest.py", str(tmp_path), "5")  # resumes, snapshots at 8 and 10
     assert sorted(p.name for p in tmp_path.glob("snapshot_iter_*")) == [
-        "snapshot_iter_1",  # PPE's: never deleted
-        "snapshot_iter_6",
+        "snapshot_iter_1",
+        "snapshot_iter_10",
         "snapshot_iter_8",
     ]
 
