@@ -131,7 +131,8 @@ class SnapshotStateError(SnapshotError, TypeError):
 
 
 class SnapshotVerificationWarning(PPEWarning):
-    """A snapshot failed verification or could not be read (truncated, corrupt) and was skipped."""
+    """A file was skipped at autoload: it failed verification, could not be read (truncated,
+    corrupt, an unreadable manifest), is not a snapshot, or links out of the output directory."""
 
 
 class SnapshotMode(enum.Enum):
@@ -537,16 +538,18 @@ def _loadable_state(state: Any, describe: Callable[[list[Any]], str]) -> Any:
     def refuse(value: Any, path: list[Any]) -> SnapshotStateError:
         kind = type(value)
         hint = (
-            f"save its value ({value!r}.value) and convert it back in load_state_dict"
+            f"Save its value ({kind.__name__}.{value.name}.value) and convert it back in "
+            "load_state_dict"
             if isinstance(value, enum.Enum)
-            else "save plain values (numbers, strings, lists, dicts, tensors, numpy arrays) "
-            "and convert them back in load_state_dict"
+            else "Save plain values (numbers, strings, lists, dicts, tensors, numpy arrays) and "
+            "convert them back in load_state_dict"
         )
         return SnapshotStateError(
-            f"{describe(path)} holds a {kind.__module__}.{kind.__qualname__}, which "
-            "torch.load(weights_only=True) cannot rebuild without running code from the file, "
-            f"so the snapshot could not be loaded at resume: {hint}, or allow-list the class "
-            "with torch.serialization.add_safe_globals (in the script that resumes, too)"
+            f"snapshot not taken: {describe(path)} holds a {kind.__module__}."
+            f"{kind.__qualname__}, which torch.load(weights_only=True) cannot rebuild without "
+            f"running code from the file, so resuming from the snapshot would fail. {hint}, or "
+            f"allow-list the class with torch.serialization.add_safe_globals([{kind.__name__}])"
+            " in the training script (it must run before the resume too)."
         )
 
     def walk(value: Any, path: list[Any]) -> Any:
