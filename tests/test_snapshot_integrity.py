@@ -11,6 +11,7 @@ import os
 import pathlib
 import pickle
 import random
+import re
 import shutil
 import zipfile
 from pathlib import Path
@@ -387,7 +388,7 @@ def test_a_link_to_a_snapshot_outside_the_directory_is_not_loaded(
     (out / "snapshot_iter_50").symlink_to(target)
     (out / "latest").symlink_to(out / "snapshot_iter_20")  # inside: fine, but not a match
     resumed = make_trainer(out, 3, E.snapshot(autoload=True))
-    with pytest.warns(SnapshotVerificationWarning, match=f"link to {target}, outside"):
+    with pytest.warns(SnapshotVerificationWarning, match=f"link to {re.escape(str(target))} "):
         resumed.run(loader())
     assert loaded_from(resumed) == str(out / "snapshot_iter_20")
 

@@ -411,25 +411,26 @@ def _refused_globals(data: bytes) -> list[str]:
     not a torch archive): such a file is simply not a snapshot, whereas a well-formed pickle
     naming, e.g., ``os.system`` is one that only arbitrary unpickling could load.
     """
-    names: list[str] = []
+    is_zip = data[:4] == b"PK\x03\x04"  # torch.save's format since torch 1.6
+    stream = io.BytesIO(data)
     try:
-        if data[:4] == b"PK\x03\x04":
-            with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        if is_zip:
+            with zipfile.ZipFile(stream) as archive:
                 pickles = [n for n in archive.namelist() if n.endswith("/data.pkl")]
                 if not pickles:
                     return []
-                names += _pickle_globals(io.BytesIO(archive.read(pickles[0])))
+                names = list(_pickle_globals(io.BytesIO(archive.read(pickles[0]))))
         else:
-            stream = io.BytesIO(data)
-            names += _pickle_globals(stream)  # the object, or the legacy format's magic number
-            # The legacy format's later pickles (protocol, system info, the object): read as
-            # far as they are well-formed; only names from whole pickles count.
-            for _ in range(3):
-                found = list(_pickle_globals(stream))
-                names += found
-    except Exception:  # any failure to parse means "not a well-formed pickle"
-        if not names:
-            return []
+            names = list(_pickle_globals(stream))  # the object, or legacy torch's magic number
+    except Exception:  # any failure to parse: not a well-formed pickle
+        return []
+    # The legacy torch format's later pickles (protocol, system info, the object), as far as
+    # they are whole: names from a pickle cut short do not count.
+    for _ in range(0 if is_zip else 3):
+        try:
+            names += list(_pickle_globals(stream))
+        except Exception:  # the end of the pickles, or a torn one
+            break
     return sorted({name for name in names if not _allowed_name(name)})
 
 
@@ -477,9 +478,9 @@ def load_snapshot(path: str, *, verify: bool = True) -> Any:
 
 
 #: Leaf types torch's safe loader rebuilds by default.
-_PLAIN_TYPES: tuple[type, ...] = (
-    *(type(None), bool, int, float, complex, str, bytes, bytearray),
-    *(torch.Size, torch.dtype, torch.device, torch.layout),
+_PLAIN_TYPES: frozenset[type] = frozenset(
+    {type(None), bool, int, float, complex, str, bytes, bytearray, torch.Tensor}
+    | {torch.nn.Parameter, torch.Size, torch.dtype, torch.device, torch.layout}
 )
 
 
@@ -552,15 +553,24 @@ def _loadable_state(state: Any, describe: Callable[[list[Any]], str]) -> Any:
             " in the training script (it must run before the resume too)."
         )
 
-    def walk(value: Any, path: list[Any]) -> Any:
+    def keys(path: tuple[Any, ...]) -> list[Any]:
+        """``(((), "a"), 0)`` -> ``["a", 0]``: paths are built only for the message."""
+        found = []
+        while path:
+            path, key = path
+            found.append(key)
+        return found[::-1]
+
+    def walk(value: Any, path: tuple[Any, ...]) -> Any:
         kind = type(value)
         if kind in _PLAIN_TYPES or isinstance(value, torch.Tensor):
             return value
         if kind in (dict, OrderedDict, Counter):
             changed: dict[Any, Any] = {}
             for key, item in value.items():
-                walk(key, [*path, key])
-                new = walk(item, [*path, key])
+                if type(key) not in _PLAIN_TYPES:
+                    walk(key, (path, key))
+                new = walk(item, (path, key))
                 if new is not item:
                     changed[key] = new
             if not changed:
@@ -572,30 +582,30 @@ def _loadable_state(state: Any, describe: Callable[[list[Any]], str]) -> Any:
         if kind is defaultdict:
             factory = value.default_factory
             if factory is not None and factory not in _FACTORIES and not _round_trips(factory):
-                raise refuse(factory, [*path, "default_factory"])
+                raise refuse(factory, keys((path, "default_factory")))
             if not _SCOPED_ALLOWLIST:
-                raise refuse(value, path)
+                raise refuse(value, keys(path))
             return _DefaultDictState((factory, walk(dict(value), path)))
         if kind in (list, tuple):
-            items = [walk(item, [*path, i]) for i, item in enumerate(value)]
+            items = [walk(item, (path, i)) for i, item in enumerate(value)]
             if all(new is old for new, old in zip(items, value, strict=True)):
                 return value
             return kind(items)
         if kind is set or (kind is frozenset and _SCOPED_ALLOWLIST):
             for item in value:
-                walk(item, [*path, "<set item>"])
+                walk(item, (path, "<set item>"))
             return value
         np = _numpy()
         if np is not None and kind is np.ndarray and _SCOPED_ALLOWLIST:
             if value.dtype.hasobject:
                 for i, item in enumerate(value.flat):
-                    walk(item, [*path, f"<array item {i}>"])
+                    walk(item, (path, f"<array item {i}>"))
             return value
         if _known_loadable(value) or _round_trips(value):
             return value
-        raise refuse(value, path)
+        raise refuse(value, keys(path))
 
-    return walk(state, [])
+    return walk(state, ())
 
 
 def _describe_path(of_manager: bool, path: list[Any]) -> str:
@@ -678,8 +688,8 @@ class _Candidate:
             # Loading it would resume from a file the run never wrote (another run's, or one
             # planted through the link); it must be copied in to be used.
             self.problem = (
-                f"{path} is a symbolic link to {real}, outside the output directory "
-                f"{real_out}; copy the file into the directory to resume from it"
+                f"{path} is a symbolic link to {real} (or lies under one), outside the output "
+                f"directory {real_out}; copy the file into the directory to resume from it"
             )
         else:
             try:
@@ -918,7 +928,9 @@ class _Snapshot(Extension):
         except UnsafeSnapshotError:
             raise
         except SnapshotError as exc:
-            raise SnapshotError(f"{path}: unreadable snapshot without a manifest: {exc}") from exc
+            detail = str(exc).removeprefix(f"{path}: ")
+            message = f"{path}: unreadable snapshot without a manifest: {detail}"
+            raise SnapshotError(message) from exc
 
     # Saving -----------------------------------------------------------------------------------
     def __call__(self, manager: Any) -> None:
