@@ -503,11 +503,17 @@ def _known_loadable(value: Any) -> bool:
     ):
         return True
     np = _numpy()
-    return np is not None and (
-        (isinstance(value, np.generic) and not isinstance(value, np.object_))
-        or type(value) is np.dtype
-        or isinstance(value, np.dtype)
-    )
+    if np is None or not isinstance(value, np.generic):
+        return False
+    # A numpy scalar's type decides (a log may hold thousands): test-loaded once per type.
+    known = _NUMPY_SCALARS.get(type(value))
+    if known is None:
+        known = _NUMPY_SCALARS[type(value)] = _round_trips(value)
+    return known
+
+
+#: numpy scalar types -> whether the safe loader rebuilds them (see _known_loadable).
+_NUMPY_SCALARS: dict[type, bool] = {}
 
 
 def _round_trips(value: Any) -> bool:
