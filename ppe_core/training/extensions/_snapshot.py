@@ -512,7 +512,7 @@ def _known_loadable(value: Any) -> bool:
     return known
 
 
-#: numpy scalar types -> whether the safe loader rebuilds them (see _known_loadable).
+#: numpy scalar and dtype classes -> whether the safe loader rebuilds them (test-loaded once).
 _NUMPY_SCALARS: dict[type, bool] = {}
 
 
@@ -551,9 +551,12 @@ def _loadable_state(state: Any, describe: Callable[[list[Any]], str]) -> Any:
             else "Save plain values (numbers, strings, lists, dicts, tensors, numpy arrays) and "
             "convert them back in load_state_dict"
         )
+        what = f"{kind.__module__}.{kind.__qualname__}"
+        if what == "numpy.ndarray":
+            what += f" of dtype {value.dtype}"
         return SnapshotStateError(
-            f"snapshot not taken: {describe(path)} holds a {kind.__module__}."
-            f"{kind.__qualname__}, which torch.load(weights_only=True) cannot rebuild without "
+            f"snapshot not taken: {describe(path)} holds a {what}, which "
+            "torch.load(weights_only=True) cannot rebuild without "
             f"running code from the file, so resuming from the snapshot would fail. {hint}, or "
             f"allow-list the class with torch.serialization.add_safe_globals([{kind.__name__}])"
             " in the training script (it must run before the resume too)."
@@ -603,6 +606,11 @@ def _loadable_state(state: Any, describe: Callable[[list[Any]], str]) -> Any:
             return value
         np = _numpy()
         if np is not None and kind is np.ndarray and _SCOPED_ALLOWLIST:
+            dtype_class = type(value.dtype)
+            if dtype_class not in _NUMPY_SCALARS:  # test-loaded once per dtype class
+                _NUMPY_SCALARS[dtype_class] = _round_trips(np.empty(0, dtype=value.dtype))
+            if not _NUMPY_SCALARS[dtype_class]:
+                raise refuse(value, keys(path))
             if value.dtype.hasobject:
                 for i, item in enumerate(value.flat):
                     walk(item, (path, f"<array item {i}>"))
