@@ -41,7 +41,8 @@ Defined beside the code that raises them, and loaded from there on first access 
   manager and its state); ``ExtensionNameError``, ``DuplicateExtensionError`` (extension
   names); ``TriggerTypeError``, ``MissingObservationWarning`` (triggers); ``MetricInputError``,
   ``MetricKeyError`` (metrics).
-* Extensions: ``SnapshotError``, ``UnsafeSnapshotError``, ``SnapshotVerificationWarning``,
+* Extensions: ``SnapshotError``, ``UnsafeSnapshotError``, ``SnapshotStateError``,
+  ``SnapshotVerificationWarning``,
   ``OptionalDependencyError``, ``NoBestValueError``, ``BestValueKeyError``,
   ``NonFiniteParameterError``, ``SlackTokenError``, ``SlackPostWarning``,
   ``MissingEvalTargetError``, ``NoPlotDataWarning``.
@@ -86,6 +87,7 @@ if TYPE_CHECKING:
     from ppe_core.training.extensions._slack import SlackPostWarning, SlackTokenError
     from ppe_core.training.extensions._snapshot import (
         SnapshotError,
+        SnapshotStateError,
         SnapshotVerificationWarning,
         UnsafeSnapshotError,
     )
@@ -135,6 +137,7 @@ _ELSEWHERE: dict[str, str] = {
     "SlackPostWarning": "ppe_core.training.extensions._slack",
     "SlackTokenError": "ppe_core.training.extensions._slack",
     "SnapshotError": "ppe_core.training.extensions._snapshot",
+    "SnapshotStateError": "ppe_core.training.extensions._snapshot",
     "SnapshotVerificationWarning": "ppe_core.training.extensions._snapshot",
     "StateDictKeyError": "ppe_core.training.manager",
     "StateDictMismatchError": "ppe_core.training.manager",
@@ -196,6 +199,7 @@ __all__ = [
     "SlackPostWarning",
     "SlackTokenError",
     "SnapshotError",
+    "SnapshotStateError",
     "SnapshotVerificationWarning",
     "StateDictKeyError",
     "StateDictMismatchError",

@@ -704,6 +704,28 @@ def test_snapshot_lacks_a_model() -> None:
     says(info, "the state's 'models' lacks ['aux']", "names they were saved with")
 
 
+def test_snapshot_of_a_state_holding_an_enum() -> None:
+    import enum
+
+    class Phase(enum.Enum):
+        WARMUP = 1
+
+    class Scheduler(ppe.training.Extension):
+        def __call__(self, manager: Any) -> None:
+            pass
+
+        def state_dict(self) -> dict[str, Any]:
+            return {"phase": Phase.WARMUP}
+
+    trainer = make_trainer()
+    trainer.extend(Scheduler())
+    trainer.extend(ppe.training.extensions.snapshot(), trigger=(1, "iteration"))
+    with pytest.raises(TypeError) as info:  # SnapshotStateError, a SnapshotError too
+        trainer.run(batches())
+    says(info, "extension 'Scheduler' (at ['phase']", "Phase", "weights_only=True")
+    says(info, "Save its value (Phase.WARMUP.value)", "add_safe_globals([Phase])")
+
+
 # The catalogue -----------------------------------------------------------------------------
 def test_catalogue_documents_every_case() -> None:
     """docs/errors.md has one row per test above, and names no test that does not exist."""
