@@ -214,6 +214,40 @@ def test_the_lock_is_held_from_start_to_finalize_and_is_per_process(tmp_path: Pa
     assert _lock_holder_pid(out) is None
 
 
+def test_an_abandoned_manager_releases_the_lock_when_collected(tmp_path: Path) -> None:
+    import gc
+
+    out = tmp_path / "out"
+    model = torch.nn.Linear(2, 1)
+    manager = ExtensionsManager(
+        model, {}, 5, iters_per_epoch=2, out_dir=str(out), extensions=[E.LogReport()]
+    )
+    with manager.run_iteration():
+        pass  # started, never finalized: e.g. a loop left with break
+    assert _lock_holder_pid(out) == os.getpid()
+    del manager
+    gc.collect()
+    assert not (out / RUN_LOCK_FILENAME).exists()
+    # Another process can now train there.
+    probe = subprocess.run(
+        [sys.executable, "-c", _TAKE_AND_REPORT, str(out)], capture_output=True, text=True,
+        env=_env(), timeout=120, check=False,
+    )  # fmt: skip
+    assert probe.returncode == 0 and probe.stdout.strip() == "locked", probe.stderr[-2000:]
+
+
+_TAKE_AND_REPORT = """
+import sys, torch, ppe_core as ppe
+model = torch.nn.Linear(2, 1)
+manager = ppe.training.ExtensionsManager(
+    model, {}, 1, iters_per_epoch=1, out_dir=sys.argv[1],
+    extensions=[ppe.training.extensions.LogReport()],
+)
+manager.start_extensions()
+print("locked")
+"""
+
+
 def test_a_manager_without_extensions_takes_no_lock(tmp_path: Path) -> None:
     out = tmp_path / "out"
     model = torch.nn.Linear(2, 1)

@@ -60,17 +60,24 @@ class RunLockWarning(PPEWarning):
 if sys.platform == "win32":
     import msvcrt
 
+    # Windows locks are mandatory: the locked byte lies far past the holder's details so that a
+    # refused process can still read them.
+    _LOCK_OFFSET = 1 << 30
+
     def _try_lock(fd: int) -> bool:
+        os.lseek(fd, _LOCK_OFFSET, os.SEEK_SET)
         try:
             msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
         except OSError as exc:
             if exc.errno in (errno.EACCES, errno.EDEADLK):
                 return False
             raise
+        finally:
+            os.lseek(fd, 0, os.SEEK_SET)
         return True
 
     def _unlock(fd: int) -> None:
-        os.lseek(fd, 0, os.SEEK_SET)
+        os.lseek(fd, _LOCK_OFFSET, os.SEEK_SET)
         msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
 
 else:
@@ -99,8 +106,10 @@ class _Held:
 
 
 # This process's locks by lock-file path, guarded by _guard (managers may start in threads).
+# Reentrant: garbage collection may release an abandoned manager's share (a weakref
+# finalizer) while this thread is inside the guarded block.
 _held: dict[str, _Held] = {}
-_guard = threading.Lock()
+_guard = threading.RLock()
 
 
 def _forget_in_child() -> None:
@@ -108,7 +117,7 @@ def _forget_in_child() -> None:
     # closes its copies (which leaves the parent's lock in place; flock is released only when
     # every copy is closed) so that the lock dies with the process that took it.
     global _guard
-    _guard = threading.Lock()
+    _guard = threading.RLock()
     for held in _held.values():
         with contextlib.suppress(OSError):
             os.close(held.fd)
@@ -182,13 +191,18 @@ def acquire_run_lock(out_dir: str) -> RunLock | None:
     directory = os.path.abspath(out_dir or ".")
     path = os.path.join(directory, RUN_LOCK_FILENAME)
     with _guard:
-        held = _held.get(path)
-        if held is None:
-            fd = _lock_file(directory, path)
-            if fd is None:
-                return None
-            held = _held[path] = _Held(fd, path)
-        held.count += 1
+        while True:
+            held = _held.get(path)
+            if held is None:
+                fd = _lock_file(directory, path)
+                if fd is None:
+                    return None
+                held = _held[path] = _Held(fd, path)
+            held.count += 1
+            if _held.get(path) is held:
+                break
+            # Garbage collection released the last other share between the two lines above:
+            # that lock is gone, so take the directory afresh.
     return RunLock(path)
 
 
@@ -281,10 +295,11 @@ def _read_details(fd: int, *, wait: float) -> dict[str, Any] | None:
     """The holder's details from the lock file; None if it has none (yet)."""
     deadline = time.monotonic() + wait
     while True:
-        os.lseek(fd, 0, os.SEEK_SET)
-        raw = b""
-        while chunk := os.read(fd, 4096):
-            raw += chunk
+        try:
+            os.lseek(fd, 0, os.SEEK_SET)
+            raw = os.read(fd, 64 * 1024)
+        except OSError:
+            return None
         try:
             details = json.loads(raw.decode()) if raw.strip() else None
         except (UnicodeDecodeError, ValueError):
