@@ -4,6 +4,7 @@ the problem and the fix. docs/errors.md lists every case with the test that back
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -736,7 +737,12 @@ def test_out_dir_in_use_by_another_process(tmp_path: Path) -> None:
             make_trainer(out_dir=str(tmp_path), extensions=[E.LogReport()]).run(batches())
     finally:
         other.communicate("", timeout=60)
-    says(info, str(tmp_path), f"pid {other.pid} on host", "in use by another training run")
+    says(
+        info,
+        os.path.realpath(tmp_path),
+        f"pid {other.pid} on host",
+        "in use by another training run",
+    )
     says(info, "Wait for that run to finish", "pass another out_dir", "delete")
 
 

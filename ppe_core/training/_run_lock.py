@@ -188,7 +188,8 @@ def acquire_run_lock(out_dir: str) -> RunLock | None:
     """
     if not _is_rank_zero():
         return None
-    directory = os.path.abspath(out_dir or ".")
+    # The real path: managers of this process reaching the directory by other names share.
+    directory = os.path.realpath(out_dir or ".")
     path = os.path.join(directory, RUN_LOCK_FILENAME)
     with _guard:
         while True:
