@@ -37,10 +37,11 @@ Defined beside the code that raises them, and loaded from there on first access 
   ``ValLoaderIgnoredWarning`` (the Trainer); ``ManagerStateError``,
   ``ModelStateUnavailableError``, ``StateDictKeyError``, ``StateDictMismatchError``,
   ``IgniteNotInstalledError``, ``MissingExtensionStateWarning``,
-  ``ExtensionErrorHandlerWarning``, ``IgnoredArgumentWarning``, ``StateVersionWarning`` (the
-  manager and its state); ``ExtensionNameError``, ``DuplicateExtensionError`` (extension
-  names); ``TriggerTypeError``, ``MissingObservationWarning`` (triggers); ``MetricInputError``,
-  ``MetricKeyError`` (metrics).
+  ``ExtensionErrorHandlerWarning``, ``IgnoredArgumentWarning``, ``StateVersionWarning``,
+  ``EpochLengthChangedWarning`` (the manager and its state); ``OutputDirectoryInUseError``,
+  ``RunLockWarning`` (one run per output directory); ``ExtensionNameError``,
+  ``DuplicateExtensionError`` (extension names); ``TriggerTypeError``,
+  ``MissingObservationWarning`` (triggers); ``MetricInputError``, ``MetricKeyError`` (metrics).
 * Extensions: ``SnapshotError``, ``UnsafeSnapshotError``, ``SnapshotStateError``,
   ``SnapshotVerificationWarning``,
   ``OptionalDependencyError``, ``NoBestValueError``, ``BestValueKeyError``,
@@ -75,6 +76,8 @@ if TYPE_CHECKING:
     )
     from ppe_core.runtime._options import RuntimeOptionTypeError
     from ppe_core.testing import ConformanceError
+    from ppe_core.training._run_lock import OutputDirectoryInUseError, RunLockWarning
+    from ppe_core.training._state import EpochLengthChangedWarning
     from ppe_core.training._trainer import (
         AmbiguousEvaluatorError,
         UnknownOptimizerError,
@@ -116,6 +119,7 @@ _ELSEWHERE: dict[str, str] = {
     "DistributedEnvironmentError": "ppe_core.distributed",
     "DuplicateExtensionError": "ppe_core.training.extension",
     "EmptySummaryError": "ppe_core._reporting",
+    "EpochLengthChangedWarning": "ppe_core.training._state",
     "ExtensionErrorHandlerWarning": "ppe_core.training.manager",
     "ExtensionNameError": "ppe_core.training.extension",
     "IgniteNotInstalledError": "ppe_core.training.manager",
@@ -132,7 +136,9 @@ _ELSEWHERE: dict[str, str] = {
     "NoPlotDataWarning": "ppe_core.training.extensions._plot_report",
     "NonFiniteParameterError": "ppe_core.training.extensions._fail_on_non_number",
     "OptionalDependencyError": "ppe_core.training.extensions._util",
+    "OutputDirectoryInUseError": "ppe_core.training._run_lock",
     "ProcessGroupNotInitializedError": "ppe_core.distributed",
+    "RunLockWarning": "ppe_core.training._run_lock",
     "RuntimeOptionTypeError": "ppe_core.runtime._options",
     "SlackPostWarning": "ppe_core.training.extensions._slack",
     "SlackTokenError": "ppe_core.training.extensions._slack",
@@ -167,6 +173,7 @@ __all__ = [
     "DuplicateExtensionError",
     "DuplicateRegistrationError",
     "EmptySummaryError",
+    "EpochLengthChangedWarning",
     "ExtensionErrorHandlerWarning",
     "ExtensionNameError",
     "IgniteNotInstalledError",
@@ -186,12 +193,14 @@ __all__ = [
     "NoRuntimeError",
     "NonFiniteParameterError",
     "OptionalDependencyError",
+    "OutputDirectoryInUseError",
     "PPEError",
     "PPEWarning",
     "PluginLoadError",
     "PluginLoadWarning",
     "ProcessGroupNotInitializedError",
     "RegistryLookupError",
+    "RunLockWarning",
     "RuntimeNotFoundError",
     "RuntimeOptionError",
     "RuntimeOptionTypeError",
