@@ -37,11 +37,13 @@ Defined beside the code that raises them, and loaded from there on first access 
   ``ValLoaderIgnoredWarning`` (the Trainer); ``ManagerStateError``,
   ``ModelStateUnavailableError``, ``StateDictKeyError``, ``StateDictMismatchError``,
   ``IgniteNotInstalledError``, ``MissingExtensionStateWarning``,
-  ``ExtensionErrorHandlerWarning``, ``IgnoredArgumentWarning``, ``StateVersionWarning`` (the
-  manager and its state); ``ExtensionNameError``, ``DuplicateExtensionError`` (extension
-  names); ``TriggerTypeError``, ``MissingObservationWarning`` (triggers); ``MetricInputError``,
-  ``MetricKeyError`` (metrics).
-* Extensions: ``SnapshotError``, ``UnsafeSnapshotError``, ``SnapshotVerificationWarning``,
+  ``ExtensionErrorHandlerWarning``, ``IgnoredArgumentWarning``, ``StateVersionWarning``,
+  ``EpochLengthChangedWarning`` (the manager and its state); ``OutputDirectoryInUseError``,
+  ``RunLockWarning`` (one run per output directory); ``ExtensionNameError``,
+  ``DuplicateExtensionError`` (extension names); ``TriggerTypeError``,
+  ``MissingObservationWarning`` (triggers); ``MetricInputError``, ``MetricKeyError`` (metrics).
+* Extensions: ``SnapshotError``, ``UnsafeSnapshotError``, ``SnapshotStateError``,
+  ``SnapshotVerificationWarning``,
   ``OptionalDependencyError``, ``NoBestValueError``, ``BestValueKeyError``,
   ``NonFiniteParameterError``, ``SlackTokenError``, ``SlackPostWarning``,
   ``MissingEvalTargetError``, ``NoPlotDataWarning``.
@@ -74,6 +76,8 @@ if TYPE_CHECKING:
     )
     from ppe_core.runtime._options import RuntimeOptionTypeError
     from ppe_core.testing import ConformanceError
+    from ppe_core.training._run_lock import OutputDirectoryInUseError, RunLockWarning
+    from ppe_core.training._state import EpochLengthChangedWarning
     from ppe_core.training._trainer import (
         AmbiguousEvaluatorError,
         UnknownOptimizerError,
@@ -86,6 +90,7 @@ if TYPE_CHECKING:
     from ppe_core.training.extensions._slack import SlackPostWarning, SlackTokenError
     from ppe_core.training.extensions._snapshot import (
         SnapshotError,
+        SnapshotStateError,
         SnapshotVerificationWarning,
         UnsafeSnapshotError,
     )
@@ -115,6 +120,7 @@ _ELSEWHERE: dict[str, str] = {
     "DistributedEnvironmentError": "ppe_core.distributed",
     "DuplicateExtensionError": "ppe_core.training.extension",
     "EmptySummaryError": "ppe_core._reporting",
+    "EpochLengthChangedWarning": "ppe_core.training._state",
     "ExtensionErrorHandlerWarning": "ppe_core.training.manager",
     "ExtensionNameError": "ppe_core.training.extension",
     "IgniteNotInstalledError": "ppe_core.training.manager",
@@ -131,11 +137,14 @@ _ELSEWHERE: dict[str, str] = {
     "NoPlotDataWarning": "ppe_core.training.extensions._plot_report",
     "NonFiniteParameterError": "ppe_core.training.extensions._fail_on_non_number",
     "OptionalDependencyError": "ppe_core.training.extensions._util",
+    "OutputDirectoryInUseError": "ppe_core.training._run_lock",
     "ProcessGroupNotInitializedError": "ppe_core.distributed",
+    "RunLockWarning": "ppe_core.training._run_lock",
     "RuntimeOptionTypeError": "ppe_core.runtime._options",
     "SlackPostWarning": "ppe_core.training.extensions._slack",
     "SlackTokenError": "ppe_core.training.extensions._slack",
     "SnapshotError": "ppe_core.training.extensions._snapshot",
+    "SnapshotStateError": "ppe_core.training.extensions._snapshot",
     "SnapshotVerificationWarning": "ppe_core.training.extensions._snapshot",
     "StateDictKeyError": "ppe_core.training.manager",
     "StateDictMismatchError": "ppe_core.training.manager",
@@ -166,6 +175,7 @@ __all__ = [
     "DuplicateExtensionError",
     "DuplicateRegistrationError",
     "EmptySummaryError",
+    "EpochLengthChangedWarning",
     "ExtensionErrorHandlerWarning",
     "ExtensionNameError",
     "IgniteNotInstalledError",
@@ -185,12 +195,14 @@ __all__ = [
     "NoRuntimeError",
     "NonFiniteParameterError",
     "OptionalDependencyError",
+    "OutputDirectoryInUseError",
     "PPEError",
     "PPEWarning",
     "PluginLoadError",
     "PluginLoadWarning",
     "ProcessGroupNotInitializedError",
     "RegistryLookupError",
+    "RunLockWarning",
     "RuntimeNotFoundError",
     "RuntimeOptionError",
     "RuntimeOptionTypeError",
@@ -198,6 +210,7 @@ __all__ = [
     "SlackPostWarning",
     "SlackTokenError",
     "SnapshotError",
+    "SnapshotStateError",
     "SnapshotVerificationWarning",
     "StateDictKeyError",
     "StateDictMismatchError",

@@ -767,6 +767,91 @@ def test_disk_full_while_snapshotting(tmp_path: Path, monkeypatch: pytest.Monkey
     assert not list(tmp_path.glob(".*.tmp"))  # the partial file is gone
 
 
+def test_snapshot_of_a_state_holding_an_enum() -> None:
+    import enum
+
+    class Phase(enum.Enum):
+        WARMUP = 1
+
+    class Scheduler(ppe.training.Extension):
+        def __call__(self, manager: Any) -> None:
+            pass
+
+        def state_dict(self) -> dict[str, Any]:
+            return {"phase": Phase.WARMUP}
+
+    trainer = make_trainer()
+    trainer.extend(Scheduler())
+    trainer.extend(ppe.training.extensions.snapshot(), trigger=(1, "iteration"))
+    with pytest.raises(TypeError) as info:  # SnapshotStateError, a SnapshotError too
+        trainer.run(batches())
+    says(info, "extension 'Scheduler' (at ['phase']", "Phase", "weights_only=True")
+    says(info, "Save its value (Phase.WARMUP.value)", "add_safe_globals([Phase])")
+
+
+# Output directories and resuming -------------------------------------------------------------
+_HOLD_OUT_DIR = """
+import sys, torch, ppe_core as ppe
+model = torch.nn.Linear(2, 1)
+manager = ppe.training.ExtensionsManager(
+    model, {}, 1, iters_per_epoch=1, out_dir=sys.argv[1],
+    extensions=[ppe.training.extensions.LogReport()],
+)
+manager.start_extensions()
+print("started", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_out_dir_in_use_by_another_process(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from ppe_core.errors import OutputDirectoryInUseError
+
+    other = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_OUT_DIR, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert other.stdout is not None and other.stdout.readline() == "started\n"
+        with pytest.raises(OutputDirectoryInUseError) as info:
+            make_trainer(out_dir=str(tmp_path), extensions=[E.LogReport()]).run(batches())
+    finally:
+        other.communicate("", timeout=60)
+    says(
+        info,
+        os.path.realpath(tmp_path),
+        f"pid {other.pid} on host",
+        "in use by another training run",
+    )
+    says(info, "Wait for that run to finish", "pass another out_dir", "delete")
+
+
+def test_stale_run_lock_file(tmp_path: Path) -> None:
+    from ppe_core.errors import RunLockWarning
+
+    (tmp_path / ".ppe_core_run.lock").write_text('{"pid": 999999999, "host": "gone"}')
+    trainer = make_trainer(out_dir=str(tmp_path), extensions=[E.LogReport()])
+    with pytest.warns(RunLockWarning, match="taking over .* pid 999999999 on host 'gone'"):
+        trainer.run(batches())
+
+
+def test_resume_with_another_epoch_length() -> None:
+    from ppe_core.errors import EpochLengthChangedWarning
+
+    state = trained_state()  # 4 iterations per epoch
+    trainer = make_trainer(max_epochs=2)
+    trainer.load_state_dict(state)
+    with pytest.warns(EpochLengthChangedWarning) as record:
+        trainer.run(batches(2))
+    message = str(record[0].message)
+    assert "saved with 4 iterations per epoch, but this run has 2" in message
+    assert "same dataset and batch size" in message
+
+
 # The catalogue -----------------------------------------------------------------------------
 def test_catalogue_documents_every_case() -> None:
     """docs/errors.md has one row per test above, and names no test that does not exist."""

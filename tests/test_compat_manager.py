@@ -117,6 +117,7 @@ def test_state_dict_has_ppe_layout_for_stand_in_objects() -> None:
         "optimizers": {"opt": optimizer_state},
         "state_objects": {},
         "extensions": {},
+        "_ppe_core": {"manager": {"iters_per_epoch": 4}},  # a key PPE's load ignores
     }
     net, opt = Stub(object()), Opt(object())
     fresh = ppe_core.training.manager.ExtensionsManager(

@@ -169,7 +169,7 @@ def test_ppe_trainer_snapshot_resumes_a_ppe_core_trainer(tmp_path: Path) -> None
         assert torch.equal(value, resumed.models["main"].state_dict()[key]), key
     # ppe-core's own snapshot holds its resume data under a key PPE ignores.
     state = load_snapshot(str(tmp_path / "run" / "snapshot_iter_15"))
-    assert set(state["_ppe_core"]) == {"trainer_state"}
+    assert set(state["_ppe_core"]) == {"manager", "trainer_state"}
 
 
 def test_ppe_core_trainer_snapshot_resumes_a_ppe_trainer(tmp_path: Path) -> None:

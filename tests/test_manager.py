@@ -603,7 +603,9 @@ def test_state_dict_layout() -> None:
         "state_objects",
         "extensions",
         "ppe_version",
+        "_ppe_core",  # ppe-core's own entry, which PPE ignores: here the epoch length
     }
+    assert state["_ppe_core"] == {"manager": {"iters_per_epoch": 4}}
     assert state["ppe_version"] == ppe_core.__version__ and state["state_objects"] == {}
     assert state["_start_iteration"] == 2
     assert set(state["models"]) == set(state["optimizers"]) == {"main"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import time
 import types
 import warnings
@@ -22,9 +23,11 @@ from ppe_core.training._extension import (
     check_priority,
 )
 from ppe_core.training._protocols import StateObjectProtocol
+from ppe_core.training._run_lock import RunLock, acquire_run_lock
 from ppe_core.training._schedule import Schedule
 from ppe_core.training._state import (
     PPE_CORE_STATE_KEY,
+    EpochLength,
     ManagerState,
     MissingExtensionStateWarning,
     StateDictKeyError,
@@ -252,6 +255,11 @@ class ExtensionsManager:
         self._state = ManagerState(
             self._models, self._optimizers, state_objects or {}, transform_model
         )
+        # Saved with the state so that a resume with another epoch length warns.
+        self._epoch_length = EpochLength(lambda: self._iters_per_epoch)
+        self._state.add_resume_state("manager", self._epoch_length)
+        # False while the epoch length is a placeholder (IgniteExtensionsManager before start).
+        self._epoch_length_known = True
 
         self.observation: Observation = {}
         self.reporter = Reporter()
@@ -287,6 +295,9 @@ class ExtensionsManager:
         self._handled_error: BaseException | None = None
         # While an iteration is open: the reporter's observation before it (restored after).
         self._scope: Observation | None = None
+
+        # The output directory's run lock while this manager runs (see _take_run_lock).
+        self._run_lock: RunLock | None = None
 
         self._plain_context = _IterationContext(self, ())
         self._contexts: dict[tuple[str, ...], _IterationContext] = {}
@@ -517,16 +528,25 @@ class ExtensionsManager:
 
         Called implicitly by the first iteration (and by reading ``iteration`` or
         ``stop_trigger``); later calls do nothing. Extensions whose trigger reports
-        ``finished`` are not initialized.
+        ``finished`` are not initialized. First, a manager with extensions locks its output
+        directory for this process until it is finalized (one run per directory).
+
+        Raises:
+            OutputDirectoryInUseError: Another live process trains into the same directory.
         """
         if self._started:
             return
+        self._take_run_lock()  # before any initialize: autoload reads the directory
         self._started = True
         if self._start_time is None:
             self._start_time = time.perf_counter()
-        for slot in self._schedule.slots():
-            if not getattr(slot.entry.trigger, "finished", False):
-                slot.entry.extension.initialize(self)
+        try:
+            for slot in self._schedule.slots():
+                if not getattr(slot.entry.trigger, "finished", False):
+                    slot.entry.extension.initialize(self)
+        except BaseException:
+            self._release_run_lock()  # the run never started: another may use the directory
+            raise
         self.observation = {}
         with self.reporter.scope(self.observation):
             for slot in self._schedule.slots():
@@ -676,7 +696,8 @@ class ExtensionsManager:
         """Finalizes the extensions (if started) and the writer; later calls do nothing.
 
         Every finalizer runs even if one raises; the first exception is re-raised afterwards.
-        Called automatically when the stop trigger fires.
+        Then the output directory's run lock is released. Called automatically when the stop
+        trigger fires.
         """
         self._finalize(None)
 
@@ -754,12 +775,35 @@ class ExtensionsManager:
                 self.writer.finalize()
             except Exception as failure:
                 failures.append(("<writer>", failure))
+        self._release_run_lock()  # after the writer: its pending saves are on disk
         if not failures:
             return
         if original is None:
             raise failures[0][1]
         for name, error in failures:
             self._warn_handler_failure("finalize", name, error, original)
+
+    def _take_run_lock(self) -> None:
+        """Locks the output directory for this run when the run writes there.
+
+        Only the manager's extensions write (through the writer or into :attr:`out`), so a
+        manager without extensions takes no lock, nor does one whose output directory is not
+        on this machine (a writer with a remote ``fs=``: the writer's ``initialize`` created no
+        local directory). See ``_run_lock`` for what the lock guarantees.
+
+        Raises:
+            OutputDirectoryInUseError: Another live process trains into the same directory.
+        """
+        if self._run_lock is not None or self.writer is None or not self._schedule.entries:
+            return
+        out = self.out or "."
+        if os.path.isdir(out):
+            self._run_lock = acquire_run_lock(out)
+
+    def _release_run_lock(self) -> None:
+        run_lock, self._run_lock = self._run_lock, None
+        if run_lock is not None:
+            run_lock.release()
 
     @staticmethod
     def _warn_handler_failure(
@@ -893,6 +937,11 @@ class ExtensionsManager:
         self._invalidate_schedule()
         if counts.missing_extensions:
             warn_missing_extension_states(counts.missing_extensions, stacklevel=3)
+        if self._epoch_length.loaded is None:
+            # A state without ppe-core's entry: PPE's IgniteExtensionsManager saves the length.
+            self._epoch_length.load_state_dict({"iters_per_epoch": to_load.get("_epoch_length")})
+        if self._epoch_length_known:
+            self._epoch_length.check(counts.iteration, stacklevel=3)
 
 
 class IgniteExtensionsManager(ExtensionsManager):
@@ -962,6 +1011,7 @@ class IgniteExtensionsManager(ExtensionsManager):
             state_objects=state_objects,
         )
         self.engine = engine
+        self._epoch_length_known = False  # len(dataloader) is known when the engine starts
         self._start_epoch = 0
         self._loop_handlers_added = False
         self.set_ignite_handlers()
@@ -979,8 +1029,11 @@ class IgniteExtensionsManager(ExtensionsManager):
 
         iters_per_epoch = len(engine.state.dataloader)
         self._prepare_for_training(0, 0, iters_per_epoch)
+        self._epoch_length_known = True
+        self._take_run_lock()  # also when the engine runs again after completing
         self.start_extensions()  # an autoloading snapshot sets _start_iteration here
         start = self._start_iteration
+        self._epoch_length.check(start, stacklevel=2)  # a state loaded before the engine ran
         engine.state.iteration = start
         engine.state.epoch = self._start_epoch
         self._start_time = time.perf_counter()
@@ -1008,8 +1061,11 @@ class IgniteExtensionsManager(ExtensionsManager):
         self._finalize_extensions()
 
     def _finalize_extensions(self) -> None:
-        for slot in self._schedule.slots():
-            slot.entry.extension.finalize(self)
+        try:
+            for slot in self._schedule.slots():
+                slot.entry.extension.finalize(self)
+        finally:
+            self._release_run_lock()
 
     def state_dict(self, *, transform_models: TransformModel | None = None) -> dict[str, Any]:
         """The state of :meth:`ExtensionsManager.state_dict`, with the engine's epoch length."""

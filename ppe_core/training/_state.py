@@ -14,6 +14,8 @@ from ppe_core.training._protocols import StateObjectProtocol
 
 __all__ = [
     "PPE_CORE_STATE_KEY",
+    "EpochLength",
+    "EpochLengthChangedWarning",
     "LoadedCounts",
     "ManagerState",
     "MissingExtensionStateWarning",
@@ -62,6 +64,57 @@ class StateVersionWarning(PPEWarning):
     A ``UserWarning`` mentioning "version", as PPE's. States written by ppe-core itself and by
     the PPE release ppe-core is compatible with load without it.
     """
+
+
+class EpochLengthChangedWarning(PPEWarning):
+    """A resumed state was saved with another number of iterations per epoch than this run has.
+
+    The dataset length or the batch size changed: epoch boundaries fall at other iterations, so
+    epoch-based triggers fire at other iterations than in the saved run.
+    """
+
+
+class EpochLength:
+    """The manager's iterations per epoch as resume data: ``state['_ppe_core']['manager']``.
+
+    Saved so that a resume can tell whether the epoch length changed; loading only keeps the
+    saved value (:attr:`loaded`) for the manager, which compares it once it knows its own.
+
+    Args:
+        current: Returns the manager's iterations per epoch now.
+    """
+
+    def __init__(self, current: Callable[[], int]) -> None:
+        self._current = current
+        #: The loaded state's iterations per epoch; None until one is loaded (or after use).
+        self.loaded: int | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"iters_per_epoch": self._current()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        saved = state.get("iters_per_epoch")
+        self.loaded = saved if isinstance(saved, int) and not isinstance(saved, bool) else None
+
+    def check(self, iteration: int, *, stacklevel: int) -> None:
+        """Warns when the loaded epoch length differs from the current one, then forgets it."""
+        saved, self.loaded = self.loaded, None
+        current = self._current()
+        if saved is None or saved < 1 or saved == current:
+            return
+        warnings.warn(
+            EpochLengthChangedWarning(
+                f"the loaded state was saved with {saved} iterations per epoch, but this run has "
+                f"{current} (the dataset length or the batch size changed). Training resumes at "
+                f"iteration {iteration}, which was epoch {iteration / saved:.2f} and is epoch "
+                f"{iteration / current:.2f} now: epoch boundaries shift, so epoch-based "
+                "triggers (evaluation, LogReport, snapshots, max_epochs) fire at other "
+                "iterations than in the saved run, and the resumed epoch is not the saved "
+                "one's. Resume with the same dataset and batch size to continue the saved run "
+                "exactly; if the change is intended, this warning can be filtered"
+            ),
+            stacklevel=stacklevel + 1,
+        )
 
 
 class LoadedCounts:
