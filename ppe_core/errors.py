@@ -48,7 +48,7 @@ Defined beside the code that raises them, and loaded from there on first access 
   ``NonFiniteParameterError``, ``SlackTokenError``, ``SlackPostWarning``,
   ``MissingEvalTargetError``, ``NoPlotDataWarning``.
 * Reporting and writing: ``NoCurrentReporterError``, ``UnknownObserverError``,
-  ``EmptySummaryError``, ``WriterError``, ``WriterFinalizedError``.
+  ``EmptySummaryError``, ``WriterError``, ``WriterFinalizedError``, ``DiskFullError``.
 * Runtimes and distributed: ``RuntimeOptionTypeError``, ``ProcessGroupNotInitializedError``,
   ``DistributedEnvironmentError``; ``ConformanceError`` (``ppe_core.testing``'s runtime
   conformance kit).
@@ -109,13 +109,14 @@ if TYPE_CHECKING:
     )
     from ppe_core.training.metrics import MetricInputError, MetricKeyError
     from ppe_core.training.triggers import MissingObservationWarning, TriggerTypeError
-    from ppe_core.writing import WriterError, WriterFinalizedError
+    from ppe_core.writing import DiskFullError, WriterError, WriterFinalizedError
 
 #: Classes defined beside the code that raises them: name -> the module that provides it.
 _ELSEWHERE: dict[str, str] = {
     "AmbiguousEvaluatorError": "ppe_core.training._trainer",
     "BestValueKeyError": "ppe_core.training.extensions._best_value",
     "ConformanceError": "ppe_core.testing",
+    "DiskFullError": "ppe_core.writing",
     "DistributedEnvironmentError": "ppe_core.distributed",
     "DuplicateExtensionError": "ppe_core.training.extension",
     "EmptySummaryError": "ppe_core._reporting",
@@ -168,6 +169,7 @@ __all__ = [
     "ConfigurationError",
     "ConformanceError",
     "DeviceUnavailableError",
+    "DiskFullError",
     "DistributedEnvironmentError",
     "DistributedNotInitializedError",
     "DuplicateExtensionError",

@@ -4,6 +4,7 @@ the problem and the fix. docs/errors.md lists every case with the test that back
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from collections.abc import Iterator
@@ -703,6 +704,67 @@ def test_snapshot_lacks_a_model() -> None:
     with pytest.raises(StateDictKeyError) as info:
         trainer.run(batches())
     says(info, "the state's 'models' lacks ['aux']", "names they were saved with")
+
+
+def test_snapshot_filename_template_with_missing_attribute(tmp_path: Path) -> None:
+    model = model_on_cpu()
+    steps: list[int] = []
+    trainer = ppe.engine.create_trainer(
+        model,
+        sgd(model),
+        3,
+        out_dir=str(tmp_path),
+        extensions=[
+            E.snapshot(filename="snap_{.nonexistent}"),
+            ppe.training.make_extension(trigger=(1, "iteration"))(
+                lambda manager: steps.append(manager.iteration)
+            ),
+        ],
+    )
+    with pytest.raises(ConfigurationError) as info:
+        trainer.run(batches())
+    says(info, "'snap_{.nonexistent}'", "nonexistent", "'{.iteration}'")
+    assert steps == []  # found before the first step, not after the first epoch
+
+
+def test_out_dir_is_an_existing_file(tmp_path: Path) -> None:
+    path = tmp_path / "results"
+    path.write_text("not a directory")
+    model = model_on_cpu()
+    with pytest.raises(ConfigurationError) as info:
+        manager_for(model, out_dir=str(path))
+    says(info, repr(str(path)), "existing file", "Pass a directory path")
+    own_writer = ppe.writing.SimpleWriter(out_dir=str(path / "snapshots"))
+    trainer = ppe.engine.create_trainer(
+        model, sgd(model), 1, out_dir=str(tmp_path), extensions=[E.snapshot(writer=own_writer)]
+    )
+    with pytest.raises(ConfigurationError) as info:
+        trainer.run(batches())
+    says(info, repr(str(path / "snapshots")), "existing file")
+
+
+def test_disk_full_while_snapshotting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # ENOSPC faked at the OS boundary (fsync is where network and some local file systems
+    # report it); tests/test_snapshot_leftovers.py fills a real tmpfs.
+    def disk_full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    model = model_on_cpu()
+    trainer = ppe.engine.create_trainer(
+        model,
+        sgd(model),
+        1,
+        out_dir=str(tmp_path),
+        extensions=[ppe.training.ExtensionEntry(E.snapshot(), trigger=(2, "iteration"))],
+    )
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(OSError) as info:
+        trainer.run(batches())
+    assert type(info.value).__name__ == "DiskFullError"
+    says(info, "[Errno 28] no space left", "'snapshot_iter_2'", "Free some space")
+    assert isinstance(info.value, OSError) and info.value.errno == errno.ENOSPC
+    assert info.value.filename == str(tmp_path / "snapshot_iter_2")
+    assert not list(tmp_path.glob(".*.tmp"))  # the partial file is gone
 
 
 def test_snapshot_of_a_state_holding_an_enum() -> None:

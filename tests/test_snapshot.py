@@ -217,8 +217,9 @@ def test_snapshot_object_condition_and_on_error(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="extension failed"):
         trainer.run(loader())
     assert (tmp_path / "model_1").exists() is False  # condition was False at epoch 1
-    # Epoch 2 never completed: the error came at iteration 15; the error snapshot exists.
-    saved = load_snapshot(str(tmp_path / "on_error"))
+    # Epoch 2 never completed: the error came at iteration 15; the error snapshot exists, in
+    # its own directory (autoload never resumes from it).
+    saved = load_snapshot(str(tmp_path / "snapshots_on_error" / "on_error"))
     assert saved["_start_iteration"] == 15
     assert not (tmp_path / "model_2").exists()
 
@@ -383,10 +384,21 @@ def test_background_snapshot_is_a_copy_taken_when_it_fired(tmp_path: Path) -> No
 
 def test_failed_background_snapshot_is_reported_and_leaves_no_manifest(tmp_path: Path) -> None:
     blocker = tmp_path / "not_a_directory"
-    blocker.write_text("a file where the writer's directory should be")
+
+    def block(manager: Any) -> None:
+        # After setup (which would name a file given as out_dir), so the save itself fails.
+        if blocker.is_dir():
+            blocker.rmdir()
+            blocker.write_text("a file where the writer's directory should be")
+
     # The save runs, and fails, in the snapshot's background thread.
     writer = ppe.writing.ThreadWriter(out_dir=str(blocker))
-    trainer = make_trainer(tmp_path, 2, E.snapshot(filename="snap_{.iteration}", writer=writer))
+    trainer = make_trainer(
+        tmp_path,
+        2,
+        E.snapshot(filename="snap_{.iteration}", writer=writer),
+        ppe.training.ExtensionEntry(block, trigger=(1, "iteration")),
+    )
     with pytest.raises(SnapshotError, match="background snapshot save failed"):
         trainer.run(loader())
     assert not list(tmp_path.rglob("*" + MANIFEST_SUFFIX))

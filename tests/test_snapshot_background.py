@@ -301,10 +301,8 @@ def test_snapshot_on_error_with_a_background_writer_is_written_before_the_error_
     trainer.extend(fail_at_6, trigger=(1, "iteration"))
     with pytest.raises(Boom):
         trainer.run(_data())
-    assert load_snapshot(str(tmp_path / "snap_6"))["models"]["main"]["fc.weight"].shape == (
-        128,
-        128,
-    )
+    error_snapshot = load_snapshot(str(tmp_path / "snapshots_on_error" / "snap_6"))
+    assert error_snapshot["models"]["main"]["fc.weight"].shape == (128, 128)
 
 
 @pytest.fixture

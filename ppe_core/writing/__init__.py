@@ -6,6 +6,7 @@ from ppe_core.writing._parallel_writer import ProcessWriter, StandardWriter, Thr
 from ppe_core.writing._queue_writer import ProcessQueueWriter, QueueWriter, ThreadQueueWriter
 from ppe_core.writing._simple_writer import SimpleWriter
 from ppe_core.writing._writer_base import (
+    DiskFullError,
     FileSystem,
     SaveFun,
     Target,
@@ -15,6 +16,7 @@ from ppe_core.writing._writer_base import (
 )
 
 __all__ = [
+    "DiskFullError",
     "FileSystem",
     "ProcessQueueWriter",
     "ProcessWriter",

@@ -19,6 +19,7 @@ from ppe_core.writing._writer_base import (
     WriterError,
     WriterFinalizedError,
     _register_for_exit,
+    _run_in_worker,
 )
 
 __all__ = ["ProcessWriter", "StandardWriter", "ThreadWriter"]
@@ -244,11 +245,12 @@ class ProcessWriter(StandardWriter[BaseProcess]):
         append: bool = False,
         **savefun_kwargs: Any,
     ) -> BaseProcess:
-        """Returns a process that saves ``target``."""
+        """Returns a process that saves ``target``; it exits when this process dies."""
         context: Any = multiprocessing if self._context is None else self._context
         process: BaseProcess = context.Process(
-            target=self.save,
-            args=(filename, out_dir, target, savefun or self._savefun, append),
+            # Tied to this process: a SIGKILLed trainer's save process exits too.
+            target=_run_in_worker,
+            args=(self.save, filename, out_dir, target, savefun or self._savefun, append),
             kwargs=savefun_kwargs,
             name=f"ppe_core.{type(self).__name__}",
         )

@@ -23,6 +23,7 @@ from ppe_core.writing._writer_base import (
     WriterError,
     WriterFinalizedError,
     _register_for_exit,
+    _run_in_worker,
 )
 
 __all__ = ["ProcessQueueWriter", "QueueWriter", "ThreadQueueWriter"]
@@ -285,10 +286,15 @@ class ProcessQueueWriter(QueueWriter[BaseProcess]):
             self._drain_errors()
 
     def create_consumer(self, q: _Queue) -> BaseProcess:
-        """Returns a daemon process running the consumer loop."""
+        """Returns a daemon process running the consumer loop.
+
+        Daemon processes are stopped at a normal exit of this process; the consumer also
+        exits when this process is killed (SIGKILL, OOM), instead of waiting forever for its
+        queue.
+        """
         process: BaseProcess = self._mp().Process(
-            target=_consume,
-            args=(q, self._errors, self._task),
+            target=_run_in_worker,
+            args=(_consume, q, self._errors, self._task),
             name=f"ppe_core.{type(self).__name__}",
             daemon=True,
         )

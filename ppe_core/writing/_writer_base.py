@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import atexit
-import multiprocessing.util  # noqa: F401 - its exit handler must be registered before ours
+import errno
+import hashlib
+import multiprocessing
+import multiprocessing.util  # its exit handler must be registered before ours
 import os
+import re
 import secrets
+import socket
 import sys
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import IO, Any, Protocol, TypeAlias, TypeVar
+from typing import IO, Any, NoReturn, Protocol, TypeAlias, TypeVar
 
 from ppe_core.errors import ConfigurationError, PPEError
 
 __all__ = [
+    "DiskFullError",
     "FileSystem",
     "SaveFun",
     "Target",
@@ -40,6 +46,15 @@ class WriterError(PPEError, RuntimeError):
 
 class WriterFinalizedError(PPEError, RuntimeError):
     """A writer was asked to save after :meth:`Writer.finalize` shut it down."""
+
+
+class DiskFullError(PPEError, OSError):
+    """A save failed because the file system holding the file is full (or over quota).
+
+    An ``OSError`` with ``errno.ENOSPC`` whose message names the file, raised instead of the
+    serializer's own error (torch's is an ``inline_container.cc`` message that does not say
+    why the write failed).
+    """
 
 
 class FileSystem(Protocol):
@@ -107,12 +122,130 @@ def _sync_file(file_obj: IO[Any]) -> None:
     os.fsync(fileno)
 
 
+#: This host's tag in temporary names: a kill leaves a temporary file behind, and only a
+#: process on the host that wrote it can tell whether its writer (the pid beside the tag) died.
+_HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+#: ``.<name>.<host tag>-<pid>-<random>.tmp``, the temporary files :func:`_temporary_path` makes.
+_TEMPORARY_NAME = re.compile(r"\..+\.(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]+)-[0-9a-f]{8}\.tmp")
+
+
 def _temporary_path(dest: str) -> str:
     """A fresh temporary name beside ``dest``, hidden, renamed onto ``dest`` when complete."""
     parent, base = os.path.split(dest)
     # Same directory as the destination, so the final rename never crosses file systems.
-    # The random part keeps concurrent writers (threads, processes, ranks) apart.
-    return os.path.join(parent, f".{base}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    # The random part keeps concurrent writers (threads, processes, ranks) apart; host and
+    # pid tell a later run whether the writer of a leftover is dead (see _remove_dead_temps).
+    name = f".{base}.{_HOST_TAG}-{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    return os.path.join(parent, name)
+
+
+def _process_is_dead(pid: int) -> bool:
+    """Whether no process ``pid`` exists on this host (a zombie still counts as existing)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # EPERM: it exists, owned by another user
+        return False
+    return False
+
+
+#: How many directory levels below the output directory are searched for leftovers: files
+#: go there or one level down (sharded snapshots, ``snapshots_on_error/``), or two (sharded
+#: error snapshots); no deeper, so that an output directory such as ``.`` is not walked whole.
+_TEMP_DEPTH = 2
+
+
+def _remove_dead_temps(directory: str) -> list[str]:
+    """Removes the temporary files under ``directory`` whose writer process died on this host.
+
+    A writer killed mid-save (SIGKILL, OOM) leaves its temporary file, possibly gigabytes.
+    Only files named by :func:`_temporary_path` with this host's tag and the pid of a process
+    that no longer exists are removed: a live writer's (this run's, another rank's, another
+    host's on a shared file system) is never touched. POSIX only: elsewhere there is no
+    side-effect-free way to probe a pid, and nothing is removed.
+
+    Returns:
+        The removed paths.
+    """
+    if os.name != "posix":
+        return []
+    removed = []
+    top = directory.rstrip(os.sep).count(os.sep)
+    for parent, subdirs, names in os.walk(directory):
+        if parent.rstrip(os.sep).count(os.sep) - top >= _TEMP_DEPTH:
+            subdirs.clear()  # deeper than any file a writer puts there (see _TEMP_DEPTH)
+        for name in names:
+            match = _TEMPORARY_NAME.fullmatch(name)
+            if match is None or match["host"] != _HOST_TAG:
+                continue
+            if _process_is_dead(int(match["pid"])):
+                path = os.path.join(parent, name)
+                try:
+                    os.remove(path)
+                except OSError:  # removed meanwhile, or not ours to remove: leave it
+                    continue
+                removed.append(path)
+    return removed
+
+
+#: Below this many free bytes after a failed write, the file system counts as full: writes
+#: fill it to the last block before failing, so a full disk has (almost) nothing left.
+_FULL_DISK_BYTES = 1 << 20
+
+
+def _disk_full_error(exc: BaseException, path: str) -> DiskFullError | None:
+    """A :class:`DiskFullError` naming ``path`` if ``exc`` was caused by a full file system.
+
+    ``ENOSPC``/``EDQUOT`` say so directly; torch's serializer reports a failed write as a
+    ``RuntimeError`` without the errno, so then the free space left decides. Must be called
+    before the partial file is removed (which frees its space).
+    """
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        full = True
+    elif isinstance(exc, (OSError, RuntimeError)):
+        try:
+            stat = os.statvfs(os.path.dirname(path) or ".")
+        except (OSError, AttributeError):  # no statvfs on Windows
+            return None
+        full = stat.f_bavail * stat.f_frsize < _FULL_DISK_BYTES
+    else:
+        full = False
+    if not full:
+        return None
+    return DiskFullError(
+        errno.ENOSPC,
+        f"no space left on the device (the disk is full or over quota) while writing "
+        f"{os.path.basename(path)!r} ({type(exc).__name__}: {exc}); the previous file of that "
+        "name is untouched. Free some space or point out_dir at another disk",
+        path,
+    )
+
+
+def _exit_with_parent() -> None:
+    """In a writer's worker process: exit as soon as the process that started it dies.
+
+    A worker of a SIGKILLed trainer would otherwise live on (holding its memory) until its
+    queue is closed, which never happens. A daemon thread waits on multiprocessing's
+    parent sentinel, which becomes ready when the parent exits, however it ends.
+    """
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()
+        os._exit(1)  # nothing left to report to; a save in progress leaves its temp file
+
+    threading.Thread(target=watch, name="ppe_core writer parent watch", daemon=True).start()
+
+
+def _run_in_worker(target: Callable[..., object], *args: Any, **kwargs: Any) -> None:
+    """The entry point of writer worker processes: ``target(*args, **kwargs)``, tied to the
+    life of the parent (see :func:`_exit_with_parent`)."""
+    _exit_with_parent()
+    target(*args, **kwargs)
 
 
 class Writer:
@@ -167,12 +300,28 @@ class Writer:
     def initialize(self, out_dir: str) -> None:
         """Creates the output directory; called by the manager and before the first save.
 
+        On the local file system it also removes the temporary files that writers killed
+        mid-save left there, when their process is dead (see :func:`_remove_dead_temps`).
+
         Args:
             out_dir: The directory to create (the writer's own ``out_dir`` wins when set).
+
+        Raises:
+            ConfigurationError: The directory (or a parent) is an existing file.
         """
         directory = self.out_dir or out_dir
         if directory:  # "" means the current directory, which exists
-            self.fs.makedirs(directory, exist_ok=True)
+            try:
+                self.fs.makedirs(directory, exist_ok=True)
+            except (FileExistsError, NotADirectoryError):
+                raise ConfigurationError(
+                    f"the output directory {directory!r} cannot be created: it or one of its "
+                    "parents is an existing file. Pass a directory path as out_dir (or move "
+                    "the file away)"
+                ) from None
+        if self.writes_local_files:
+            # Temporary files of writers killed mid-save in an earlier run of this directory.
+            _remove_dead_temps(directory or ".")
         self._initialized = True
 
     def finalize(self) -> None:
@@ -202,6 +351,7 @@ class Writer:
             **savefun_kwargs: Passed on to ``savefun``.
 
         Raises:
+            DiskFullError: The file system is full; the message names the file.
             Exception: Whatever ``savefun`` or the file system raised; the temporary file is
                 removed first and the destination is left untouched.
         """
@@ -236,6 +386,7 @@ class Writer:
         Raises:
             ConfigurationError: The writer's ``fs`` is not the local file system (see
                 :attr:`writes_local_files`); use :meth:`save` with a file-object ``savefun``.
+            DiskFullError: The file system is full; the message names the file.
             Exception: Whatever ``write`` or the file system raised; the temporary file is
                 removed first and the destination is left untouched.
         """
@@ -255,9 +406,8 @@ class Writer:
             finally:
                 os.close(fd)
             self.fs.rename(tmp, dest)
-        except BaseException:
-            self._discard(tmp)
-            raise
+        except BaseException as exc:
+            self._fail(exc, tmp, dest)
         self._sync_dir(parent)
         self._post_save()
         return result
@@ -278,9 +428,15 @@ class Writer:
         self, dest: str, target: Target, savefun: SaveFun, kwargs: Mapping[str, Any]
     ) -> None:
         created = not self.fs.exists(dest)
-        with self.fs.open(dest, "ab") as file_obj:
-            savefun(target, file_obj, **kwargs)
-            _sync_file(file_obj)
+        try:
+            with self.fs.open(dest, "ab") as file_obj:
+                savefun(target, file_obj, **kwargs)
+                _sync_file(file_obj)
+        except Exception as exc:
+            full = _disk_full_error(exc, dest) if self.writes_local_files else None
+            if full is not None:
+                raise full from exc
+            raise
         if created:
             self._sync_dir(os.path.dirname(dest))
 
@@ -294,10 +450,18 @@ class Writer:
                 savefun(target, f, **kwargs)
                 _sync_file(f)
             self.fs.rename(tmp, dest)
-        except BaseException:
-            self._discard(tmp)
-            raise
+        except BaseException as exc:
+            self._fail(exc, tmp, dest)
         self._sync_dir(parent)
+
+    def _fail(self, exc: BaseException, tmp: str, dest: str) -> NoReturn:
+        """Removes the temporary file of a failed save and raises: :class:`DiskFullError`
+        naming ``dest`` when the disk is full, ``exc`` itself otherwise."""
+        full = _disk_full_error(exc, dest) if self.writes_local_files else None
+        self._discard(tmp)
+        if full is not None:
+            raise full from exc
+        raise exc
 
     def _discard(self, tmp: str) -> None:
         """Removes the temporary file of a failed save, if any, without masking the failure."""

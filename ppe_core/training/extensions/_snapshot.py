@@ -31,6 +31,7 @@ from ppe_core.training._extension import PRIORITY_SNAPSHOT, Extension
 from ppe_core.writing import SimpleWriter, Writer
 
 __all__ = [
+    "ERROR_SNAPSHOT_DIR",
     "MANIFEST_SUFFIX",
     "SnapshotError",
     "SnapshotMode",
@@ -48,6 +49,11 @@ __all__ = [
 #: recording its size and SHA-256.
 MANIFEST_SUFFIX = ".manifest.json"
 _FORMAT = "ppe-core-snapshot"
+
+#: ``snapshot_on_error`` writes into this sub-directory of the output directory, where neither
+#: autoload nor ``n_retains`` looks: the state after a failure is not one a run can resume
+#: from bit-exactly, so it must never replace or push out a periodic snapshot.
+ERROR_SNAPSHOT_DIR = "snapshots_on_error"
 
 
 def manifest_path(path: str) -> str:
@@ -769,6 +775,9 @@ class _Snapshot(Extension):
         self._saver_rank = saver_rank
         self._savefun = savefun or torch.save
         self._written: list[str] = []  # paths written, for n_retains with a callable filename
+        # Files without a manifest that n_retains looked into: path -> ((mtime, size), what
+        # _orphan found), so each is loaded once, not at every snapshot.
+        self._orphans: dict[str, tuple[tuple[float, int], tuple[int, float, str] | None]] = {}
         # With a background writer: the save in flight (at most one) and its failure, if any.
         self._in_flight: threading.Thread | None = None
         self._background_error: BaseException | None = None
@@ -847,6 +856,7 @@ class _Snapshot(Extension):
             The restored file's name relative to the output directory (as PPE returns it),
             or None.
         """
+        self._setup(manager)
         if not self.autoload:
             return None
         out_dir = self._out_dir(manager)
@@ -863,6 +873,26 @@ class _Snapshot(Extension):
             ) from exc
         self.loaded_from = path
         return os.path.relpath(path, out_dir)
+
+    def _setup(self, manager: Any) -> None:
+        """Checks, before training, what would otherwise fail only at the first snapshot.
+
+        The filename template is formatted with the manager (a misspelt attribute raises
+        here, not after an epoch of training), and a writer of the snapshot's own is
+        initialized (creating its directory and removing temporary files that writers
+        killed in an earlier run left behind).
+        """
+        if isinstance(self.filename, str):
+            try:
+                self.filename.format(manager)
+            except (AttributeError, KeyError, IndexError, ValueError) as exc:
+                raise ConfigurationError(
+                    f"snapshot filename template {self.filename!r} cannot be formatted with "
+                    f"the manager ({type(exc).__name__}: {exc}); use fields of the manager "
+                    "such as '{.iteration}' or '{.epoch}', e.g. 'snapshot_iter_{.iteration}'"
+                ) from None
+        if self.writer is not None and self.writer is not getattr(manager, "writer", None):
+            self.writer.initialize(manager.out)
 
     def _files(self, out_dir: str) -> list[str]:
         """Files in ``out_dir`` matching the filename template (not manifests or temp files)."""
@@ -958,8 +988,17 @@ class _Snapshot(Extension):
             dist.barrier()  # no rank runs ahead of a snapshot being taken
 
     def on_error(self, manager: Any, exc: BaseException, tb: Any) -> None:
-        if self._snapshot_on_error:
-            self._save(manager, final=True)  # no barrier: the other ranks may not be failing
+        """With ``snapshot_on_error``, saves the state as it is into :data:`ERROR_SNAPSHOT_DIR`.
+
+        The failure may have struck mid-iteration (RNG states advanced by a failed loader
+        call, an optimizer step half done), so this snapshot is for inspection or a manual,
+        not bit-exact, restart: it goes where autoload and ``n_retains`` never look, and the
+        periodic snapshots, from which autoload resumes exactly, stay as they were. No
+        barrier: the other ranks may not be failing.
+        """
+        if self._snapshot_on_error and self._is_saver():
+            filename = os.path.join(ERROR_SNAPSHOT_DIR, self._filename(manager))
+            self._write(manager, filename, final=True, on_error=True)
         self._wait_in_flight(raise_error=False)  # the run's error is the one to report
 
     def finalize(self, manager: Any) -> None:
@@ -979,9 +1018,12 @@ class _Snapshot(Extension):
             return
         self._write(manager, self._filename(manager), final)
 
-    def _write(self, manager: Any, filename: str, final: bool = False) -> None:
+    def _write(
+        self, manager: Any, filename: str, final: bool = False, on_error: bool = False
+    ) -> None:
         """Writes the snapshot; ``final``: nothing trains after it (the end, or an error), so
-        a background writer's save is done in this thread, from the state itself."""
+        a background writer's save is done in this thread, from the state itself;
+        ``on_error``: an error snapshot (see :meth:`on_error`)."""
         writer = self._writer(manager)
         iteration = int(manager.iteration)
         out_dir, files_dir = manager.out, self._out_dir(manager)
@@ -996,6 +1038,7 @@ class _Snapshot(Extension):
                 self._state(manager),
                 iteration,
                 by_path,
+                on_error,
             )
             return
 
@@ -1008,7 +1051,14 @@ class _Snapshot(Extension):
         self._wait_in_flight()
         if final:
             self._commit(
-                save, filename, out_dir, files_dir, self._state(manager), iteration, by_path
+                save,
+                filename,
+                out_dir,
+                files_dir,
+                self._state(manager),
+                iteration,
+                by_path,
+                on_error,
             )
             return
         # Training pauses only to copy the state to host memory; the serialization, the hash
@@ -1067,11 +1117,14 @@ class _Snapshot(Extension):
         state: Any,
         iteration: int,
         by_path: Writer | None = None,
+        on_error: bool = False,
     ) -> None:
         """Serializes ``state``, writes it and its manifest, and applies ``n_retains``.
 
         With ``by_path`` (see :meth:`_path_writer`) torch.save writes the temporary file itself;
-        otherwise ``savefun`` serializes into memory and ``save`` writes the bytes.
+        otherwise ``savefun`` serializes into memory and ``save`` writes the bytes. An error
+        snapshot (``on_error``) is marked so in its manifest and is not a periodic snapshot:
+        ``n_retains`` neither counts it nor runs after it.
         """
         # The hash that makes the snapshot verifiable is computed from exactly what is written.
         if by_path is not None:
@@ -1092,8 +1145,12 @@ class _Snapshot(Extension):
             "iteration": iteration,
             "created": time.time(),
         }
+        if on_error:
+            manifest["on_error"] = True
         manifest_bytes = json.dumps(manifest, indent=1).encode()
         save(manifest_path(filename), out_dir, manifest_bytes, savefun=_write_bytes)
+        if on_error:
+            return
         path = os.path.join(files_dir, filename)
         if path in self._written:
             self._written.remove(path)
@@ -1104,14 +1161,20 @@ class _Snapshot(Extension):
     def _remove_old(self, out_dir: str, keep: str) -> None:
         """Delete all but the newest ``n_retains`` complete snapshots (never an incomplete one).
 
-        Files without a complete manifest (being written, or not written by ppe-core) stay.
+        Complete snapshots are those with a complete manifest, and ppe-core's own data files
+        whose manifest a kill prevented (see :meth:`_orphan`). Other files stay: those with
+        a manifest they do not match (a background save may still be writing them) and those
+        ppe-core did not write (PPE's snapshots).
         """
         complete = []
         for path in self._files(out_dir):
             try:
                 manifest = _complete_manifest(path)
             except SnapshotError:
-                continue  # not complete (yet): a background save may still be writing it
+                orphan = self._orphan(path)
+                if orphan is not None:
+                    complete.append(orphan)
+                continue
             complete.append((int(manifest.get("iteration", -1)), float(manifest["created"]), path))
         complete.sort(reverse=True)
         for _, _, path in complete[self.n_retains :]:
@@ -1122,6 +1185,39 @@ class _Snapshot(Extension):
                     os.remove(victim)
             with contextlib.suppress(ValueError):
                 self._written.remove(path)
+            self._orphans.pop(path, None)
+
+    def _orphan(self, path: str) -> tuple[int, float, str] | None:
+        """``(iteration, mtime, path)`` if ``path`` is a snapshot ppe-core wrote whose manifest
+        a kill prevented; None otherwise.
+
+        Writers rename a data file into place complete, so such a file is a whole snapshot.
+        It is told from PPE's by ppe-core's resume data (``_ppe_core``, a key PPE never
+        writes) inside: finding that costs a load (memory-mapped), done once per file and
+        only for files without any manifest. A file with a manifest it does not match is not
+        an orphan: it may be being written.
+        """
+        if any(os.path.exists(m) for m in (manifest_path(path), path + MANIFEST_SUFFIX)):
+            return None
+        try:
+            stat = os.stat(path)
+        except OSError:
+            return None
+        key = (stat.st_mtime, stat.st_size)
+        cached = self._orphans.get(path)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        found: tuple[int, float, str] | None = None
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception:  # unreadable, or not ours: it stays, as PPE's files do
+            state = None
+        if isinstance(state, dict) and "_ppe_core" in state:
+            iteration = state.get("_start_iteration")
+            found = (iteration if isinstance(iteration, int) else -1, stat.st_mtime, path)
+        del state
+        self._orphans[path] = (key, found)
+        return found
 
 
 class _DistributedSnapshot(_Snapshot):
@@ -1232,9 +1328,13 @@ def snapshot(
         condition: Skip the snapshot when ``condition()`` is false.
         writer: Writer to save through (default: the manager's); not together with
             ``savefun``, as in PPE.
-        snapshot_on_error: Also snapshot when training raises.
+        snapshot_on_error: Also snapshot when training raises, into the
+            :data:`ERROR_SNAPSHOT_DIR` sub-directory: for inspection, never autoloaded (the
+            state after a failure is not bit-exactly resumable) and never counted by
+            ``n_retains``.
         n_retains: Keep only the newest N complete snapshots (N > 0; otherwise all are kept);
-            old files are deleted only after the new one is complete.
+            old files are deleted only after the new one is complete. ppe-core's own data
+            files whose manifest a kill prevented count too; PPE's files are never deleted.
         autoload: Resume from the newest valid snapshot when training starts.
         saver_rank: Under torch.distributed, only this rank writes (``None``: rank 0), and
             every rank then waits at a barrier; without a process group the one process
@@ -1244,6 +1344,8 @@ def snapshot(
     Raises:
         ArgumentTypeError: Both ``savefun`` and ``writer`` are given (a ``TypeError``, as in
             PPE), or an argument has the wrong type.
+        ConfigurationError: When training starts: ``filename`` cannot be formatted with the
+            manager, or the snapshot's own writer's directory is an existing file.
     """
     if savefun is not None and writer is not None:
         raise ArgumentTypeError(
