@@ -59,6 +59,10 @@ def ppe_register_runtimes(registry: RuntimeRegistry) -> None:
     resolves a device. Register with ``registry.register(device_type, runtime_class)``; a
     device type another plugin already registered raises
     :class:`~ppe_core.errors.DuplicateRegistrationError` unless ``replace=True`` is passed.
+    A device type a first-party plugin (``ppe-cpu``, ``ppe-cuda``) serves stays with it: another
+    plugin's registration of it is skipped with a
+    :class:`~ppe_core.errors.PluginConflictWarning`, and ``replace=True`` works only when the
+    user names the plugin's distribution in ``PPE_ALLOW_OVERRIDE``.
 
     Args:
         registry: The runtime registry of the active plugin host.
