@@ -148,7 +148,8 @@ def ppe_trainer_setup(trainer: Any) -> None:
     """Prepare for a training run.
 
     Called once at the start of ``Trainer.run()``, after extensions are set up and before the
-    first iteration; never per iteration.
+    first iteration; never per iteration. An exception raised here stops the run as a
+    :class:`~ppe_core.errors.PluginHookError` naming the plugin and how to disable it.
 
     Args:
         trainer: The :class:`ppe_core.training.Trainer` about to run.
@@ -166,7 +167,8 @@ def ppe_trainer_teardown(trainer: Any, exception: BaseException | None) -> None:
     """Clean up after a training run, successful or not.
 
     Called once when ``Trainer.run()`` ends, including when it raises. Exceptions raised here
-    are reported but never replace the training error.
+    are reported but never replace the training error. Every implementation runs even when
+    another raised; wrapper implementations run around the others (see docs/plugins.md).
 
     Args:
         trainer: The :class:`ppe_core.training.Trainer` that ran.

@@ -169,7 +169,8 @@ def test_failing_setup_hook_names_the_plugin_and_how_to_disable_it(
     misbehaving_plugins: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.syspath_prepend(str(misbehaving_plugins))
-    host = PluginHost(PluginSettings(autoload=False, plugins=("ppe_cpu", "failing_setup")))
+    plugins = ("ppe_cpu", "failing_setup")
+    host = PluginHost(PluginSettings(autoload=False, plugins=plugins))
     with pytest.raises(PluginHookError) as info:
         train_once(host)
     message = str(info.value)
@@ -184,7 +185,7 @@ def test_failing_setup_hook_names_the_plugin_and_how_to_disable_it(
     assert isinstance(info.value.__cause__, ValueError)
     # The way out the message gives works.
     blocked = ("ppe-misbehaving",)
-    train_once(PluginHost(PluginSettings(False, ("ppe_cpu", "failing_setup"), blocked)))
+    train_once(PluginHost(PluginSettings(autoload=False, plugins=plugins, disabled=blocked)))
 
 
 def test_setup_error_blames_the_raising_plugin_not_a_wrapper_around_it(
