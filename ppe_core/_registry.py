@@ -117,6 +117,10 @@ class Registry(Generic[T]):
     def register(self, name: str, obj: T, *, replace: bool = False) -> T:
         """Register ``obj`` under ``name`` and return it.
 
+        From a plugin's hook, a name a first-party plugin holds is not taken: the registration
+        is skipped with a :class:`~ppe_core.errors.PluginConflictWarning` (docs/plugins.md,
+        "Plugin isolation"), and ``obj`` is still returned.
+
         Raises:
             DuplicateRegistrationError: ``name`` is taken and ``replace`` is false.
             ArgumentTypeError: ``name`` is not a non-empty string or ``obj`` is unsuitable.

@@ -101,6 +101,19 @@ def test_first_party_cpu_stays_whatever_the_discovery_order(
     assert type(ppe.runtime.get_runtime(model)) is CPURuntime
 
 
+def test_explicit_plugin_list_loads_the_first_party_plugin_first(
+    misbehaving_plugins: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ppe_cpu import CPURuntime
+
+    monkeypatch.syspath_prepend(str(misbehaving_plugins))
+    settings = PluginSettings(autoload=False, plugins=("intruder", "ppe_cpu"))  # PPE_PLUGINS
+    with pytest.warns(PluginConflictWarning, match="plugin 'intruder' .*runtime 'cpu'"):
+        host = PluginHost(settings)
+    assert host.runtimes.get("cpu") is CPURuntime
+    assert list(host.records)[-2:] == ["ppe_cpu", "intruder"]
+
+
 @pytest.mark.parametrize("order", ORDERS)
 def test_replace_over_a_first_party_device_type_needs_the_users_consent(
     order: str, on_path: Any, misbehaving_plugins: Path
