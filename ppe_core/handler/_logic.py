@@ -228,9 +228,8 @@ class Logic(BaseLogic):
         self.grad_accumulation_steps = 1
         self._epoch_length: int | None = None
         self._warned_nothing = False
-        # The first training step also checks that it can train; the instance attribute then
-        # goes, so later steps call the class's method with no check at all.
-        self._forward_backward = self._first_forward_backward  # type: ignore[method-assign]
+        # True until the first training step has checked that the run can train at all.
+        self._first_step = True
         super().__init__(options)
 
     def consume_options(self, options: dict[str, Any]) -> None:
@@ -430,7 +429,7 @@ class Logic(BaseLogic):
     def _warn_nothing(self, outputs: Mapping[str, Any]) -> None:
         # Only outputs with a graph but no scalar among them look like a forgotten loss; a
         # model returning no graph at all is refused at the first step instead (see
-        # _first_forward_backward), unless its forward ran backward itself.
+        # _check_something_trains), unless its forward ran backward itself.
         if any(isinstance(v, torch.Tensor) and v.grad_fn is not None for v in outputs.values()):
             self._warned_nothing = True
             warnings.warn(
@@ -510,21 +509,10 @@ class Logic(BaseLogic):
             with autocast.autocast():
                 outputs = self._forward(model, batch)
         self._backward(outputs, window)
-        return outputs
-
-    def _first_forward_backward(self, model: torch.nn.Module, batch: Any, window: int) -> Any:
-        """The first training step's forward and backward, then a check that it can train.
-
-        With the default ``backward_outputs``, a step that backpropagated nothing and left no
-        gradient on any parameter means no step ever will: the run would end with the
-        weights unchanged, so it stops here with :class:`~ppe_core.errors.NoGradientError`.
-        """
-        # Later steps find the class's method. ``del`` (not ``vars(self).pop``) keeps the
-        # instance's attribute storage in the form CPython's attribute caches are fastest on.
-        del self._forward_backward
-        outputs = self._forward_backward(model, batch, window)
-        if self.backward_outputs is None:
-            _check_something_trains(model, outputs)
+        if self._first_step:  # one attribute test per step; the check itself runs once
+            self._first_step = False
+            if self.backward_outputs is None:
+                _check_something_trains(model, outputs)
         return outputs
 
     def train_step_optimizers(
@@ -691,7 +679,11 @@ def _explain_forward_mismatch(model: torch.nn.Module, batch: Any, exc: TypeError
 
 def _check_something_trains(model: torch.nn.Module, outputs: Any) -> None:
     """Raise :class:`NoGradientError` when nothing in ``outputs`` has a graph and no parameter
-    of ``model`` has a gradient (the forward did not run backward itself)."""
+    of ``model`` has a gradient (the forward did not run backward itself).
+
+    Called after the first training step with the default ``backward_outputs``: if that step
+    could not train, no step can, and the run would end with the weights unchanged.
+    """
     named = outputs if type(outputs) is dict else normalize_outputs(outputs)
     if any(isinstance(v, torch.Tensor) and v.grad_fn is not None for v in named.values()):
         return  # backpropagated, or BackwardOutputWarning already said why not
