@@ -5,13 +5,14 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import re
 import sys
 import threading
 import traceback
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Literal
 
@@ -22,6 +23,8 @@ from ppe_core._registry import Registrant, Registry
 from ppe_core._version import __version__
 from ppe_core.errors import (
     ConfigurationError,
+    PluginConflictWarning,
+    PluginHookError,
     PluginLoadError,
     PluginLoadWarning,
     TeardownHookWarning,
@@ -31,11 +34,13 @@ from ppe_core.runtime._registry import FIRST_PARTY_PROVIDERS, RuntimeRegistry
 __all__ = [
     "BUILTIN_PLUGINS",
     "ENTRY_POINT_GROUP",
+    "ENV_ALLOW_OVERRIDE",
     "ENV_DISABLED_PLUGINS",
     "ENV_DISABLE_PLUGIN_AUTOLOAD",
     "ENV_PLUGINS",
     "ENV_STRICT_PLUGINS",
     "ENV_TRACE_PLUGINS",
+    "FIRST_PARTY_DISTRIBUTIONS",
     "PluginHost",
     "PluginRecord",
     "PluginSettings",
@@ -55,6 +60,15 @@ ENV_DISABLED_PLUGINS = "PPE_DISABLED_PLUGINS"
 ENV_STRICT_PLUGINS = "PPE_STRICT_PLUGINS"
 #: ``1``: print pluggy's hook-call trace to stderr.
 ENV_TRACE_PLUGINS = "PPE_TRACE_PLUGINS"
+#: Comma-separated distributions whose plugins may replace (``replace=True``) a name that a
+#: first-party plugin registered; without it such a registration is skipped with a warning.
+ENV_ALLOW_OVERRIDE = "PPE_ALLOW_OVERRIDE"
+
+#: Distributions whose plugins are first-party (PEP 503 names): the core's built-ins and the
+#: device plugins. Decided by the distribution that provides a plugin's entry point, never by a
+#: name the plugin chooses; a name one of them registers stays with it whatever the discovery
+#: order (see docs/plugins.md, "Plugin isolation").
+FIRST_PARTY_DISTRIBUTIONS: frozenset[str] = frozenset({"ppe-core", *FIRST_PARTY_PROVIDERS.values()})
 
 #: The core's own plugins, registered exactly like external ones: (name, module).
 BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
@@ -78,6 +92,20 @@ def _normalize(name: str) -> str:
     return name.lower().replace("-", "_").replace(".", "_")
 
 
+def _distribution_key(name: str | None) -> str | None:
+    """A distribution name normalised as PEP 503 does (``PPE_Cpu`` -> ``ppe-cpu``)."""
+    return None if name is None else re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _is_first_party(distribution: str | None) -> bool:
+    return _distribution_key(distribution) in FIRST_PARTY_DISTRIBUTIONS
+
+
+def _entry_point_distribution(ep: EntryPoint) -> tuple[str | None, str | None]:
+    dist = ep.dist
+    return (dist.metadata["Name"], dist.version) if dist is not None else (None, None)
+
+
 @dataclass(frozen=True)
 class PluginSettings:
     """How a :class:`PluginHost` discovers plugins; :meth:`from_env` reads the PPE_* switches."""
@@ -87,6 +115,7 @@ class PluginSettings:
     disabled: tuple[str, ...] = ()
     strict: bool = False
     trace: bool = False
+    allow_override: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> PluginSettings:
@@ -98,12 +127,18 @@ class PluginSettings:
             disabled=_names(env, ENV_DISABLED_PLUGINS),
             strict=_flag(env, ENV_STRICT_PLUGINS),
             trace=_flag(env, ENV_TRACE_PLUGINS),
+            allow_override=_names(env, ENV_ALLOW_OVERRIDE),
         )
 
     def is_disabled(self, *names: str | None) -> bool:
         """Whether any of ``names`` (entry point, module, distribution) is blocked."""
         blocked = {_normalize(n) for n in self.disabled}
         return any(n is not None and _normalize(n) in blocked for n in names)
+
+    def may_override(self, distribution: str | None) -> bool:
+        """Whether the user let ``distribution``'s plugins replace first-party registrations."""
+        allowed = {_distribution_key(n) for n in self.allow_override}
+        return distribution is not None and _distribution_key(distribution) in allowed
 
 
 @dataclass
@@ -125,8 +160,14 @@ class PluginRecord:
         return self.source == "builtin"
 
     @property
+    def first_party(self) -> bool:
+        """Whether a first-party distribution provides it (objects passed to ``register()``
+        never are: only installed metadata decides)."""
+        return self.source != "register()" and _is_first_party(self.distribution)
+
+    @property
     def registrant(self) -> Registrant:
-        return Registrant(self.name, self.distribution, self.version)
+        return Registrant(self.name, self.distribution, self.version, self.first_party)
 
     def describe(self) -> str:
         """One line naming the plugin, its origin and distribution."""
@@ -183,16 +224,22 @@ class PluginHost:
 
     # Loading ------------------------------------------------------------------------------
     def load(self, *, builtins: bool = True) -> None:
-        """Register built-ins, then entry points (unless autoload is off), then ``PPE_PLUGINS``."""
+        """Register built-ins, then entry points (unless autoload is off), then ``PPE_PLUGINS``.
+
+        First-party entry points load before any other, so what they register is theirs
+        whatever order ``sys.path`` lists the distributions in.
+        """
         if builtins:
             for name, module in BUILTIN_PLUGINS:
                 record = PluginRecord(name, module, "builtin", "loaded", "ppe-core", __version__)
                 self._load(record, functools.partial(_import, module))
-        eps = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+        eps = _entry_points_by_name()
         if self.settings.autoload:
             for ep in eps.values():
                 self._load_entry_point(ep, "entry point")
-        for item in self.settings.plugins:
+        items = self.settings.plugins
+        first = [item for item in items if item in eps and _ep_first_party(eps[item])]
+        for item in [*first, *(item for item in items if item not in first)]:
             if item in self.records:
                 continue
             if item in eps:
@@ -222,9 +269,7 @@ class PluginHost:
         self.records.pop(name, None)
 
     def _load_entry_point(self, ep: EntryPoint, source: Source) -> None:
-        dist = ep.dist
-        dist_name = dist.metadata["Name"] if dist is not None else None
-        version = dist.version if dist is not None else None
+        dist_name, version = _entry_point_distribution(ep)
         record = PluginRecord(ep.name, ep.value.split(":")[0], source, "loaded", dist_name, version)
         self._load(record, ep.load)
 
@@ -269,6 +314,11 @@ class PluginHost:
     def _registering(self, record: PluginRecord) -> Iterator[None]:
         """Attribute registrations made while ``record``'s plugin loads to that plugin."""
         registrant = record.registrant
+        if record.source in ("entry point", "PPE_PLUGINS") and not record.first_party:
+            # An installed package: it may replace a first-party name only with the user's
+            # consent (ENV_ALLOW_OVERRIDE); objects passed to register() are the user's own.
+            may = self.settings.may_override(record.distribution)
+            registrant = replace(registrant, may_override=may)
         previous = [r._current_registrant for r in self._registries]
         for registry in self._registries:
             registry._current_registrant = registrant
@@ -328,7 +378,7 @@ class PluginHost:
 
     def trainer_setup(self, trainer: Any) -> None:
         """Calls every ``ppe_trainer_setup`` hook (once per ``Trainer.run()``)."""
-        self.pm.hook.ppe_trainer_setup(trainer=trainer)
+        self._setup("ppe_trainer_setup", {"trainer": trainer})
 
     def trainer_teardown(self, trainer: Any, exception: BaseException | None) -> None:
         """Calls every ``ppe_trainer_teardown`` hook; see :meth:`_teardown` for errors."""
@@ -336,11 +386,42 @@ class PluginHost:
 
     def evaluator_setup(self, evaluator: Any) -> None:
         """Calls every ``ppe_evaluator_setup`` hook (once per ``Evaluator.run()``)."""
-        self.pm.hook.ppe_evaluator_setup(evaluator=evaluator)
+        self._setup("ppe_evaluator_setup", {"evaluator": evaluator})
 
     def evaluator_teardown(self, evaluator: Any, exception: BaseException | None) -> None:
         """Calls every ``ppe_evaluator_teardown`` hook; see :meth:`_teardown` for errors."""
         self._teardown("ppe_evaluator_teardown", {"evaluator": evaluator, "exception": exception})
+
+    def _setup(self, name: str, kwargs: dict[str, Any]) -> None:
+        """Calls a setup hook through pluggy (wrappers included); an implementation's error is
+        re-raised as :class:`~ppe_core.errors.PluginHookError` naming its plugin."""
+        caller = getattr(self.pm.hook, name)
+        try:
+            caller(**kwargs)
+        except Exception as exc:
+            impl = _raising_impl(caller.get_hookimpls(), exc)
+            if impl is None:  # raised by pluggy itself (e.g. a malformed wrapper)
+                raise
+            raise PluginHookError(self._hook_failure(name, impl.plugin_name, exc)) from exc
+
+    def _hook_failure(self, hook: str, plugin: str, exc: BaseException) -> str:
+        """Names the plugin whose ``hook`` raised ``exc`` and how to disable it."""
+        record = self.records.get(plugin)
+        if record is None:
+            who, disable = f"plugin {plugin!r}", f"unregister it with pm.unregister({plugin!r})"
+        elif record.source == "register()":
+            who = record.describe()
+            disable = f"unregister it: ppe_core.plugins.get_plugin_host().unregister({plugin!r})"
+        elif record.builtin:
+            who, disable = record.describe(), "this is a ppe-core bug: please report it"
+        else:
+            who = record.describe()
+            disable = (
+                f"disable it with {ENV_DISABLED_PLUGINS}={record.distribution or record.name}"
+                + (f" or uninstall {record.distribution}" if record.distribution else "")
+                + (f" (and drop it from {ENV_PLUGINS})" if record.source == "PPE_PLUGINS" else "")
+            )
+        return f"{hook} of {who} raised {exc!r}. Fix the plugin, or {disable}."
 
     def _teardown(self, name: str, kwargs: dict[str, Any]) -> None:
         """Runs each teardown implementation, even when an earlier one raised.
@@ -349,26 +430,50 @@ class PluginHost:
         failing (``exception`` given), each teardown error becomes a
         :class:`~ppe_core.errors.TeardownHookWarning` naming the plugin, and the caller re-raises
         the run's error. After a successful run the first teardown error is raised (once every
-        implementation has run), since nothing else reports it.
+        implementation has run) as :class:`~ppe_core.errors.PluginHookError`, since nothing
+        else reports it.
+
+        Wrapper implementations (``wrapper=True`` or ``hookwrapper=True``) run around the
+        others: their code before ``yield`` first, their code after it last, receiving the
+        plain implementations' results (a new-style wrapper must return them). The others'
+        errors are not thrown into them: each is reported by the contract above.
         """
         failing = kwargs["exception"] is not None
-        first: BaseException | None = None
+        errors: list[tuple[str, Exception]] = []
+        wrappers: list[tuple[str, Any, bool]] = []  # (plugin, generator, old-style)
+        results: list[Any] = []
         for impl in reversed(getattr(self.pm.hook, name).get_hookimpls()):
             try:
-                impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
+                out = impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
+                if impl.wrapper or impl.hookwrapper:
+                    next(out)  # run the wrapper up to its yield
+                    wrappers.append((impl.plugin_name, out, impl.hookwrapper))
+                else:
+                    results.append(out)
             except Exception as exc:
-                if failing:
-                    warnings.warn(
-                        f"{name} of plugin {impl.plugin_name!r} raised {exc!r} while the run was "
-                        f"already failing with {kwargs['exception']!r}; the run's error is "
-                        "re-raised. Fix the hook so that it tolerates failed runs.",
-                        TeardownHookWarning,
-                        stacklevel=3,
-                    )
-                elif first is None:
-                    first = exc
-        if first is not None:
-            raise first
+                errors.append((impl.plugin_name, exc))
+        for plugin, generator, old_style in reversed(wrappers):
+            try:
+                generator.send(pluggy.Result(results, None) if old_style else results)
+            except StopIteration:
+                continue
+            except Exception as exc:
+                errors.append((plugin, exc))
+                continue
+            generator.close()
+            errors.append((plugin, RuntimeError("the wrapper yielded more than once")))
+        for plugin, error in errors:
+            if failing:
+                warnings.warn(
+                    f"{name} of plugin {plugin!r} raised {error!r} while the run was "
+                    f"already failing with {kwargs['exception']!r}; the run's error is "
+                    "re-raised. Fix the hook so that it tolerates failed runs.",
+                    TeardownHookWarning,
+                    stacklevel=3,
+                )
+        if errors and not failing:
+            plugin, error = errors[0]
+            raise PluginHookError(self._hook_failure(name, plugin, error)) from error
 
     def environment_info(self) -> list[str]:
         """Lines from every plugin's ``ppe_environment_info`` hook."""
@@ -380,6 +485,55 @@ class PluginHost:
 
 def _import(module: str) -> object:
     return importlib.import_module(module)
+
+
+def _ep_first_party(ep: EntryPoint) -> bool:
+    return _is_first_party(_entry_point_distribution(ep)[0])
+
+
+def _entry_points_by_name() -> dict[str, EntryPoint]:
+    """The group's entry points by name, first-party distributions first.
+
+    Entry-point names are chosen by each plugin, so one may claim a first-party plugin's name:
+    the first-party one keeps it and the other is skipped with a warning naming it.
+    """
+    found = sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: not _ep_first_party(ep))
+    eps: dict[str, EntryPoint] = {}
+    for ep in found:
+        kept = eps.setdefault(ep.name, ep)
+        if kept is not ep:
+            dist, version = _entry_point_distribution(ep)
+            kept_dist, kept_version = _entry_point_distribution(kept)
+            warnings.warn(
+                PluginConflictWarning(
+                    f"ppe-core plugin entry point {ep.name!r} of {dist} {version} "
+                    f"({ep.value}) is skipped: {kept_dist} {kept_version} provides an entry "
+                    f"point of that name ({kept.value}). Rename one of them, or uninstall the "
+                    "one you do not want."
+                ),
+                stacklevel=4,
+            )
+    return eps
+
+
+def _raising_impl(impls: list[pluggy.HookImpl], exc: BaseException) -> pluggy.HookImpl | None:
+    """The implementation ``exc`` was raised in: the innermost traceback frame running one.
+
+    pluggy does not say which implementation raised, so the traceback's frames are matched to
+    the implementations' code objects (innermost, so a wrapper an error passed through is not
+    blamed for it).
+    """
+    codes = {}
+    for impl in impls:
+        code = getattr(getattr(impl.function, "__func__", impl.function), "__code__", None)
+        if code is not None:
+            codes[code] = impl
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        found = codes.get(tb.tb_frame.f_code, found)
+        tb = tb.tb_next
+    return found
 
 
 def _check_hook_names(pm: pluggy.PluginManager, plugin: object, record: PluginRecord) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -13,6 +14,7 @@ from typing import Generic, TypeVar, cast
 from ppe_core.errors import (
     ArgumentTypeError,
     DuplicateRegistrationError,
+    PluginConflictWarning,
     PluginLoadError,
     RegistryLookupError,
 )
@@ -24,11 +26,19 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Registrant:
-    """Who made a registration: a plugin (with its distribution) or user code."""
+    """Who made a registration: a plugin (with its distribution) or user code.
+
+    ``first_party`` is set by the plugin host from the distribution that provides the plugin
+    (never from a name the plugin chooses); a name a first-party registrant holds stays with it
+    unless the newcomer passes ``replace=True`` and ``may_override`` is true (user code, or a
+    distribution the user allowed with ``PPE_ALLOW_OVERRIDE``).
+    """
 
     plugin: str
     distribution: str | None = None
     version: str | None = None
+    first_party: bool = False
+    may_override: bool = True
 
     def __str__(self) -> str:
         if self.distribution is None:
@@ -107,14 +117,20 @@ class Registry(Generic[T]):
     def register(self, name: str, obj: T, *, replace: bool = False) -> T:
         """Register ``obj`` under ``name`` and return it.
 
+        From a plugin's hook, a name a first-party plugin holds is not taken: the registration
+        is skipped with a :class:`~ppe_core.errors.PluginConflictWarning` (docs/plugins.md,
+        "Plugin isolation"), and ``obj`` is still returned.
+
         Raises:
             DuplicateRegistrationError: ``name`` is taken and ``replace`` is false.
             ArgumentTypeError: ``name`` is not a non-empty string or ``obj`` is unsuitable.
         """
         self._check_name(name, "register('mydev', obj)")
         self._validate(name, obj)
-        registrant, previous = self._admit(name, _describe(obj), replace)
-        self._entries[name] = RegistryEntry(name, obj, registrant, previous)
+        admitted = self._admit(name, _describe(obj), replace)
+        if admitted is not None:
+            registrant, previous = admitted
+            self._entries[name] = RegistryEntry(name, obj, registrant, previous)
         return obj
 
     def register_lazy(self, name: str, target: str, *, replace: bool = False) -> None:
@@ -126,7 +142,10 @@ class Registry(Generic[T]):
         """
         lazy = LazyTarget(target)
         self._check_name(name, "register_lazy('mydev', 'pkg.mod:Obj')")
-        registrant, previous = self._admit(name, target, replace)
+        admitted = self._admit(name, target, replace)
+        if admitted is None:
+            return
+        registrant, previous = admitted
         # The placeholder stands in for T until _resolve replaces it with the real object.
         placeholder = cast(T, lazy)
         self._entries[name] = RegistryEntry(name, placeholder, registrant, previous)
@@ -140,12 +159,26 @@ class Registry(Generic[T]):
 
     def _admit(
         self, name: str, described: str, replace: bool
-    ) -> tuple[Registrant, RegistryEntry[T] | None]:
+    ) -> tuple[Registrant, RegistryEntry[T] | None] | None:
         """The registrant of a new entry ``name`` and the entry it replaces; raises on a
-        duplicate unless ``replace``. Called directly by the public register methods."""
+        duplicate unless ``replace``; ``None`` when a plugin's registration over a first-party
+        entry is skipped. Called directly by the public register methods."""
         registrant = self._current_registrant or _caller_registrant(2)
         previous = self._entries.get(name)
-        if previous is not None and not replace:
+        if previous is None:
+            return registrant, None
+        held = previous.registrant
+        # Inside a plugin's hook, any installed package could be the caller: a first-party
+        # entry stays unless the user allowed this one to replace it.
+        if (
+            self._current_registrant is not None
+            and held.first_party
+            and not registrant.first_party
+            and not (replace and registrant.may_override)
+        ):
+            self._warn_skipped(name, described, previous, registrant, replace)
+            return None
+        if not replace:
             raise DuplicateRegistrationError(
                 f"{self.kind} {name!r} is already registered by {previous.registrant} "
                 f"as {_describe(previous.obj)}; {registrant} tried to register "
@@ -153,6 +186,35 @@ class Registry(Generic[T]):
                 f"replace=True to override it on purpose."
             )
         return registrant, previous
+
+    def _warn_skipped(
+        self,
+        name: str,
+        described: str,
+        previous: RegistryEntry[T],
+        registrant: Registrant,
+        replace: bool,
+    ) -> None:
+        held = previous.registrant
+        if replace:
+            fix = (
+                f"It passed replace=True, which over a first-party {self.kind} needs your "
+                f"consent: set PPE_ALLOW_OVERRIDE={registrant.distribution or registrant.plugin} "
+                "if you want it to win."
+            )
+        else:
+            fix = (
+                "If that is not what you want, uninstall it or block it with "
+                f"PPE_DISABLED_PLUGINS={registrant.distribution or registrant.plugin}."
+            )
+        warnings.warn(
+            PluginConflictWarning(
+                f"{registrant} tried to register {self.kind} {name!r} ({described}), which the "
+                f"first-party {held} serves; the registration is skipped and {name!r} stays "
+                f"with {held.distribution or held.plugin}. {fix}"
+            ),
+            stacklevel=4,
+        )
 
     def _resolve(self, entry: RegistryEntry[T]) -> T:
         """Import a lazy entry's target, validate it and store it in place of the placeholder."""

@@ -15,6 +15,9 @@ Defined here (used across the framework):
 * ``PluginLoadError`` (``RuntimeError``) / ``PluginLoadWarning``: a plugin failed to load
   (an error only with ``PPE_STRICT_PLUGINS=1``).
 * ``TeardownHookWarning``: a teardown hook raised while the run was already failing.
+* ``PluginHookError`` (``RuntimeError``): a plugin's per-run hook (a setup or teardown) raised.
+* ``PluginConflictWarning``: a plugin's registration of a name that a first-party plugin holds
+  was skipped.
 * ``RuntimeReplacedWarning``: user code registered a runtime over a device type's runtime.
 * ``RuntimeOptionError`` (``ConfigurationError``, ``RuntimeError``): a runtime option value
   the runtime cannot use.
@@ -24,6 +27,9 @@ Defined here (used across the framework):
 * ``NoRuntimeError`` (``RuntimeError``): no model was moved with ``ppe.to``.
 * ``ModelOutputError`` (``TypeError``, ``RuntimeError``): outputs unusable for backward.
 * ``BatchMismatchError`` (``TypeError``): a batch does not fit ``forward``'s signature.
+* ``BatchDtypeError`` (``BatchMismatchError``, ``RuntimeError``): a batch tensor's dtype is not
+  the model's.
+* ``NoGradientError`` (``ModelOutputError``): the first training step backpropagated nothing.
 * ``AMPOptionError`` (``ConfigurationError``, ``RuntimeError``): an AMP option cannot be used.
 * ``BackwardOutputWarning``: an output named for backward is missing or has no graph.
 * ``DistributedNotInitializedError`` (``RuntimeError``): a distributed evaluator without an
@@ -163,6 +169,7 @@ __all__ = [
     "AmbiguousEvaluatorError",
     "ArgumentTypeError",
     "BackwardOutputWarning",
+    "BatchDtypeError",
     "BatchMismatchError",
     "BestValueKeyError",
     "CodeBlockError",
@@ -191,6 +198,7 @@ __all__ = [
     "ModelStateUnavailableError",
     "NoBestValueError",
     "NoCurrentReporterError",
+    "NoGradientError",
     "NoPlotDataWarning",
     "NoRuntimeError",
     "NonFiniteParameterError",
@@ -198,6 +206,8 @@ __all__ = [
     "OutputDirectoryInUseError",
     "PPEError",
     "PPEWarning",
+    "PluginConflictWarning",
+    "PluginHookError",
     "PluginLoadError",
     "PluginLoadWarning",
     "ProcessGroupNotInitializedError",
@@ -292,6 +302,14 @@ class TeardownHookWarning(PPEWarning):
     """A teardown hook raised while a run was already failing; the run's error is kept."""
 
 
+class PluginHookError(PPEError, RuntimeError):
+    """A plugin's per-run hook raised; the message names the plugin and how to disable it."""
+
+
+class PluginConflictWarning(PPEWarning):
+    """A plugin registered a name a first-party plugin holds; its registration was skipped."""
+
+
 # Runtimes and code blocks -----------------------------------------------------------------
 class RuntimeReplacedWarning(PPEWarning):
     """User code registered a runtime for a device type that already had one (PPE's way)."""
@@ -322,8 +340,16 @@ class ModelOutputError(PPEError, TypeError, RuntimeError):
     """The model's output cannot be used for backward (a ``RuntimeError`` too, as in PyTorch)."""
 
 
+class NoGradientError(ModelOutputError):
+    """The first training step backpropagated nothing, so the parameters can never change."""
+
+
 class BatchMismatchError(PPEError, TypeError):
     """A batch from the loader does not fit the model's ``forward`` signature."""
+
+
+class BatchDtypeError(BatchMismatchError, RuntimeError):
+    """A batch tensor's dtype differs from the model's (a ``RuntimeError`` too, as in PyTorch)."""
 
 
 class AMPOptionError(ConfigurationError, RuntimeError):

@@ -59,6 +59,10 @@ def ppe_register_runtimes(registry: RuntimeRegistry) -> None:
     resolves a device. Register with ``registry.register(device_type, runtime_class)``; a
     device type another plugin already registered raises
     :class:`~ppe_core.errors.DuplicateRegistrationError` unless ``replace=True`` is passed.
+    A device type a first-party plugin (``ppe-cpu``, ``ppe-cuda``) serves stays with it: another
+    plugin's registration of it is skipped with a
+    :class:`~ppe_core.errors.PluginConflictWarning`, and ``replace=True`` works only when the
+    user names the plugin's distribution in ``PPE_ALLOW_OVERRIDE``.
 
     Args:
         registry: The runtime registry of the active plugin host.
@@ -144,7 +148,8 @@ def ppe_trainer_setup(trainer: Any) -> None:
     """Prepare for a training run.
 
     Called once at the start of ``Trainer.run()``, after extensions are set up and before the
-    first iteration; never per iteration.
+    first iteration; never per iteration. An exception raised here stops the run as a
+    :class:`~ppe_core.errors.PluginHookError` naming the plugin and how to disable it.
 
     Args:
         trainer: The :class:`ppe_core.training.Trainer` about to run.
@@ -162,7 +167,8 @@ def ppe_trainer_teardown(trainer: Any, exception: BaseException | None) -> None:
     """Clean up after a training run, successful or not.
 
     Called once when ``Trainer.run()`` ends, including when it raises. Exceptions raised here
-    are reported but never replace the training error.
+    are reported but never replace the training error. Every implementation runs even when
+    another raised; wrapper implementations run around the others (see docs/plugins.md).
 
     Args:
         trainer: The :class:`ppe_core.training.Trainer` that ran.

@@ -68,17 +68,11 @@ def hide_module(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
     return hide
 
 
-@pytest.fixture(scope="session")
-def installed_plugins(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """pip-install the fixture plugin distributions into a private ``--target`` directory.
-
-    They are installed from a copy outside the repository, the way a user installs a
-    third-party package, and never into the developer's environment.
-    """
-    root = tmp_path_factory.mktemp("third_party")
+def _pip_install_fixtures(root: Path, names: tuple[str, ...]) -> Path:
+    """pip-install fixture distributions, copied out of the repository, into ``root/site``."""
     target = root / "site"
     sources = []
-    for name in ("ppe_testdevice", "ppe_brokenplugin"):
+    for name in names:
         shutil.copytree(FIXTURES / name, root / name)
         sources.append(str(root / name))
     subprocess.run(
@@ -98,6 +92,24 @@ def installed_plugins(tmp_path_factory: pytest.TempPathFactory) -> Path:
         check=True,
     )
     return target
+
+
+@pytest.fixture(scope="session")
+def installed_plugins(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """pip-install the fixture plugin distributions into a private ``--target`` directory.
+
+    They are installed from a copy outside the repository, the way a user installs a
+    third-party package, and never into the developer's environment.
+    """
+    root = tmp_path_factory.mktemp("third_party")
+    return _pip_install_fixtures(root, ("ppe_testdevice", "ppe_brokenplugin"))
+
+
+@pytest.fixture(scope="session")
+def misbehaving_plugins(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """pip-install ``ppe-misbehaving`` (plugins that misbehave on purpose) into its own
+    ``--target`` directory, so the tests that put it on ``sys.path`` choose where."""
+    return _pip_install_fixtures(tmp_path_factory.mktemp("misbehaving"), ("ppe_misbehaving",))
 
 
 def run_python(

@@ -4,6 +4,7 @@ the problem and the fix. docs/errors.md lists every case with the test that back
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -20,10 +21,14 @@ import ppe_core as ppe
 import ppe_core.testing
 from ppe_core.errors import (
     ArgumentTypeError,
+    BatchDtypeError,
     ConfigurationError,
     DuplicateRegistrationError,
     MissingObservationError,
+    NoGradientError,
     NonFiniteParameterError,
+    PluginConflictWarning,
+    PluginHookError,
     RegistryLookupError,
     RuntimeNotFoundError,
     ValLoaderIgnoredWarning,
@@ -170,6 +175,27 @@ def test_batch_tuple_does_not_fit_forward() -> None:
     says(info, "missing a required argument: 't'", "tuple of 1 items", "positional arguments")
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int64])
+def test_batch_dtype_differs_from_the_model(dtype: torch.dtype) -> None:
+    bad = [{"x": torch.ones(3, 2, dtype=dtype), "t": torch.randn(3, 1)}] * 2
+    with pytest.raises(BatchDtypeError) as info:  # also a RuntimeError, as torch's
+        make_trainer().run(bad)
+    says(info, f"'x' is {dtype}", "parameters (torch.float32)", "collate_fn", "x.float()")
+
+
+@pytest.mark.parametrize("cause", ["item", "detach", "no_grad"])
+def test_loss_without_grad_with_default_options(cause: str) -> None:
+    class NoGraph(Regressor):
+        def forward(self, x: torch.Tensor, t: torch.Tensor) -> Any:
+            with torch.no_grad() if cause == "no_grad" else contextlib.nullcontext():
+                loss = torch.nn.functional.mse_loss(self.fc(x), t)
+            return {"loss": loss.item() if cause == "item" else loss.detach()}
+
+    with pytest.raises(NoGradientError) as info:  # at the first step, not after the run
+        make_trainer(NoGraph()).run(batches())
+    says(info, "first training step backpropagated nothing", "'loss'", ".item()", "no_grad")
+
+
 # Devices and runtimes ----------------------------------------------------------------------
 def test_run_without_ppe_to() -> None:
     model = Regressor()
@@ -285,6 +311,30 @@ def test_plugin_hook_typo() -> None:
     with pytest.raises(ConfigurationError) as info:
         ppe.plugins.get_plugin_host().register(Plugin(), name="typo")
     says(info, "unknown hook 'ppe_register_runtime'", "known hooks:", "ppe_register_runtimes")
+
+
+def test_plugin_claims_a_first_party_device_type(
+    misbehaving_plugins: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(misbehaving_plugins))  # discovered before ppe-cpu
+    settings = ppe.plugins.PluginSettings(disabled=("intruder_replace", "failing_setup"))
+    with pytest.warns(PluginConflictWarning) as record:
+        host = ppe.plugins.PluginHost(settings)
+    intruder = "plugin 'intruder' (ppe-misbehaving 0.3.0)"
+    warned(record, intruder, "runtime 'cpu'", "stays with ppe-cpu", "PPE_DISABLED_PLUGINS")
+    assert host.runtimes.entries()["cpu"].registrant.distribution == "ppe-cpu"
+
+
+def test_plugin_setup_hook_raises() -> None:
+    class Buggy:
+        @ppe.hookimpl
+        def ppe_trainer_setup(self, trainer: Any) -> None:
+            raise ValueError("oops")
+
+    ppe.plugins.get_plugin_host().register(Buggy(), name="buggy")
+    with pytest.raises(PluginHookError) as info:
+        make_trainer().run(batches())
+    says(info, "ppe_trainer_setup of plugin 'buggy'", "ValueError('oops')", "unregister('buggy')")
 
 
 # create_trainer / create_evaluator arguments -------------------------------------------------

@@ -14,9 +14,11 @@ import torch
 from ppe_core.errors import (
     AMPOptionError,
     BackwardOutputWarning,
+    BatchDtypeError,
     BatchMismatchError,
     ConfigurationError,
     ModelOutputError,
+    NoGradientError,
 )
 from ppe_core.runtime import device_type_of, get_runtime
 
@@ -226,6 +228,8 @@ class Logic(BaseLogic):
         self.grad_accumulation_steps = 1
         self._epoch_length: int | None = None
         self._warned_nothing = False
+        # True until the first training step has checked that the run can train at all.
+        self._first_step = True
         super().__init__(options)
 
     def consume_options(self, options: dict[str, Any]) -> None:
@@ -349,6 +353,9 @@ class Logic(BaseLogic):
         except TypeError as exc:
             _explain_forward_mismatch(model, batch, exc)
             raise
+        except RuntimeError as exc:  # free until it fires: nothing per step
+            _explain_dtype_mismatch(model, batch, exc)
+            raise
 
     def _window(self, batch_idx: int) -> tuple[int, bool]:
         """(size of the accumulation window holding batch_idx, whether batch_idx ends it)."""
@@ -421,7 +428,8 @@ class Logic(BaseLogic):
 
     def _warn_nothing(self, outputs: Mapping[str, Any]) -> None:
         # Only outputs with a graph but no scalar among them look like a forgotten loss; a
-        # model returning no graph at all is left alone, as PPE leaves it.
+        # model returning no graph at all is refused at the first step instead (see
+        # _check_something_trains), unless its forward ran backward itself.
         if any(isinstance(v, torch.Tensor) and v.grad_fn is not None for v in outputs.values()):
             self._warned_nothing = True
             warnings.warn(
@@ -501,6 +509,10 @@ class Logic(BaseLogic):
             with autocast.autocast():
                 outputs = self._forward(model, batch)
         self._backward(outputs, window)
+        if self._first_step:  # one attribute test per step; the check itself runs once
+            self._first_step = False
+            if self.backward_outputs is None:
+                _check_something_trains(model, outputs)
         return outputs
 
     def train_step_optimizers(
@@ -663,3 +675,82 @@ def _explain_forward_mismatch(model: torch.nn.Module, batch: Any, exc: TypeError
             f"The loader yielded {given}; {rule} forward's parameters. Change the loader's "
             "collate_fn or forward's signature so they agree."
         ) from exc
+
+
+def _check_something_trains(model: torch.nn.Module, outputs: Any) -> None:
+    """Raise :class:`NoGradientError` when nothing in ``outputs`` has a graph and no parameter
+    of ``model`` has a gradient (the forward did not run backward itself).
+
+    Called after the first training step with the default ``backward_outputs``: if that step
+    could not train, no step can, and the run would end with the weights unchanged.
+    """
+    named = outputs if type(outputs) is dict else normalize_outputs(outputs)
+    if any(isinstance(v, torch.Tensor) and v.grad_fn is not None for v in named.values()):
+        return  # backpropagated, or BackwardOutputWarning already said why not
+    params = list(model.parameters())
+    if any(p.grad is not None for p in params):
+        return  # the forward ran backward itself
+    described = ", ".join(f"{k!r}: {_grad_state(v)}" for k, v in named.items()) or "nothing"
+    if params and not any(p.requires_grad for p in params):
+        cause = (
+            "Every parameter of the model is frozen (requires_grad=False): unfreeze the ones "
+            "to train."
+        )
+    else:
+        cause = (
+            "Usual causes: the loss was returned after .item() or .detach(), or computed under "
+            "torch.no_grad() / torch.inference_mode(). Return the loss tensor itself, e.g. "
+            "{'loss': loss}, and report plain numbers with ppe.reporting.report."
+        )
+    raise NoGradientError(
+        f"the first training step backpropagated nothing: no output of "
+        f"{type(model).__name__}.forward requires grad ({described}), so the parameters would "
+        f"never change. {cause}"
+    )
+
+
+def _grad_state(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor that does not require grad"
+    return f"a {type(value).__name__}, not a tensor"
+
+
+#: Phrases of PyTorch's errors for operands of different dtypes (matmul, conv, embedding...).
+_DTYPE_ERRORS = (
+    "same dtype",
+    "expected scalar type",
+    "should be the same",
+    "Found dtype",
+    "expected both vectors to have same dtype",
+)
+
+
+def _explain_dtype_mismatch(model: torch.nn.Module, batch: Any, exc: RuntimeError) -> None:
+    """Raise :class:`BatchDtypeError` naming the batch tensors whose dtype is not the model's,
+    when ``exc`` is PyTorch's dtype-mismatch error."""
+    message = str(exc)
+    if not any(phrase in message for phrase in _DTYPE_ERRORS):
+        return
+    wanted = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    if wanted is None:
+        return
+    if isinstance(batch, Mapping):
+        items = [(repr(k), v) for k, v in batch.items()]
+    elif isinstance(batch, (list, tuple)):
+        items = [(f"item {i}", v) for i, v in enumerate(batch)]
+    else:
+        items = [("the batch", batch)]
+    other = [(n, v.dtype) for n, v in items if isinstance(v, torch.Tensor) and v.dtype != wanted]
+    # A float of another precision is the likely culprit; integer tensors (often class
+    # targets) are named only when there is no such float.
+    suspects = [(n, d) for n, d in other if d.is_floating_point] or other
+    if not suspects:
+        return
+    named = ", ".join(f"{n} is {d}" for n, d in suspects)
+    raise BatchDtypeError(
+        f"the batch's dtypes do not match {type(model).__name__}'s parameters ({wanted}): "
+        f"{named}. PyTorch said: {message.splitlines()[0]}. Convert the inputs where the "
+        f"batch is built (the dataset or the loader's collate_fn), e.g. x.to({wanted}) or "
+        "x.float(), or convert the model (e.g. model.double()) if that precision is the one "
+        "you want. Integer class targets (for cross_entropy) can stay integers."
+    ) from exc

@@ -59,7 +59,9 @@ class RuntimeRegistry(Registry[type[BaseRuntime]]):
     class again changes nothing). A plugin that registers a taken device type from its
     ``ppe_register_runtimes`` hook still raises
     :class:`~ppe_core.errors.DuplicateRegistrationError` unless it passes ``replace=True``: two
-    installed plugins claiming one device is a conflict to resolve, not to guess.
+    installed plugins claiming one device is a conflict to resolve, not to guess. A device type
+    a first-party plugin serves is never taken by another plugin's hook without the user's
+    consent (see :class:`~ppe_core._registry.Registry` and docs/plugins.md).
     """
 
     def __init__(
