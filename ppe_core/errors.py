@@ -42,6 +42,7 @@ Defined beside the code that raises them, and loaded from there on first access 
   names); ``TriggerTypeError``, ``MissingObservationWarning`` (triggers); ``MetricInputError``,
   ``MetricKeyError`` (metrics).
 * Extensions: ``SnapshotError``, ``UnsafeSnapshotError``, ``SnapshotVerificationWarning``,
+  ``SnapshotRanksError``, ``SnapshotRanksWarning``, ``WorldSizeMismatchWarning``,
   ``OptionalDependencyError``, ``NoBestValueError``, ``BestValueKeyError``,
   ``NonFiniteParameterError``, ``SlackTokenError``, ``SlackPostWarning``,
   ``MissingEvalTargetError``, ``NoPlotDataWarning``.
@@ -74,6 +75,7 @@ if TYPE_CHECKING:
     )
     from ppe_core.runtime._options import RuntimeOptionTypeError
     from ppe_core.testing import ConformanceError
+    from ppe_core.training._resume import WorldSizeMismatchWarning
     from ppe_core.training._trainer import (
         AmbiguousEvaluatorError,
         UnknownOptimizerError,
@@ -86,6 +88,8 @@ if TYPE_CHECKING:
     from ppe_core.training.extensions._slack import SlackPostWarning, SlackTokenError
     from ppe_core.training.extensions._snapshot import (
         SnapshotError,
+        SnapshotRanksError,
+        SnapshotRanksWarning,
         SnapshotVerificationWarning,
         UnsafeSnapshotError,
     )
@@ -135,6 +139,8 @@ _ELSEWHERE: dict[str, str] = {
     "SlackPostWarning": "ppe_core.training.extensions._slack",
     "SlackTokenError": "ppe_core.training.extensions._slack",
     "SnapshotError": "ppe_core.training.extensions._snapshot",
+    "SnapshotRanksError": "ppe_core.training.extensions._snapshot",
+    "SnapshotRanksWarning": "ppe_core.training.extensions._snapshot",
     "SnapshotVerificationWarning": "ppe_core.training.extensions._snapshot",
     "StateDictKeyError": "ppe_core.training.manager",
     "StateDictMismatchError": "ppe_core.training.manager",
@@ -145,6 +151,7 @@ _ELSEWHERE: dict[str, str] = {
     "UnsafeSnapshotError": "ppe_core.training.extensions._snapshot",
     "ValLoaderIgnoredWarning": "ppe_core.training._trainer",
     "WriterError": "ppe_core.writing",
+    "WorldSizeMismatchWarning": "ppe_core.training._resume",
     "WriterFinalizedError": "ppe_core.writing",
 }
 
@@ -196,6 +203,8 @@ __all__ = [
     "SlackPostWarning",
     "SlackTokenError",
     "SnapshotError",
+    "SnapshotRanksError",
+    "SnapshotRanksWarning",
     "SnapshotVerificationWarning",
     "StateDictKeyError",
     "StateDictMismatchError",
@@ -206,6 +215,7 @@ __all__ = [
     "UnknownOptimizerError",
     "UnsafeSnapshotError",
     "ValLoaderIgnoredWarning",
+    "WorldSizeMismatchWarning",
     "WriterError",
     "WriterFinalizedError",
 ]
