@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -35,28 +36,39 @@ def _env() -> dict[str, str]:
 def launch(script: Path, *args: str, processes: int = 2, timeout: float = 120) -> tuple[int, str]:
     """Runs ``script`` in ``processes`` gloo processes (0: plain python); ``(returncode, stderr)``.
 
-    A run still going after ``timeout`` seconds (a hang) is killed with all its processes and
+    A run still going after ``timeout`` seconds (a hang) is stopped with all its processes and
     fails the test.
     """
     command = [sys.executable, str(script), *args]
     if processes:
         command[1:1] = ["-m", "torch.distributed.run", "--standalone"]
         command.insert(4, f"--nproc_per_node={processes}")
-    process = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(),
-        start_new_session=True,  # its own process group: a hang is killed with its workers
-    )
-    try:
-        _, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        _, stderr = process.communicate()
-        pytest.fail(f"{script.name} {' '.join(args)} hung for {timeout} s:\n{stderr[-3000:]}")
-    return process.returncode, stderr
+    # stderr goes to a file: a pipe would stay open as long as any worker lives.
+    with tempfile.TemporaryFile("w+") as stderr:
+        process = subprocess.Popen(
+            command,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            text=True,
+            env=_env(),
+            start_new_session=True,
+        )
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # torchrun runs each worker in a session of its own and stops them on SIGTERM.
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            stderr.seek(0)
+            pytest.fail(
+                f"{script.name} {' '.join(args)} hung for {timeout} s:\n{stderr.read()[-3000:]}"
+            )
+        stderr.seek(0)
+        return process.returncode, stderr.read()
 
 
 def results(out: Path, ranks: int = 2) -> list[dict[str, Any]]:
