@@ -22,7 +22,7 @@ from ppe_core.training._extension import (
     check_priority,
 )
 from ppe_core.training._protocols import StateObjectProtocol
-from ppe_core.training._ranks import agree_on_collectives
+from ppe_core.training._ranks import agree_on_collectives, device_of
 from ppe_core.training._schedule import Schedule
 from ppe_core.training._state import (
     PPE_CORE_STATE_KEY,
@@ -528,7 +528,9 @@ class ExtensionsManager:
         if self._start_time is None:
             self._start_time = time.perf_counter()
         # Before any extension initializes: extensions that issue collectives ask the result.
-        self._ranks_lacking = agree_on_collectives(self._schedule.slots(), self._iters_per_epoch)
+        self._ranks_lacking = agree_on_collectives(
+            self._schedule.slots(), self._iters_per_epoch, device_of(self._models.values())
+        )
         for slot in self._schedule.slots():
             if not getattr(slot.entry.trigger, "finished", False):
                 slot.entry.extension.initialize(self)

@@ -15,11 +15,15 @@ it issues and when (e.g. ``"snapshot(mode=DEFAULT, autoload=True)"``); None or a
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from typing import Any
 
-__all__ = ["agree_on_collectives", "distributed_world"]
+import torch
+
+__all__ = ["agree_on_collectives", "device_of", "distributed_world", "object_device"]
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
@@ -33,13 +37,34 @@ def distributed_world() -> tuple[int, int]:
     return 1, 0
 
 
+def device_of(models: Iterable[torch.nn.Module]) -> torch.device | None:
+    """The device of the first parameter of ``models``: where this rank trains."""
+    for model in models:
+        for parameter in model.parameters():
+            return parameter.device
+    return None
+
+
+def object_device(device: torch.device | None) -> AbstractContextManager[Any]:
+    """Makes ``device`` its type's current device while object collectives run.
+
+    ``all_gather_object`` and ``gather_object`` place their payload on the backend's current
+    device of its type (for NCCL, the current accelerator): without this every rank that did
+    not select its own device would use device 0. CPU devices need nothing.
+    """
+    if device is None or device.type == "cpu" or device.index is None:
+        return contextlib.nullcontext()
+    scope = getattr(torch.get_device_module(device.type), "device", None)
+    return scope(device.index) if callable(scope) else contextlib.nullcontext()
+
+
 def _describe(trigger: Any) -> str:
     # A trigger's repr names its kind and schedule; object addresses differ between processes.
     return _ADDRESS.sub("", repr(trigger))
 
 
 def agree_on_collectives(
-    slots: Iterable[Any], iters_per_epoch: int
+    slots: Iterable[Any], iters_per_epoch: int, device: torch.device | None = None
 ) -> dict[str, tuple[int, ...]] | None:
     """Which ranks lack each of this rank's collective-using extensions.
 
@@ -51,6 +76,7 @@ def agree_on_collectives(
     Args:
         slots: The manager's registered extensions (``Slot`` objects: ``name``, ``entry``).
         iters_per_epoch: The manager's epoch length.
+        device: Where this rank trains (see :func:`object_device`).
 
     Returns:
         ``{name: ranks lacking it}`` for this rank's collective-using extensions (an empty
@@ -67,7 +93,8 @@ def agree_on_collectives(
         if isinstance(declared, str):
             mine[slot.name] = (declared, _describe(slot.entry.trigger), iters_per_epoch)
     everyone: list[Any] = [None] * world
-    dist.all_gather_object(everyone, mine)
+    with object_device(device):
+        dist.all_gather_object(everyone, mine)
     return {
         name: tuple(r for r, theirs in enumerate(everyone) if theirs.get(name) != signature)
         for name, signature in mine.items()

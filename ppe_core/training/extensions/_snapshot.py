@@ -24,6 +24,7 @@ import torch
 from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError, PPEWarning
 from ppe_core.runtime import map_tensors
 from ppe_core.training._extension import PRIORITY_SNAPSHOT, Extension
+from ppe_core.training._ranks import device_of, object_device
 from ppe_core.training._resume import record_ranks
 from ppe_core.training._state import PPE_CORE_STATE_KEY
 from ppe_core.writing import SimpleWriter, Writer
@@ -403,6 +404,8 @@ class _Snapshot(Extension):
         # every rank has it, so that it may issue collectives.
         self._lacking: tuple[int, ...] | None = None
         self._collective = False
+        # Where this rank trains: object collectives put their payload there (NCCL).
+        self._device: torch.device | None = None
         # Every rank's resume data, gathered for the save in progress (the saver's only).
         self._rank_states: list[Any] | None = None
 
@@ -510,7 +513,8 @@ class _Snapshot(Extension):
         own = resume_state_dict() if callable(resume_state_dict) else {}
         saver = self._saver()
         gathered: list[Any] | None = [None] * _world_size() if _rank() == saver else None
-        dist.gather_object(own, gathered, dst=saver)
+        with object_device(self._device):
+            dist.gather_object(own, gathered, dst=saver)
         return gathered
 
     def _check_ranks_agree(self, path: str | None, out_dir: str) -> None:
@@ -541,7 +545,8 @@ class _Snapshot(Extension):
                 digest = None
             mine = (os.path.relpath(path, out_dir), digest)
         everyone: list[Any] = [None] * _world_size()
-        dist.all_gather_object(everyone, mine)
+        with object_device(self._device):
+            dist.all_gather_object(everyone, mine)
         if any(other != mine for other in everyone):
             chosen = ", ".join(
                 f"rank {r}: {'nothing' if c is None else c[0]}" for r, c in enumerate(everyone)
@@ -567,6 +572,8 @@ class _Snapshot(Extension):
         ranks_lacking = getattr(manager, "ranks_lacking", None)
         self._lacking = ranks_lacking(self.name) if callable(ranks_lacking) and self.name else None
         self._collective = self._agree()
+        if self._collective:
+            self._device = device_of(getattr(manager, "raw_models", {}).values())
         if not self.autoload:
             return None
         out_dir = self._out_dir(manager)
@@ -919,7 +926,8 @@ class _ShardedSnapshot(_Snapshot):
         dist = _dist()
         if dist is not None and self._collective:
             everyone: list[Any] = [None] * _world_size()
-            dist.all_gather_object(everyone, chosen)
+            with object_device(self._device):
+                dist.all_gather_object(everyone, chosen)
             if any(other != chosen for other in everyone):
                 raise SnapshotError(
                     f"the ranks found different newest sharded snapshots {everyone} in "
