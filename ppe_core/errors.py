@@ -49,7 +49,8 @@ Defined beside the code that raises them, and loaded from there on first access 
   ``DuplicateExtensionError`` (extension names); ``TriggerTypeError``,
   ``MissingObservationWarning`` (triggers); ``MetricInputError``, ``MetricKeyError`` (metrics).
 * Extensions: ``SnapshotError``, ``UnsafeSnapshotError``, ``SnapshotStateError``,
-  ``SnapshotVerificationWarning``,
+  ``SnapshotVerificationWarning``, ``SnapshotRanksError``, ``SnapshotRanksWarning``,
+  ``WorldSizeMismatchWarning``,
   ``OptionalDependencyError``, ``NoBestValueError``, ``BestValueKeyError``,
   ``NonFiniteParameterError``, ``SlackTokenError``, ``SlackPostWarning``,
   ``MissingEvalTargetError``, ``NoPlotDataWarning``.
@@ -82,6 +83,7 @@ if TYPE_CHECKING:
     )
     from ppe_core.runtime._options import RuntimeOptionTypeError
     from ppe_core.testing import ConformanceError
+    from ppe_core.training._resume import WorldSizeMismatchWarning
     from ppe_core.training._run_lock import OutputDirectoryInUseError, RunLockWarning
     from ppe_core.training._state import EpochLengthChangedWarning
     from ppe_core.training._trainer import (
@@ -96,6 +98,8 @@ if TYPE_CHECKING:
     from ppe_core.training.extensions._slack import SlackPostWarning, SlackTokenError
     from ppe_core.training.extensions._snapshot import (
         SnapshotError,
+        SnapshotRanksError,
+        SnapshotRanksWarning,
         SnapshotStateError,
         SnapshotVerificationWarning,
         UnsafeSnapshotError,
@@ -151,6 +155,8 @@ _ELSEWHERE: dict[str, str] = {
     "SlackTokenError": "ppe_core.training.extensions._slack",
     "SnapshotError": "ppe_core.training.extensions._snapshot",
     "SnapshotStateError": "ppe_core.training.extensions._snapshot",
+    "SnapshotRanksError": "ppe_core.training.extensions._snapshot",
+    "SnapshotRanksWarning": "ppe_core.training.extensions._snapshot",
     "SnapshotVerificationWarning": "ppe_core.training.extensions._snapshot",
     "StateDictKeyError": "ppe_core.training.manager",
     "StateDictMismatchError": "ppe_core.training.manager",
@@ -161,6 +167,7 @@ _ELSEWHERE: dict[str, str] = {
     "UnsafeSnapshotError": "ppe_core.training.extensions._snapshot",
     "ValLoaderIgnoredWarning": "ppe_core.training._trainer",
     "WriterError": "ppe_core.writing",
+    "WorldSizeMismatchWarning": "ppe_core.training._resume",
     "WriterFinalizedError": "ppe_core.writing",
 }
 
@@ -220,6 +227,8 @@ __all__ = [
     "SlackPostWarning",
     "SlackTokenError",
     "SnapshotError",
+    "SnapshotRanksError",
+    "SnapshotRanksWarning",
     "SnapshotStateError",
     "SnapshotVerificationWarning",
     "StateDictKeyError",
@@ -231,6 +240,7 @@ __all__ = [
     "UnknownOptimizerError",
     "UnsafeSnapshotError",
     "ValLoaderIgnoredWarning",
+    "WorldSizeMismatchWarning",
     "WriterError",
     "WriterFinalizedError",
 ]

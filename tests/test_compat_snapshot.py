@@ -167,9 +167,11 @@ def test_ppe_trainer_snapshot_resumes_a_ppe_core_trainer(tmp_path: Path) -> None
     assert resumed.manager.get_extension("_Snapshot").loaded_from.endswith("snapshot_iter_10")
     for key, value in _weights(reference.models["main"]).items():
         assert torch.equal(value, resumed.models["main"].state_dict()[key]), key
-    # ppe-core's own snapshot holds its resume data under a key PPE ignores.
+    # ppe-core's own snapshot holds its resume data (and the run's world size) under a key
+    # PPE ignores.
     state = load_snapshot(str(tmp_path / "run" / "snapshot_iter_15"))
-    assert set(state["_ppe_core"]) == {"manager", "trainer_state"}
+    assert state["_ppe_core"].keys() == {"manager", "trainer_state", "world_size"}
+    assert state["_ppe_core"]["world_size"] == 1
 
 
 def test_ppe_core_trainer_snapshot_resumes_a_ppe_trainer(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import torch
 
 import ppe_core as ppe
 from ppe_core.distributed import DistributedEnvironmentError
-from ppe_core.errors import ConfigurationError
+from ppe_core.errors import ConfigurationError, WorldSizeMismatchWarning
 from ppe_core.training.extensions._snapshot import load_snapshot
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -148,7 +148,8 @@ def test_ddp_snapshot_loads_into_an_unwrapped_model_and_resumes(
         extensions=[snapshot],
     )
     train, _ = ddp_training.dataset()
-    trainer.run(torch.utils.data.DataLoader(train[:32], batch_size=4))  # type: ignore[arg-type]
+    with pytest.warns(WorldSizeMismatchWarning, match=r"2 process\(es\) and this run has 1"):
+        trainer.run(torch.utils.data.DataLoader(train[:32], batch_size=4))  # type: ignore[arg-type]
     assert snapshot.loaded_from == str(tmp_path / "snapshot_16")
     assert trainer.iteration == 24  # resumed at 16 (epoch 2 of 8 batches), 8 more steps
     single = load_snapshot(str(tmp_path / "snapshot_24"))

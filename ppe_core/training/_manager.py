@@ -23,6 +23,7 @@ from ppe_core.training._extension import (
     check_priority,
 )
 from ppe_core.training._protocols import StateObjectProtocol
+from ppe_core.training._ranks import agree_on_collectives, device_of
 from ppe_core.training._run_lock import RunLock, acquire_run_lock
 from ppe_core.training._schedule import Schedule
 from ppe_core.training._state import (
@@ -295,6 +296,8 @@ class ExtensionsManager:
         self._handled_error: BaseException | None = None
         # While an iteration is open: the reporter's observation before it (restored after).
         self._scope: Observation | None = None
+        # Agreed between ranks when the extensions start (see ranks_lacking).
+        self._ranks_lacking: dict[str, tuple[int, ...]] | None = None
 
         # The output directory's run lock while this manager runs (see _take_run_lock).
         self._run_lock: RunLock | None = None
@@ -541,6 +544,10 @@ class ExtensionsManager:
         if self._start_time is None:
             self._start_time = time.perf_counter()
         try:
+            # Before any extension initializes: extensions that issue collectives ask the result.
+            self._ranks_lacking = agree_on_collectives(
+                self._schedule.slots(), self._iters_per_epoch, device_of(self._models.values())
+            )
             for slot in self._schedule.slots():
                 if not getattr(slot.entry.trigger, "finished", False):
                     slot.entry.extension.initialize(self)
@@ -553,6 +560,23 @@ class ExtensionsManager:
                 if slot.entry.call_before_training:
                     self._schedule.call(self, slot)
         self._invalidate_schedule()
+
+    def ranks_lacking(self, name: str) -> tuple[int, ...] | None:
+        """The ranks without the collective-using extension ``name``, as agreed at start.
+
+        Under a process group of several ranks, the managers of all ranks exchange once, when
+        the extensions start, which extensions declaring ``collectives`` they have (and with
+        which trigger and epoch length). An extension may issue a collective only when every
+        rank has it: otherwise the ranks that have it would wait forever for the others.
+        Every rank that trains must therefore have a manager (extensions may differ).
+
+        Returns:
+            The ranks lacking it (or running it on another trigger or epoch length); ``()``
+            when every rank has it; None without a process group of several ranks, or for an
+            extension registered after the start or declaring no ``collectives``.
+        """
+        lacking = self._ranks_lacking
+        return None if lacking is None else lacking.get(name)
 
     def run_iteration(
         self, *, step_optimizers: Sequence[str] | None = None
@@ -888,6 +912,14 @@ class ExtensionsManager:
         state): PPE's ``load_state_dict`` still reads the state. An empty state is left out.
         """
         self._state.add_resume_state(name, obj)
+
+    def resume_state_dict(self) -> dict[str, Any]:
+        """This process's own resume data: what :meth:`state_dict` keeps under ``'_ppe_core'``.
+
+        Under torch.distributed it differs between ranks (each rank's RNG and loader states);
+        a snapshot gathers it from every rank so that each rank resumes with its own.
+        """
+        return self._state.resume_state_dict()
 
     def state_dict(self, *, transform_models: TransformModel | None = None) -> dict[str, Any]:
         """Returns the training state in PPE's layout.

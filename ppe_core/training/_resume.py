@@ -1,17 +1,94 @@
-"""What a snapshot needs beyond weights to resume bit-exactly: RNG states and epoch order."""
+"""What a snapshot needs beyond weights to resume bit-exactly: RNG states and epoch order,
+for each rank under torch.distributed."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ppe_core.errors import PPEWarning
+from ppe_core.training._ranks import distributed_world
+
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ResumeStateHost
 
-__all__ = ["TrainerState", "attach_resume_state"]
+__all__ = [
+    "RANKS_KEY",
+    "WORLD_SIZE_KEY",
+    "TrainerState",
+    "WorldSizeMismatchWarning",
+    "attach_resume_state",
+    "rank_resume_states",
+    "record_ranks",
+]
+
+#: Under ``state['_ppe_core']``: the number of processes of the run that saved the state.
+WORLD_SIZE_KEY = "world_size"
+#: Under ``state['_ppe_core']``: every rank's own resume data, in rank order (a snapshot
+#: gathers them); the entries beside it are the saving rank's, as in a single process.
+RANKS_KEY = "ranks"
+
+
+class WorldSizeMismatchWarning(PPEWarning):
+    """A state saved by a run of another world size was loaded.
+
+    Weights, optimizer states and iteration counts resume exactly; each rank's RNG states and
+    loader position do not (every rank restores the saving rank's), and the data is split
+    differently across ranks, so the run is not the one the saved run would have continued.
+    """
+
+
+def record_ranks(
+    internal: dict[str, Any], world_size: int, rank_states: Sequence[Mapping[str, Any]] | None
+) -> None:
+    """Adds the world size and, when given, every rank's resume data to ``internal``.
+
+    Args:
+        internal: ``state['_ppe_core']`` of what ``manager.state_dict()`` returned (changed
+            in place).
+        world_size: The number of processes of this run.
+        rank_states: ``manager.resume_state_dict()`` of every rank, in rank order; None when
+            they could not be gathered (the saving rank's entries then stand for every rank).
+    """
+    internal[WORLD_SIZE_KEY] = world_size
+    if rank_states is not None:
+        internal[RANKS_KEY] = [dict(entry) for entry in rank_states]
+
+
+def rank_resume_states(saved: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The resume data this rank restores from a loaded ``state['_ppe_core']``.
+
+    Its own entry when the state holds one per rank and the world size is the same; otherwise
+    the saving rank's (a single process's state, or one saved without every rank's).
+
+    Warns:
+        WorldSizeMismatchWarning: The state records another world size than this run's.
+    """
+    world, rank = distributed_world()
+    saved_world = saved.get(WORLD_SIZE_KEY)
+    if isinstance(saved_world, int) and saved_world != world:
+        warnings.warn(
+            WorldSizeMismatchWarning(
+                f"the loaded state was saved by a run of {saved_world} process(es) and this run "
+                f"has {world}. Resumed exactly: the weights, the optimizer states and the "
+                "iteration counts. Not resumed exactly: each rank's RNG states and loader "
+                "position (every rank restores the saving rank's), and the data is split "
+                f"differently over {world} process(es), so this is not the run the saved one "
+                f"would have continued. Resume with {saved_world} process(es) to continue it "
+                "exactly, or use another output directory to train anew (resuming across "
+                "world sizes is not supported)."
+            ),
+            stacklevel=5,
+        )
+        return saved
+    ranks = saved.get(RANKS_KEY)
+    if isinstance(ranks, Sequence) and len(ranks) == world and isinstance(ranks[rank], Mapping):
+        return {**saved, **ranks[rank]}
+    return saved
 
 
 def attach_resume_state(manager: ResumeStateHost, state: TrainerState, handler: Any) -> None:
@@ -104,7 +181,10 @@ class TrainerState:
     """Carries RNG states and the epoch's order-deciding state through snapshots.
 
     The Trainer registers it with its manager, which saves it under
-    ``state["_ppe_core"]["trainer_state"]`` (a key PPE ignores). At each epoch start it records the
+    ``state["_ppe_core"]["trainer_state"]`` (a key PPE ignores). Under torch.distributed
+    every rank has its own (per-rank seeds, per-rank data draws): a snapshot gathers every
+    rank's under ``state["_ppe_core"]["ranks"]`` and each rank restores its own
+    (:func:`rank_resume_states`). At each epoch start it records the
     RNG states that decide the loader's order; ``state_dict`` adds the current states of the
     torch, numpy and Python generators, the loader's generators and every runtime (device
     RNGs). On resume the trainer rebuilds the interrupted epoch from the epoch-start states

@@ -11,6 +11,7 @@ import torch
 from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError, PPEWarning
 from ppe_core.training._extension import ExtensionEntry
 from ppe_core.training._protocols import StateObjectProtocol
+from ppe_core.training._resume import rank_resume_states
 
 __all__ = [
     "PPE_CORE_STATE_KEY",
@@ -213,6 +214,11 @@ class ManagerState:
         """
         self._internal[name] = obj
 
+    def resume_state_dict(self) -> dict[str, Any]:
+        """ppe-core's own resume data (``state['_ppe_core']``), empty states left out."""
+        internal = {name: obj.state_dict() for name, obj in self._internal.items()}
+        return {name: value for name, value in internal.items() if value}
+
     @property
     def has_state_objects(self) -> bool:
         """Whether any state object is registered."""
@@ -238,8 +244,7 @@ class ManagerState:
             "extensions": {name: entry.state_dict() for name, entry in entries.items()},
             "ppe_version": __version__,
         }
-        internal = {name: obj.state_dict() for name, obj in self._internal.items()}
-        internal = {name: value for name, value in internal.items() if value}
+        internal = self.resume_state_dict()
         if internal:
             state[PPE_CORE_STATE_KEY] = internal
         return state
@@ -286,7 +291,8 @@ class ManagerState:
                 if name in object_states:
                     obj.load_state_dict(object_states[name])
         extension_states: Mapping[str, Any] = to_load.get("extensions") or {}
-        internal_states: Mapping[str, Any] = to_load.get(PPE_CORE_STATE_KEY) or {}
+        # Under torch.distributed each rank restores its own entry (see rank_resume_states).
+        internal_states = rank_resume_states(to_load.get(PPE_CORE_STATE_KEY) or {})
         missing = []
         for name, entry in entries.items():
             if name in extension_states:

@@ -28,6 +28,9 @@ import torch
 from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError, PPEWarning
 from ppe_core.runtime import map_tensors
 from ppe_core.training._extension import PRIORITY_SNAPSHOT, Extension
+from ppe_core.training._ranks import device_of, object_device
+from ppe_core.training._resume import record_ranks
+from ppe_core.training._state import PPE_CORE_STATE_KEY
 from ppe_core.writing import SimpleWriter, Writer
 
 __all__ = [
@@ -35,6 +38,8 @@ __all__ = [
     "MANIFEST_SUFFIX",
     "SnapshotError",
     "SnapshotMode",
+    "SnapshotRanksError",
+    "SnapshotRanksWarning",
     "SnapshotStateError",
     "SnapshotVerificationWarning",
     "UnsafeSnapshotError",
@@ -141,14 +146,33 @@ class SnapshotVerificationWarning(PPEWarning):
     corrupt, an unreadable manifest), is not a snapshot, or links out of the output directory."""
 
 
+class SnapshotRanksError(SnapshotError):
+    """A snapshot that needs every rank (DISTRIBUTED or SHARDED mode, or one autoloading a
+    snapshot to resume) is registered on some ranks only, or with another trigger there.
+
+    Raised when the extensions start, on every rank that has it, instead of hanging in a
+    collective the other ranks never reach (or training ranks that resumed differently).
+    """
+
+
+class SnapshotRanksWarning(PPEWarning):
+    """A DEFAULT-mode snapshot is registered on some ranks only (or with another trigger).
+
+    It then issues no collective (nothing hangs) but cannot gather the other ranks' RNG and
+    loader states: a run resumed from it is bit-exact on the saving rank only.
+    """
+
+
 class SnapshotMode(enum.Enum):
     """How snapshots are taken under ``torch.distributed`` (PPE's ``snapshot_mode``).
 
     ``DEFAULT``: one process writes (under torch.distributed ``saver_rank``, rank 0 by
-    default, then every rank waits at a barrier). ``DISTRIBUTED``: the same, but the process
-    group must exist when the snapshot is created. ``SHARDED``: every rank
-    writes its own part under ``<filename>/<rank>`` (for sharded states such as FSDP's), and
-    ``saver_rank`` marks the directory complete.
+    default), with every rank's RNG and loader states gathered into the file when every rank
+    has the snapshot; no rank waits for the write. ``DISTRIBUTED``: the same, but the process
+    group must exist when the snapshot is created, every rank must have the snapshot, and
+    every rank waits at a barrier until the saver wrote (PPE's behaviour). ``SHARDED``: every
+    rank writes its own part under ``<filename>/<rank>`` (for sharded states such as FSDP's),
+    and ``saver_rank`` marks the directory complete.
     """
 
     DEFAULT = enum.auto()
@@ -785,6 +809,30 @@ class _Snapshot(Extension):
         self._host_buffers: dict[_BufferKey, list[torch.Tensor]] = {}
         #: The path of the snapshot autoload restored, or None.
         self.loaded_from: str | None = None
+        # Set by initialize: the ranks lacking this snapshot (see ranks_lacking), and whether
+        # every rank has it, so that it may issue collectives.
+        self._lacking: tuple[int, ...] | None = None
+        self._collective = False
+        # Where this rank trains: object collectives put their payload there (NCCL).
+        self._device: torch.device | None = None
+        # Every rank's resume data, gathered for the save in progress (the saver's only).
+        self._rank_states: list[Any] | None = None
+
+    #: The mode named in :attr:`collectives` (subclasses: DISTRIBUTED, SHARDED).
+    _mode = "DEFAULT"
+
+    @property
+    def collectives(self) -> str | None:
+        """The collectives this snapshot issues under torch.distributed (see ``_ranks``).
+
+        Gathering every rank's resume data (when it saves the manager) and comparing what
+        autoload found; None when it does neither (it saves another object, without autoload).
+        """
+        if self._target is not None and not self.autoload and self._mode == "DEFAULT":
+            return None
+        return (
+            f"snapshot(mode={self._mode}, autoload={self.autoload}, manager={self._target is None})"
+        )
 
     def _out_dir(self, manager: Any) -> str:
         writer = self.writer or getattr(manager, "writer", None)
@@ -798,10 +846,15 @@ class _Snapshot(Extension):
 
     def _state(self, manager: Any) -> Any:
         target = manager if self._target is None else self._target
+        state: Any
         if isinstance(target, Mapping):
-            state: Any = {key: value.state_dict() for key, value in target.items()}
+            state = {key: value.state_dict() for key, value in target.items()}
         else:
             state = target.state_dict() if hasattr(target, "state_dict") else target
+        if self._target is None and isinstance(state, dict):
+            # The world size, and every rank's resume data when gathered (__call__).
+            internal = state.setdefault(PPE_CORE_STATE_KEY, {})
+            record_ranks(internal, _world_size(), self._rank_states)
         # Checked when taken, so that "saved fine, refused at resume" cannot happen.
         return _loadable_state(state, functools.partial(_describe_path, self._target is None))
 
@@ -817,7 +870,62 @@ class _Snapshot(Extension):
         """Whether this process writes: all alone, or ``saver_rank`` (default 0) of a group."""
         if _world_size() < 2:
             return True
-        return _rank() == (0 if self._saver_rank is None else self._saver_rank)
+        return _rank() == self._saver()
+
+    def _saver(self) -> int:
+        return 0 if self._saver_rank is None else self._saver_rank
+
+    def _agree(self) -> bool:
+        """Whether this snapshot may issue collectives: every rank has it, as agreed at start.
+
+        Otherwise (some ranks lack it) it must not, or the ranks having it would wait forever;
+        :meth:`_disagree` then warns (DEFAULT mode) or raises (the modes that need every rank).
+        """
+        if _world_size() < 2 or self.collectives is None:
+            return False
+        if self._lacking == ():
+            return True
+        self._disagree(self._lacking)
+        return False
+
+    def _ranks_message(self, lacking: tuple[int, ...] | None) -> str:
+        world = _world_size()
+        if lacking is None:
+            where = (
+                f"was registered after the manager of rank {_rank()} started, so the "
+                f"{world} ranks could not agree on it"
+            )
+        else:
+            having = [r for r in range(world) if r not in lacking]
+            where = (
+                f"is registered on ranks {having} but not on ranks {list(lacking)} (or there "
+                "with another trigger or epoch length)"
+            )
+        return f"snapshot {self.name!r} (SnapshotMode.{self._mode}) {where}"
+
+    def _disagree(self, lacking: tuple[int, ...] | None) -> None:
+        warnings.warn(
+            SnapshotRanksWarning(
+                f"{self._ranks_message(lacking)}. It takes its snapshots without any "
+                f"collective (so nothing waits for the other ranks), but then holds only rank "
+                f"{self._saver()}'s RNG and loader states: a run resumed from it is bit-exact "
+                f"on rank {self._saver()} only. Register the same snapshot on every rank "
+                "(ppe-core's Trainer does) to save every rank's states."
+            ),
+            stacklevel=4,
+        )
+
+    def _gather_rank_states(self, manager: Any) -> list[Any] | None:
+        """Every rank's resume data on the saver (None elsewhere): one ``gather_object``."""
+        import torch.distributed as dist
+
+        resume_state_dict = getattr(manager, "resume_state_dict", None)
+        own = resume_state_dict() if callable(resume_state_dict) else {}
+        saver = self._saver()
+        gathered: list[Any] | None = [None] * _world_size() if _rank() == saver else None
+        with object_device(self._device):
+            dist.gather_object(own, gathered, dst=saver)
+        return gathered
 
     def _check_ranks_agree(self, path: str | None, out_dir: str) -> None:
         """Under torch.distributed, raise on every rank unless all chose the same snapshot.
@@ -829,6 +937,16 @@ class _Snapshot(Extension):
         dist = _dist()
         if dist is None or _world_size() < 2:
             return
+        if not self._collective:
+            if path is not None:
+                raise SnapshotRanksError(
+                    f"{self._ranks_message(self._lacking)}, and it found {path} to resume from: "
+                    "the ranks without it would not restore it, and the ranks would train "
+                    "different models. Register the same snapshot(autoload=True) on every "
+                    "rank (ppe-core's Trainer does), or load the snapshot on every rank "
+                    "yourself (manager.load_state_dict(load_snapshot(path))) without autoload."
+                )
+            return
         mine: tuple[str, Any] | None = None
         if path is not None:
             try:
@@ -837,7 +955,8 @@ class _Snapshot(Extension):
                 digest = None
             mine = (os.path.relpath(path, out_dir), digest)
         everyone: list[Any] = [None] * _world_size()
-        dist.all_gather_object(everyone, mine)
+        with object_device(self._device):
+            dist.all_gather_object(everyone, mine)
         if any(other != mine for other in everyone):
             chosen = ", ".join(
                 f"rank {r}: {'nothing' if c is None else c[0]}" for r, c in enumerate(everyone)
@@ -855,8 +974,17 @@ class _Snapshot(Extension):
         Returns:
             The restored file's name relative to the output directory (as PPE returns it),
             or None.
+
+        Raises:
+            SnapshotRanksError: Under torch.distributed, a mode that needs every rank (or an
+                autoload that found a snapshot) while some ranks lack this snapshot.
         """
         self._setup(manager)
+        ranks_lacking = getattr(manager, "ranks_lacking", None)
+        self._lacking = ranks_lacking(self.name) if callable(ranks_lacking) and self.name else None
+        self._collective = self._agree()
+        if self._collective:
+            self._device = device_of(getattr(manager, "raw_models", {}).values())
         if not self.autoload:
             return None
         out_dir = self._out_dir(manager)
@@ -978,14 +1106,20 @@ class _Snapshot(Extension):
 
     # Saving -----------------------------------------------------------------------------------
     def __call__(self, manager: Any) -> None:
-        if self.condition is not None and not self.condition():
-            return
-        # When training stops after this iteration, run() would wait for a background save at
-        # once: saving in this thread spares the host copy of the whole state.
-        self._save(manager, final=bool(getattr(manager, "stop_trigger", False)))
-        dist = _dist()
-        if dist is not None and _world_size() > 1:
-            dist.barrier()  # no rank runs ahead of a snapshot being taken
+        # Every rank reaches this iteration's trigger alike (agreed at start), so the gather
+        # comes before the condition, which only the saver's answer decides.
+        if self._collective and self._target is None:
+            self._rank_states = self._gather_rank_states(manager)
+        try:
+            if self.condition is not None and not self.condition():
+                return
+            # When training stops after this iteration, run() would wait for a background save
+            # at once: saving in this thread spares the host copy of the whole state.
+            self._save(manager, final=bool(getattr(manager, "stop_trigger", False)))
+        finally:
+            self._rank_states = None
+        # No barrier: no rank reads the file while training, and the writes are atomic, so a
+        # rank failing meanwhile at worst loses this snapshot (resume takes the previous one).
 
     def on_error(self, manager: Any, exc: BaseException, tb: Any) -> None:
         """With ``snapshot_on_error``, saves the state as it is into :data:`ERROR_SNAPSHOT_DIR`.
@@ -1221,7 +1355,12 @@ class _Snapshot(Extension):
 
 
 class _DistributedSnapshot(_Snapshot):
-    """Only ``saver_rank`` writes; every rank then waits at a barrier (PPE's DISTRIBUTED)."""
+    """Only ``saver_rank`` writes; every rank then waits at a barrier (PPE's DISTRIBUTED).
+
+    Every rank must have it (checked when the extensions start).
+    """
+
+    _mode = "DISTRIBUTED"
 
     def __init__(self, saver_rank: int = 0, **kwargs: Any) -> None:
         super().__init__(saver_rank=saver_rank, **kwargs)
@@ -1238,9 +1377,34 @@ class _DistributedSnapshot(_Snapshot):
                 f"{saver_rank}"
             )
 
+    def _disagree(self, lacking: tuple[int, ...] | None) -> None:
+        _raise_disagreement(self, lacking)
+
+    def __call__(self, manager: Any) -> None:
+        super().__call__(manager)
+        dist = _dist()
+        if dist is not None and self._collective:
+            dist.barrier()  # PPE's DISTRIBUTED mode: no rank goes on before the saver wrote
+
+
+def _raise_disagreement(snapshot: _Snapshot, lacking: tuple[int, ...] | None) -> None:
+    """For the modes that need every rank: fail at start instead of hanging at a save."""
+    raise SnapshotRanksError(
+        f"{snapshot._ranks_message(lacking)}. This mode needs every rank at each snapshot, "
+        "so training would hang at the first one. Register the same snapshot, with the same "
+        "trigger, on every rank, or use snapshot_mode=SnapshotMode.DEFAULT, which needs no "
+        "other rank."
+    )
+
 
 class _ShardedSnapshot(_Snapshot):
-    """Every rank writes ``<filename>/<rank>``; ``saver_rank`` then marks it complete."""
+    """Every rank writes ``<filename>/<rank>``; ``saver_rank`` then marks it complete.
+
+    Every rank must have it (checked when the extensions start). Each rank's part holds its
+    own resume data, so nothing is gathered.
+    """
+
+    _mode = "SHARDED"
 
     def __init__(
         self,
@@ -1260,6 +1424,12 @@ class _ShardedSnapshot(_Snapshot):
     def _is_saver(self) -> bool:
         return True  # every rank writes its own shard
 
+    def _disagree(self, lacking: tuple[int, ...] | None) -> None:
+        _raise_disagreement(self, lacking)
+
+    def _gather_rank_states(self, manager: Any) -> list[Any] | None:
+        return None  # each rank's part holds its own resume data
+
     def _check_ranks_agree(self, path: str | None, out_dir: str) -> None:
         pass  # _newest_valid compares the ranks' snapshot directories
 
@@ -1267,7 +1437,7 @@ class _ShardedSnapshot(_Snapshot):
         super()._save(manager, final)
         self._wait_in_flight()  # every rank's part is on disk before the directory is complete
         dist = _dist()
-        if dist is not None and _world_size() > 1:
+        if dist is not None and self._collective:
             dist.barrier()
         if _rank() == self._sharded_saver:
             directory = self._snapshot_dir.format(manager)
@@ -1279,9 +1449,10 @@ class _ShardedSnapshot(_Snapshot):
         path, state = super()._newest_valid(out_dir)
         chosen = None if path is None else os.path.dirname(os.path.relpath(path, out_dir))
         dist = _dist()
-        if dist is not None:
+        if dist is not None and self._collective:
             everyone: list[Any] = [None] * _world_size()
-            dist.all_gather_object(everyone, chosen)
+            with object_device(self._device):
+                dist.all_gather_object(everyone, chosen)
             if any(other != chosen for other in everyone):
                 raise SnapshotError(
                     f"the ranks found different newest sharded snapshots {everyone} in "
@@ -1336,9 +1507,11 @@ def snapshot(
             old files are deleted only after the new one is complete. ppe-core's own data
             files whose manifest a kill prevented count too; PPE's files are never deleted.
         autoload: Resume from the newest valid snapshot when training starts.
-        saver_rank: Under torch.distributed, only this rank writes (``None``: rank 0), and
-            every rank then waits at a barrier; without a process group the one process
-            writes. With ``autoload``, every rank restores the same snapshot (checked).
+        saver_rank: Under torch.distributed, only this rank writes (``None``: rank 0), with
+            every rank's RNG and loader states gathered into the file when every rank has
+            the snapshot (otherwise it warns and saves its own); without a process group the
+            one process writes. With ``autoload``, every rank restores the same snapshot
+            (checked), each with its own RNG and loader states.
         snapshot_mode: How ranks share the work under torch.distributed (:class:`SnapshotMode`).
 
     Raises:

@@ -1,0 +1,101 @@
+"""Rank agreement: which collective-using extensions every rank's manager has, agreed at start.
+
+An extension that issues a ``torch.distributed`` collective (a gather, a barrier) hangs the
+run unless every rank reaches the same collective at the same iteration. Ranks may register
+different extensions (PPE's examples give rank 0 the extensions and the other ranks none), so
+such an extension may use collectives only when every rank has it with the same trigger and
+the same epoch length. When a manager starts under a process group of several ranks, the
+ranks exchange that once (one ``all_gather_object``: every rank that trains has a manager, in
+ppe-core's Trainer and in PPE's hand-written loops alike); each extension then asks its
+manager's :meth:`~ppe_core.training.ExtensionsManager.ranks_lacking`.
+
+An extension declares its collectives with a ``collectives`` attribute: a string naming what
+it issues and when (e.g. ``"snapshot(mode=DEFAULT, autoload=True)"``); None or absent: none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+
+__all__ = ["agree_on_collectives", "device_of", "distributed_world", "object_device"]
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def distributed_world() -> tuple[int, int]:
+    """``(world_size, rank)`` of the default process group; ``(1, 0)`` without one."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_world_size()), int(dist.get_rank())
+    return 1, 0
+
+
+def device_of(models: Iterable[torch.nn.Module]) -> torch.device | None:
+    """The device of the first parameter of ``models``: where this rank trains."""
+    for model in models:
+        for parameter in model.parameters():
+            return parameter.device
+    return None
+
+
+def object_device(device: torch.device | None) -> AbstractContextManager[Any]:
+    """Makes ``device`` its type's current device while object collectives run.
+
+    ``all_gather_object`` and ``gather_object`` place their payload on the backend's current
+    device of its type (for NCCL, the current accelerator): without this every rank that did
+    not select its own device would use device 0. CPU devices need nothing.
+    """
+    if device is None or device.type == "cpu" or device.index is None:
+        return contextlib.nullcontext()
+    scope = getattr(torch.get_device_module(device.type), "device", None)
+    return scope(device.index) if callable(scope) else contextlib.nullcontext()
+
+
+def _describe(trigger: Any) -> str:
+    # A trigger's repr names its kind and schedule; object addresses differ between processes.
+    return _ADDRESS.sub("", repr(trigger))
+
+
+def agree_on_collectives(
+    slots: Iterable[Any], iters_per_epoch: int, device: torch.device | None = None
+) -> dict[str, tuple[int, ...]] | None:
+    """Which ranks lack each of this rank's collective-using extensions.
+
+    Called by every rank's manager when its extensions start. An extension counts as present
+    on another rank when that rank has one of the same name, declaring the same
+    ``collectives``, with a trigger of the same description and the same epoch length (so it
+    fires at the same iterations).
+
+    Args:
+        slots: The manager's registered extensions (``Slot`` objects: ``name``, ``entry``).
+        iters_per_epoch: The manager's epoch length.
+        device: Where this rank trains (see :func:`object_device`).
+
+    Returns:
+        ``{name: ranks lacking it}`` for this rank's collective-using extensions (an empty
+        tuple: every rank has it), or None without a process group of several ranks.
+    """
+    world, _ = distributed_world()
+    if world < 2:
+        return None
+    import torch.distributed as dist
+
+    mine: dict[str, tuple[str, str, int]] = {}
+    for slot in slots:
+        declared = getattr(slot.entry.extension, "collectives", None)
+        if isinstance(declared, str):
+            mine[slot.name] = (declared, _describe(slot.entry.trigger), iters_per_epoch)
+    everyone: list[Any] = [None] * world
+    with object_device(device):
+        dist.all_gather_object(everyone, mine)
+    return {
+        name: tuple(r for r, theirs in enumerate(everyone) if theirs.get(name) != signature)
+        for name, signature in mine.items()
+    }
