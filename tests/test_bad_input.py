@@ -608,6 +608,23 @@ def test_world_size_without_master_addr(monkeypatch: pytest.MonkeyPatch) -> None
     says(info, "MASTER_ADDR is not", "launch with torchrun")
 
 
+def test_distributed_timeout_variable_not_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ppe_core.distributed import DistributedEnvironmentError
+
+    for name, value in {
+        "WORLD_SIZE": "1",
+        "RANK": "0",
+        "MASTER_ADDR": "h",
+        "MASTER_PORT": "1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("PPE_DISTRIBUTED_TIMEOUT", "10m")
+    with pytest.raises(DistributedEnvironmentError) as info:
+        ppe.distributed.init_from_env("cpu")
+    assert isinstance(info.value, ValueError)
+    says(info, "PPE_DISTRIBUTED_TIMEOUT='10m'", "positive number of seconds", "unset it")
+
+
 # Reporting -----------------------------------------------------------------------------------
 def test_report_unregistered_observer() -> None:
     reporter = ppe.reporting.Reporter()
