@@ -9,8 +9,10 @@ of its LOCAL_RANK, e.g. "cuda:1"). ``ppe.distributed.init_from_env`` creates the
 when torchrun (or mpirun) started the script and does nothing otherwise; the model is wrapped
 in PyTorch's DistributedDataParallel only then. Validation runs on every rank over a disjoint
 part of the validation set, and ``val/*`` is the mean over the whole set. Rank 0 prints the
-table and writes the log and the snapshots (in ``--out``, default ``result_ddp``); a rerun
-resumes from the newest snapshot on every rank.
+table and writes the log and the snapshots (in ``--out``, default ``result_ddp/world{N}`` for N
+processes, so runs at different sizes do not resume each other); a rerun resumes from the newest
+snapshot on every rank. There is no teardown at the end: ``init_from_env`` shuts the process
+group down at exit, after every rank is done with it.
 """
 
 from __future__ import annotations
@@ -61,12 +63,15 @@ def make_dataset(n: int, seed: int) -> DictDataset:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="result_ddp", help="log and snapshot directory")
+    parser.add_argument(
+        "--out", default=None, help="log and snapshot directory (default: result_ddp/world{N})"
+    )
     parser.add_argument("--epochs", type=int, default=5)
     args = parser.parse_args()
 
     device = os.environ.get("PPE_DEVICE", "cpu")
     world = ppe.distributed.init_from_env(device)  # (1, 0, 0) when started with plain python
+    out = args.out if args.out is not None else f"result_ddp/world{world.world_size}"
     distributed = ppe.distributed.is_distributed()
     if distributed and device != "cpu":
         device = f"{torch.device(device).type}:{world.local_rank}"  # one device per process
@@ -98,7 +103,7 @@ def main() -> None:
         torch.optim.SGD(wrapped.parameters(), lr=0.1 * world.world_size, momentum=0.9),
         args.epochs,
         device=device,
-        out_dir=args.out,
+        out_dir=out,
         extensions=extensions,
         evaluator=ppe.engine.create_evaluator(wrapped, device=device, distributed=distributed),
     )
@@ -108,8 +113,9 @@ def main() -> None:
     accuracy = float(trainer.evaluator.run(val_loader)["val/accuracy"])  # the same on all ranks
     if ppe.distributed.is_main_process():
         print(f"final validation accuracy: {accuracy:.4f} ({world.world_size} processes)")
-    if distributed:
-        torch.distributed.destroy_process_group()
+    # No destroy_process_group() here: one rank tearing the group down while another is still
+    # in the last all-reduce made runs fail at exit. init_from_env registered a shutdown that
+    # waits for every rank first.
 
 
 if __name__ == "__main__":

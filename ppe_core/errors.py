@@ -57,8 +57,8 @@ Defined beside the code that raises them, and loaded from there on first access 
 * Reporting and writing: ``NoCurrentReporterError``, ``UnknownObserverError``,
   ``EmptySummaryError``, ``WriterError``, ``WriterFinalizedError``, ``DiskFullError``.
 * Runtimes and distributed: ``RuntimeOptionTypeError``, ``ProcessGroupNotInitializedError``,
-  ``DistributedEnvironmentError``; ``ConformanceError`` (``ppe_core.testing``'s runtime
-  conformance kit).
+  ``DistributedEnvironmentError``, ``CollectiveTimeoutError``; ``ConformanceError``
+  (``ppe_core.testing``'s runtime conformance kit).
 
 Those live beside their code because that code imports this module; loading them lazily keeps
 ``import ppe_core.errors`` free of the training stack and of import cycles. Inside ppe-core,
@@ -78,6 +78,7 @@ if TYPE_CHECKING:
         UnknownObserverError,
     )
     from ppe_core.distributed import (
+        CollectiveTimeoutError,
         DistributedEnvironmentError,
         ProcessGroupNotInitializedError,
     )
@@ -125,6 +126,7 @@ if TYPE_CHECKING:
 _ELSEWHERE: dict[str, str] = {
     "AmbiguousEvaluatorError": "ppe_core.training._trainer",
     "BestValueKeyError": "ppe_core.training.extensions._best_value",
+    "CollectiveTimeoutError": "ppe_core.distributed",
     "ConformanceError": "ppe_core.testing",
     "DiskFullError": "ppe_core.writing",
     "DistributedEnvironmentError": "ppe_core.distributed",
@@ -180,6 +182,7 @@ __all__ = [
     "BatchMismatchError",
     "BestValueKeyError",
     "CodeBlockError",
+    "CollectiveTimeoutError",
     "ConfigurationError",
     "ConformanceError",
     "DeviceUnavailableError",

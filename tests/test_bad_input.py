@@ -660,6 +660,33 @@ def test_world_size_without_master_addr(monkeypatch: pytest.MonkeyPatch) -> None
     says(info, "MASTER_ADDR is not", "launch with torchrun")
 
 
+def test_distributed_timeout_variable_not_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    from ppe_core.distributed import DistributedEnvironmentError
+
+    with socket.socket() as s:  # a reachable rank 0: the check must not depend on a hang
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.delenv("OMPI_COMM_WORLD_SIZE", raising=False)
+    for name, value in {
+        "WORLD_SIZE": "1",
+        "RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "PPE_DISTRIBUTED_TIMEOUT": "10m",
+    }.items():
+        monkeypatch.setenv(name, value)
+    try:
+        with pytest.raises(DistributedEnvironmentError) as info:
+            ppe.distributed.init_from_env("cpu")
+    finally:
+        if torch.distributed.is_initialized():  # the variable was ignored: a group was made
+            torch.distributed.destroy_process_group()
+    assert isinstance(info.value, ValueError)
+    says(info, "PPE_DISTRIBUTED_TIMEOUT='10m'", "positive number of seconds", "unset it")
+
+
 # Reporting -----------------------------------------------------------------------------------
 def test_report_unregistered_observer() -> None:
     reporter = ppe.reporting.Reporter()

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from ppe_core.distributed._env import (
+    DEFAULT_TIMEOUT,
+    ENV_TIMEOUT,
+    CollectiveTimeoutError,
     DistributedEnvironmentError,
     WorldInfo,
     backend_for,
@@ -13,6 +16,7 @@ from ppe_core.distributed._env import (
     init_from_env,
     is_distributed,
     is_main_process,
+    shutdown,
 )
 from ppe_core.distributed._initialize import initialize_ompi_environment
 from ppe_core.distributed._sampler import (
@@ -22,6 +26,9 @@ from ppe_core.distributed._sampler import (
 )
 
 __all__ = [
+    "DEFAULT_TIMEOUT",
+    "ENV_TIMEOUT",
+    "CollectiveTimeoutError",
     "DistributedEnvironmentError",
     "DistributedValidationSampler",
     "ProcessGroupNotInitializedError",
@@ -36,4 +43,5 @@ __all__ = [
     "initialize_ompi_environment",
     "is_distributed",
     "is_main_process",
+    "shutdown",
 ]

@@ -4,20 +4,30 @@
 ``MASTER_PORT``; ``mpirun`` (Open MPI) exports ``OMPI_COMM_WORLD_RANK``/``_SIZE``/``_LOCAL_RANK``.
 A script started with plain ``python`` has neither, and every helper here then answers as the
 only process of a world of one, so the same script runs both ways.
+
+A group ``init_from_env`` creates is also torn down by it: at interpreter exit every rank waits
+for the others, then destroys the group, while the interpreter is still whole (see
+``shutdown``). Its collectives time out after ``DEFAULT_TIMEOUT`` seconds, not PyTorch's 30
+minutes, and a timeout where ppe-core waits raises ``CollectiveTimeoutError``.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import sys
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, NamedTuple
 
 import torch
 
-from ppe_core.errors import ArgumentTypeError, ConfigurationError
+from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError
 
 __all__ = [
+    "DEFAULT_TIMEOUT",
+    "ENV_TIMEOUT",
+    "CollectiveTimeoutError",
     "DistributedEnvironmentError",
     "WorldInfo",
     "backend_for",
@@ -28,16 +38,41 @@ __all__ = [
     "init_from_env",
     "is_distributed",
     "is_main_process",
+    "shutdown",
 ]
 
 #: The port rank 0 listens on when an Open MPI job on one node does not export MASTER_PORT.
 _DEFAULT_PORT = "29500"
 #: Used where torch lacks ``Backend.default_device_backend_map``.
 _FALLBACK_BACKENDS = {"cpu": "gloo"}
+#: Seconds a collective of a group ``init_from_env`` creates waits for every rank before it
+#: fails. Long enough for rank 0 to write a large snapshot while the others wait at its barrier,
+#: or for a slow first step; short enough that a frozen rank stops the job in minutes, not after
+#: PyTorch's 30.
+DEFAULT_TIMEOUT = 600.0
+#: Environment variable (seconds) replacing ``DEFAULT_TIMEOUT``; read when ``init_from_env``
+#: runs, and overridden by its ``timeout`` argument.
+ENV_TIMEOUT = "PPE_DISTRIBUTED_TIMEOUT"
+
+
+class _Created:
+    """The default group ``init_from_env`` created (None once torn down) and its timeout.
+
+    Only this group is torn down at exit: a group the user created is theirs to destroy.
+    """
+
+    group: Any = None
+    timeout: float | None = None
+    exit_handler_registered = False
 
 
 class DistributedEnvironmentError(ConfigurationError):
     """The launcher's environment variables cannot start a process group (a ``ValueError``)."""
+
+
+class CollectiveTimeoutError(PPEError, RuntimeError):
+    """A collective waited longer than the process group's timeout: a peer rank stopped
+    responding (frozen, deadlocked, crashed without closing its connections, or far slower)."""
 
 
 class WorldInfo(NamedTuple):
@@ -164,6 +199,34 @@ def backend_for(device: str | torch.device | None) -> str | None:
     return str(backend)
 
 
+def _resolve_timeout(timeout: float | timedelta | None, env: Mapping[str, str]) -> timedelta:
+    """The argument, else ``PPE_DISTRIBUTED_TIMEOUT``, else ``DEFAULT_TIMEOUT``, as a timedelta."""
+    if timeout is None:
+        text = env.get(ENV_TIMEOUT, "").strip()
+        if not text:
+            return timedelta(seconds=DEFAULT_TIMEOUT)
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = -1.0
+        if not 0 < seconds < float("inf"):
+            raise DistributedEnvironmentError(
+                f"environment variable {ENV_TIMEOUT}={text!r} is not a positive number of "
+                f"seconds; set e.g. {ENV_TIMEOUT}=300, or unset it for the default "
+                f"({DEFAULT_TIMEOUT:g} s)"
+            )
+        return timedelta(seconds=seconds)
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        timeout = timedelta(seconds=timeout)
+    elif not isinstance(timeout, timedelta):
+        raise ArgumentTypeError(
+            f"timeout must be seconds or a datetime.timedelta, got {type(timeout).__name__}"
+        )
+    if timeout.total_seconds() <= 0:
+        raise ConfigurationError(f"timeout must be positive, got {timeout.total_seconds():g} s")
+    return timeout
+
+
 def init_from_env(
     device: str | torch.device | None = None,
     backend: str | None = None,
@@ -178,20 +241,25 @@ def init_from_env(
     Started with plain ``python`` it does nothing and returns ``(1, 0, 0)`` at once. An existing
     group is kept (calling twice is harmless).
 
+    A group it creates is torn down at interpreter exit (``shutdown``: a barrier, then
+    ``destroy_process_group``), so scripts need no teardown of their own.
+
     Args:
         device: The device this process trains on; its type picks the backend (``"cpu"``:
             gloo, ``"cuda"``: nccl). ``None`` leaves the choice to PyTorch.
         backend: An explicit backend (``"gloo"``, ``"nccl"``, ...); overrides ``device``.
-        timeout: Timeout of collective operations, in seconds or as a ``timedelta``;
-            PyTorch's default when None.
+        timeout: How long a collective waits for every rank before it fails, in seconds or
+            as a ``timedelta``. When None: ``PPE_DISTRIBUTED_TIMEOUT`` (seconds) if set, else
+            ``DEFAULT_TIMEOUT`` (600 s).
 
     Returns:
         ``WorldInfo(world_size, rank, local_rank)``.
 
     Raises:
         DistributedEnvironmentError: The launch variables are inconsistent, e.g. ``WORLD_SIZE``
-            without ``RANK`` or without ``MASTER_ADDR`` (a ``ValueError``).
-        ConfigurationError: ``device`` or ``backend`` cannot be used.
+            without ``RANK`` or without ``MASTER_ADDR``, or ``PPE_DISTRIBUTED_TIMEOUT`` is not
+            a positive number (a ``ValueError``).
+        ConfigurationError: ``device``, ``backend`` or ``timeout`` cannot be used.
     """
     if backend is not None and (not isinstance(backend, str) or not backend):
         raise ArgumentTypeError(
@@ -212,12 +280,7 @@ def init_from_env(
     launcher, world_size, rank, local_rank = launched
     chosen = backend if backend is not None else backend_for(device)
     addr, port = _rendezvous(env, launcher, world_size)
-    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
-        timeout = timedelta(seconds=timeout)
-    elif timeout is not None and not isinstance(timeout, timedelta):
-        raise ArgumentTypeError(
-            f"timeout must be seconds or a datetime.timedelta, got {type(timeout).__name__}"
-        )
+    wait = _resolve_timeout(timeout, env)
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -231,9 +294,13 @@ def init_from_env(
         url = "env://"
     else:
         url = f"tcp://[{addr}]:{port}" if ":" in addr else f"tcp://{addr}:{port}"
-    dist.init_process_group(
-        chosen, init_method=url, world_size=world_size, rank=rank, timeout=timeout
-    )
+    dist.init_process_group(chosen, init_method=url, world_size=world_size, rank=rank, timeout=wait)
+    _Created.group, _Created.timeout = dist.group.WORLD, wait.total_seconds()
+    if not _Created.exit_handler_registered:
+        # atexit runs before the interpreter starts finalizing: the backend's threads can still
+        # take the GIL, which they cannot once finalization began (the process aborts then).
+        atexit.register(_shutdown_at_exit)
+        _Created.exit_handler_registered = True
     return WorldInfo(world_size, rank, local_rank)
 
 
@@ -276,3 +343,81 @@ def barrier() -> None:
     group = _group()
     if group is not None:
         group.barrier()
+
+
+def shutdown() -> None:
+    """Waits for every rank, then destroys the default process group; no-op without one.
+
+    Call it where a script is done with collectives before it ends (a group ``init_from_env``
+    created is shut down at exit anyway). The barrier is what makes the teardown safe: a rank
+    that destroys its group while a peer is still inside a collective (the last all-reduce of
+    an evaluation, say) closes the connections that peer is reading from, and the peer fails,
+    or aborts while its interpreter exits. Every rank must call it, as any collective.
+
+    Raises:
+        CollectiveTimeoutError: A peer did not reach the barrier within the group's timeout
+            (the group is destroyed all the same).
+    """
+    dist = _group()
+    if dist is None:
+        return
+    try:
+        if dist.get_world_size() > 1:
+            dist.barrier()
+    except RuntimeError as exc:
+        timed_out = timeout_error(exc, "waiting for the other ranks to shut down")
+        if timed_out is None:
+            raise
+        raise timed_out from exc
+    finally:
+        _destroy(dist)
+
+
+def _destroy(dist: Any) -> None:
+    if _Created.group is dist.group.WORLD:
+        _Created.group = None
+    dist.destroy_process_group()
+
+
+def _shutdown_at_exit() -> None:
+    """``shutdown`` for the group ``init_from_env`` created, if the script left it alive.
+
+    After an uncaught exception (``sys.last_value`` is set) it skips the barrier: the peers may
+    be waiting in a collective this rank will never join, and destroying the group at once
+    ends their wait with an error instead of letting them wait out the timeout.
+    """
+    dist = _group()
+    created, _Created.group = _Created.group, None
+    if dist is None or created is None or created is not dist.group.WORLD:
+        return  # gone already, or the user's own group (theirs to destroy)
+    if getattr(sys, "last_value", None) is not None:
+        dist.destroy_process_group()
+        return
+    try:
+        shutdown()
+    except RuntimeError as exc:  # an exception in an atexit handler would only be printed
+        print(f"ppe_core.distributed: at exit: {exc}", file=sys.stderr, flush=True)
+
+
+def timeout_error(exc: BaseException, during: str) -> CollectiveTimeoutError | None:
+    """A ``CollectiveTimeoutError`` explaining ``exc`` if it is a collective's timeout, else None.
+
+    For ppe-core's callers of collectives (the trainer's step, the evaluator's all-reduce,
+    ``shutdown``): they raise the result ``from exc``. Backends word timeouts differently
+    ("Timed out waiting 3000ms for recv" from gloo); all say "timed out" or "timeout".
+    """
+    if isinstance(exc, CollectiveTimeoutError) or not isinstance(exc, RuntimeError):
+        return None
+    text = str(exc)
+    if "timed out" not in text.lower() and "timeout" not in text.lower():
+        return None
+    configured = _Created.timeout if _Created.group is not None else None  # not a user's group
+    limit = f"its timeout of {configured:g} s" if configured is not None else "its timeout"
+    return CollectiveTimeoutError(
+        f"rank {get_rank()} waited longer than the process group's timeout while "
+        f"{during}: a peer rank stopped responding (frozen, deadlocked, or far slower than "
+        f"this one), so the collective could not complete within {limit}. Look at the other "
+        f"ranks' output for the cause. If the peers are only slow (e.g. rank 0 writing a large "
+        f"snapshot), wait longer: init_from_env(timeout=<seconds>) or "
+        f"{ENV_TIMEOUT}=<seconds> (default {DEFAULT_TIMEOUT:g}). Backend's message: {text}"
+    )

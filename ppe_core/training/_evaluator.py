@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ppe_core._reporting import DictSummary, Reporter, report
+from ppe_core.distributed._env import timeout_error
 from ppe_core.errors import ArgumentTypeError, ConfigurationError, DistributedNotInitializedError
 
 if TYPE_CHECKING:
@@ -298,7 +299,13 @@ class DistributedEvaluator(Evaluator):
     def _gather_summaries(self) -> None:
         runtime = getattr(self.handler, "entry_runtime", None)  # a BaseHandler may have none
         move = runtime.move_tensor if runtime is not None else (lambda t: t)
-        self._summary = _all_reduce_summary(self._summary, move, self._batch_unit)
+        try:
+            self._summary = _all_reduce_summary(self._summary, move, self._batch_unit)
+        except RuntimeError as exc:
+            timed_out = timeout_error(exc, "all-reducing the evaluation's means")
+            if timed_out is None:
+                raise
+            raise timed_out from exc
 
 
 def _check_metrics(metrics: Any) -> list[Metric]:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ppe_core.distributed._env import timeout_error
 from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError, PPEWarning
 from ppe_core.training._evaluator import Evaluator, loader_length
 from ppe_core.training._extension import PRIORITY_WRITER, Extension, ExtensionEntry
@@ -516,8 +517,13 @@ class Trainer:
                     # As PPE: leaving the profiler must not emit one more (partial) trace.
                     profile.on_trace_ready = None
         except BaseException as exc:
-            error = exc
-            manager.handle_training_error(exc)
+            # A collective's timeout (DDP's gradient all-reduce, an extension's barrier) says
+            # which rank and what to do, not only the backend's "Timed out waiting 600000ms".
+            timed_out = timeout_error(exc, f"training (iteration {manager.iteration})")
+            error = exc if timed_out is None else timed_out
+            manager.handle_training_error(error)
+            if timed_out is not None:
+                raise timed_out from exc
             raise
         finally:
             self._batch = None
