@@ -50,7 +50,7 @@ Defined beside the code that raises them, and loaded from there on first access 
   ``MissingObservationWarning`` (triggers); ``MetricInputError``, ``MetricKeyError`` (metrics).
 * Extensions: ``SnapshotError``, ``UnsafeSnapshotError``, ``SnapshotStateError``,
   ``SnapshotVerificationWarning``, ``SnapshotRanksError``, ``SnapshotRanksWarning``,
-  ``WorldSizeMismatchWarning``,
+  ``WorldSizeMismatchWarning`` (resuming another world size's snapshot),
   ``OptionalDependencyError``, ``NoBestValueError``, ``BestValueKeyError``,
   ``NonFiniteParameterError``, ``SlackTokenError``, ``SlackPostWarning``,
   ``MissingEvalTargetError``, ``NoPlotDataWarning``.

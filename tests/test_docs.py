@@ -8,6 +8,7 @@ placeholder) is only compiled.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib.util
 import re
@@ -188,3 +189,39 @@ def test_the_readme_set_up_commands_are_what_ci_runs() -> None:
     assert commands[1].endswith("&& .venv/bin/python -m pytest"), commands[1]
     for command in commands:
         assert command in ci_lines, f"README command not run by .ci/run: {command}"
+
+
+_TEST_REFERENCE = re.compile(r"(tests/[\w/]+\.py)?::(test_\w+)")
+
+
+def _test_names(path: Path) -> set[str]:
+    """Names of the test functions (and test methods) defined in ``path``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.name.startswith("test_")
+    }
+
+
+def test_every_test_named_in_the_docs_exists() -> None:
+    """A guarantee table names the test that proves each claim; a renamed or deleted test
+    must not leave the claim standing unproven. ``::test_x`` after ``tests/f.py::...`` on
+    the same line refers to the same file."""
+    pages = [*sorted(DOCS.glob("*.md")), ROOT / "README.md"]
+    missing: list[str] = []
+    checked = 0
+    for page in pages:
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            current: str | None = None
+            for match in _TEST_REFERENCE.finditer(line):
+                current = match[1] or current
+                if current is None:
+                    continue
+                checked += 1
+                path = ROOT / current
+                if not path.is_file() or match[2] not in _test_names(path):
+                    missing.append(f"{page.name}:{number}: {current}::{match[2]}")
+    assert checked > 50, "the guarantee tables name their tests as tests/<file>.py::<test>"
+    assert not missing, "tests named in the docs that do not exist:\n" + "\n".join(missing)

@@ -209,8 +209,16 @@ def test_only_rank_0_draws_under_torch_distributed(
     import torch.distributed as dist
 
     out_rank0, out_rank1 = io.StringIO(), io.StringIO()
+    # A pretend group of two: the managers' one start-time exchange (which extensions issue
+    # collectives) answers as if the other rank had the same extensions.
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: 2)
     monkeypatch.setattr(dist, "get_rank", lambda *a, **k: 1)
+
+    def all_gather_object(everyone: list[Any], mine: Any, group: Any = None) -> None:
+        everyone[:] = [mine] * len(everyone)
+
+    monkeypatch.setattr(dist, "all_gather_object", all_gather_object)
     log = LogReport()
     extensions = [log, PrintReport(out=out_rank1), ProgressBar(out=out_rank1, min_interval=0)]
     _train(_manager(tmp_path / "rank1", extensions))
