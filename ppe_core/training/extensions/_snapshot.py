@@ -1163,37 +1163,18 @@ class _Snapshot(Extension):
         out_dir, files_dir = manager.out, self._out_dir(manager)
         background = _writes_in_background(writer)
         by_path = self._path_writer(writer, background)
-        if not background:
-            self._commit(
-                writer.__call__,
-                filename,
-                out_dir,
-                files_dir,
-                self._state(manager),
-                iteration,
-                by_path,
-                on_error,
-            )
-            return
+        save: Callable[..., None] = writer.__call__
+        if background:
+            # A background writer's __call__ would save later, in its worker: the snapshot
+            # calls its save() itself, in this thread (final) or in one thread of the snapshot's.
+            def save(name: str, directory: str, data: bytes, *, savefun: Any) -> None:
+                writer.save(name, directory, data, savefun, False)
 
-        # A background writer's __call__ would save later, in its worker: the snapshot calls
-        # its save() itself, in this thread (final) or in one thread of the snapshot's.
-        def save(name: str, directory: str, data: bytes, *, savefun: Any) -> None:
-            writer.save(name, directory, data, savefun, False)
-
-        # The previous snapshot's files come first (n_retains), and its host buffers are free.
-        self._wait_in_flight()
-        if final:
-            self._commit(
-                save,
-                filename,
-                out_dir,
-                files_dir,
-                self._state(manager),
-                iteration,
-                by_path,
-                on_error,
-            )
+            # The previous snapshot's files come first (n_retains), and its host buffers are free.
+            self._wait_in_flight()
+        if not background or final:
+            state = self._state(manager)
+            self._commit(save, filename, out_dir, files_dir, state, iteration, by_path, on_error)
             return
         # Training pauses only to copy the state to host memory; the serialization, the hash
         # and both files are done by the snapshot's thread (data file first, then its manifest,
