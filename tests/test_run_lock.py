@@ -50,9 +50,16 @@ class Holder:
             env=_env(),
         )
         self.pids: list[int] = []
+        try:
+            self._wait_until_held(2 if torchrun else 1)
+        except BaseException:
+            self.close()  # no process or pipe outlives a failed start
+            raise
+
+    def _wait_until_held(self, ranks: int) -> None:
         assert self.proc.stdout is not None
         deadline = time.monotonic() + 120
-        while len(self.pids) < (2 if torchrun else 1):
+        while len(self.pids) < ranks:
             line = self.proc.stdout.readline()
             assert line, f"the holder ended early: {self.proc.communicate()[1][-3000:]}"
             if line.startswith("holding "):

@@ -54,7 +54,10 @@ def main() -> int:
     def hold(manager: Any) -> None:
         if args.hold is None or manager.iteration != 1:
             return
-        print(f"holding rank={world.rank} pid={os.getpid()}", flush=True)
+        # One write(2) of a short line: the ranks of a torchrun job share this pipe, and
+        # print() may split a line into two writes that the other rank's output splits.
+        sys.stdout.flush()
+        os.write(sys.stdout.fileno(), f"holding rank={world.rank} pid={os.getpid()}\n".encode())
         deadline = time.monotonic() + 120
         while not os.path.exists(args.hold):
             if time.monotonic() > deadline:
