@@ -271,3 +271,58 @@ def test_an_absolute_key_beside_import_raises_configuration_error(tmp_path: Path
         ppe_config.Config.load_path(str(tmp_path / "main.json"))
     with pytest.raises(ConfigurationError, match="relative key path"):
         core_config.Config.load_path(str(tmp_path / "main.json"))
+
+
+TRAINING_YAML = """\
+seed: 3
+model: {type: Linear, in_features: 4, out_features: 2}
+optimizer: {type: SGD, lr: 0.05}
+manager: {type: Manager, max_epochs: 2, iters_per_epoch: 5}
+"""
+
+
+def _yaml_driven_training(ppe: Any, path: str) -> dict[str, torch.Tensor]:
+    """A YAML-driven training script as PPE users write it; only ``ppe`` differs."""
+
+    @ppe.config.customize_type(model="/model")
+    def sgd(model: torch.nn.Module, lr: float) -> torch.optim.SGD:
+        return torch.optim.SGD(model.parameters(), lr=lr)
+
+    @ppe.config.customize_type(model="/model", optimizer="/optimizer")
+    def manager(model: Any, optimizer: Any, max_epochs: int, iters_per_epoch: int) -> Any:
+        return ppe.training.ExtensionsManager(
+            {"main": model}, {"main": optimizer}, max_epochs, iters_per_epoch=iters_per_epoch
+        )
+
+    config = ppe.config.Config.load_path(
+        path, loader=_yaml_file, types={"Linear": torch.nn.Linear, "SGD": sgd, "Manager": manager}
+    )
+    torch.manual_seed(config["/seed"])
+    trainer = config["/manager"]  # builds the model, then the optimizer, then the manager
+    model = config["/model"]
+    data = torch.randn(10, 4, generator=torch.Generator().manual_seed(1))
+    target = torch.randn(10, 2, generator=torch.Generator().manual_seed(2))
+    while not trainer.stop_trigger:
+        for i in range(0, 10, 2):
+            with trainer.run_iteration(step_optimizers=["main"]):
+                loss = torch.nn.functional.mse_loss(model(data[i : i + 2]), target[i : i + 2])
+                ppe.reporting.report({"loss": loss.item()})
+                loss.backward()
+    assert trainer.iteration == 10
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_a_yaml_driven_training_script_trains_bit_identically_with_either_import(
+    tmp_path: Path,
+) -> None:
+    import pytorch_pfn_extras
+
+    import ppe_core
+
+    path = tmp_path / "train.yaml"
+    path.write_text(TRAINING_YAML)
+    ppe_weights = _yaml_driven_training(pytorch_pfn_extras, str(path))
+    core_weights = _yaml_driven_training(ppe_core, str(path))
+    assert ppe_weights.keys() == core_weights.keys()
+    for key in ppe_weights:
+        assert torch.equal(ppe_weights[key], core_weights[key]), key
