@@ -56,6 +56,7 @@ Defined beside the code that raises them, and loaded from there on first access 
   ``MissingEvalTargetError``, ``NoPlotDataWarning``.
 * Reporting and writing: ``NoCurrentReporterError``, ``UnknownObserverError``,
   ``EmptySummaryError``, ``WriterError``, ``WriterFinalizedError``, ``DiskFullError``.
+* Configuration (``ppe_core.config``): ``ConfigKeyError``, ``ConfigCycleError``.
 * Runtimes and distributed: ``RuntimeOptionTypeError``, ``ProcessGroupNotInitializedError``,
   ``DistributedEnvironmentError``, ``CollectiveTimeoutError``; ``ConformanceError``
   (``ppe_core.testing``'s runtime conformance kit).
@@ -77,6 +78,7 @@ if TYPE_CHECKING:
         NoCurrentReporterError,
         UnknownObserverError,
     )
+    from ppe_core.config import ConfigCycleError, ConfigKeyError
     from ppe_core.distributed import (
         CollectiveTimeoutError,
         DistributedEnvironmentError,
@@ -127,6 +129,8 @@ _ELSEWHERE: dict[str, str] = {
     "AmbiguousEvaluatorError": "ppe_core.training._trainer",
     "BestValueKeyError": "ppe_core.training.extensions._best_value",
     "CollectiveTimeoutError": "ppe_core.distributed",
+    "ConfigCycleError": "ppe_core.config",
+    "ConfigKeyError": "ppe_core.config",
     "ConformanceError": "ppe_core.testing",
     "DiskFullError": "ppe_core.writing",
     "DistributedEnvironmentError": "ppe_core.distributed",
@@ -183,6 +187,8 @@ __all__ = [
     "BestValueKeyError",
     "CodeBlockError",
     "CollectiveTimeoutError",
+    "ConfigCycleError",
+    "ConfigKeyError",
     "ConfigurationError",
     "ConformanceError",
     "DeviceUnavailableError",

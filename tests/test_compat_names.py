@@ -47,6 +47,7 @@ NAMESPACES = [
     "logging",
     "distributed",
     "nn.parallel",
+    "config",
 ]
 # Packages whose public submodules are compared too, counting only what each submodule defines.
 SUBMODULE_PARENTS = ["training.extensions", "training.triggers"]

@@ -42,6 +42,8 @@ _HEAVY = (
     "ppe_core.writing",
     "ppe_core.engine",
     "ppe_core._reporting",
+    "ppe_core.config",
+    "yaml",
 )
 
 
