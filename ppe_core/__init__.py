@@ -16,6 +16,7 @@ from ppe_core.runtime import to
 
 if TYPE_CHECKING:
     from ppe_core import (
+        dataloaders,
         distributed,
         engine,
         errors,
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 
 _SUBMODULES = frozenset(
     {
+        "dataloaders",
         "distributed",
         "engine",
         "errors",
@@ -65,6 +67,7 @@ _FUNCTIONS: dict[str, str] = {
 __all__ = [
     "__version__",
     "compile",
+    "dataloaders",
     "distributed",
     "engine",
     "errors",

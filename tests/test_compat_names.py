@@ -46,7 +46,10 @@ NAMESPACES = [
     "profiler",
     "logging",
     "distributed",
+    "nn",
     "nn.parallel",
+    "dataloaders",
+    "dataloaders.utils",
 ]
 # Packages whose public submodules are compared too, counting only what each submodule defines.
 SUBMODULE_PARENTS = ["training.extensions", "training.triggers"]
