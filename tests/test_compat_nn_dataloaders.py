@@ -52,6 +52,10 @@ ENSURE_CASES: list[tuple[tuple[int, ...], torch.dtype, dict[str, Any]]] = [
     ((2, 3), torch.int64, {"shape": (2, 3), "dtype": torch.int8}),
     ((2, 4), torch.int64, {"shape": (2, 3), "dtype": torch.int64}),
     ((2,), torch.float32, {}),
+    ((), torch.float32, {"shape": ()}),
+    ((3,), torch.float32, {"shape": ()}),
+    ((3,), torch.float32, {"shape": (), "broadcastable": True}),
+    ((2, 3), torch.float32, {"shape": [2, 3]}),
 ]
 
 
