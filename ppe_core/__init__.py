@@ -17,6 +17,7 @@ from ppe_core.runtime import to
 if TYPE_CHECKING:
     from ppe_core import (
         config,
+        dataloaders,
         distributed,
         engine,
         errors,
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 _SUBMODULES = frozenset(
     {
         "config",
+        "dataloaders",
         "distributed",
         "engine",
         "errors",
@@ -68,6 +70,7 @@ __all__ = [
     "__version__",
     "compile",
     "config",
+    "dataloaders",
     "distributed",
     "engine",
     "errors",

@@ -36,6 +36,11 @@ Defined here (used across the framework):
   initialised ``torch.distributed``.
 * ``MissingObservationError`` (``ConfigurationError``, ``KeyError``): an extension needs a
   reported value that was not reported (accumulate extensions, ``ReduceLROnPlateau``).
+* ``TensorCheckError`` (``ValueError``): ``ppe.nn.ensure``/``Ensure`` met a wrong shape or dtype.
+* ``LazyStateError`` (``RuntimeError``): a lazy layer's state and the layer disagree on whether
+  the first forward has run.
+* ``ResetParametersWarning``: ``ExtendedSequential.repeat(mode="init")`` cannot re-initialize a
+  module.
 
 Defined beside the code that raises them, and loaded from there on first access here:
 
@@ -203,6 +208,7 @@ __all__ = [
     "ExtensionNameError",
     "IgniteNotInstalledError",
     "IgnoredArgumentWarning",
+    "LazyStateError",
     "ManagerStateError",
     "MetricInputError",
     "MetricKeyError",
@@ -228,6 +234,7 @@ __all__ = [
     "PluginLoadWarning",
     "ProcessGroupNotInitializedError",
     "RegistryLookupError",
+    "ResetParametersWarning",
     "RunLockWarning",
     "RuntimeNotFoundError",
     "RuntimeOptionError",
@@ -244,6 +251,7 @@ __all__ = [
     "StateDictMismatchError",
     "StateVersionWarning",
     "TeardownHookWarning",
+    "TensorCheckError",
     "TriggerTypeError",
     "UnknownObserverError",
     "UnknownOptimizerError",
@@ -393,3 +401,19 @@ class MissingObservationError(ConfigurationError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""  # unquoted, unlike KeyError
+
+
+# Neural-network helpers (ppe.nn) -----------------------------------------------------------
+class TensorCheckError(PPEError, ValueError):
+    """``ppe.nn.ensure`` or ``ppe.nn.Ensure`` met a tensor of the wrong shape or dtype (a
+    ``ValueError``, as PPE raises)."""
+
+
+class LazyStateError(PPEError, RuntimeError):
+    """A lazy layer's state and the layer disagree on whether the first forward has run (a
+    ``RuntimeError``, as PPE raises)."""
+
+
+class ResetParametersWarning(PPEWarning):
+    """``ExtendedSequential.repeat(mode="init")`` met a module with parameters or buffers but no
+    ``reset_parameters``; its copies keep the original values (a ``UserWarning``, as in PPE)."""

@@ -46,8 +46,11 @@ NAMESPACES = [
     "profiler",
     "logging",
     "distributed",
+    "nn",
     "nn.parallel",
     "config",
+    "dataloaders",
+    "dataloaders.utils",
 ]
 # Packages whose public submodules are compared too, counting only what each submodule defines.
 SUBMODULE_PARENTS = ["training.extensions", "training.triggers"]
