@@ -121,8 +121,7 @@ def test_ppe_core_snapshots_autoload_into_a_ppe_manager(tmp_path: Path) -> None:
     first, first_model = _manager(ppe_core, out)
     _run(ppe_core, first, first_model, epochs=2)
     resumed, model = _manager(ppe, out, autoload=True)
-    with pytest.warns(UserWarning, match="version"):  # PPE: written by ppe-core, not PPE 0.9
-        assert resumed.iteration == 10  # PPE's autoload never picks a (hidden) manifest
+    assert resumed.iteration == 10  # PPE's autoload never picks a (hidden) manifest
     _run(ppe, resumed, model)
     for key, value in _weights(ref_model).items():
         assert torch.equal(value, model.state_dict()[key]), key
@@ -170,7 +169,8 @@ def test_ppe_trainer_snapshot_resumes_a_ppe_core_trainer(tmp_path: Path) -> None
     # ppe-core's own snapshot holds its resume data (and the run's world size) under a key
     # PPE ignores.
     state = load_snapshot(str(tmp_path / "run" / "snapshot_iter_15"))
-    assert state["_ppe_core"].keys() == {"manager", "trainer_state", "world_size"}
+    assert state["_ppe_core"].keys() == {"version", "manager", "trainer_state", "world_size"}
+    assert (state["ppe_version"], state["_ppe_core"]["version"]) == ("0.9.0", ppe_core.__version__)
     assert state["_ppe_core"]["world_size"] == 1
 
 
@@ -181,8 +181,7 @@ def test_ppe_core_trainer_snapshot_resumes_a_ppe_trainer(tmp_path: Path) -> None
     _trainer(ppe_core, tmp_path / "run", 2).run(_dicts())
 
     resumed = _trainer(ppe, tmp_path / "run", 3, autoload=True)
-    with pytest.warns(UserWarning, match="version"):
-        resumed.run(_dicts())
+    resumed.run(_dicts())  # no version warning: ppe-core writes PPE 0.9.0's format
     assert resumed.manager.iteration == 15
     for key, value in _weights(reference.models["main"]).items():
         assert torch.equal(value, resumed.models["main"].state_dict()[key]), key

@@ -159,7 +159,7 @@ def test_plain_callable_object_state_is_forwarded() -> None:
     restored = Stateful()
     ExtensionEntry(restored).load_state_dict(ExtensionEntry(original).state_dict())
     assert restored.value == 7
-    assert ExtensionEntry(restored).name == "Stateful"
+    assert ExtensionEntry(restored).name == "_WrappedExtension"  # PPE's default name
 
 
 def test_entry_arguments_override_extension_attributes() -> None:

@@ -419,17 +419,18 @@ def test_duplicate_names_get_ordinals_as_in_ppe() -> None:
     manager.extend(first)
     manager.extend(second)
     manager.extend(third)
-    assert [first.name, second.name, third.name] == ["Recorder", "Recorder_1", "Recorder_2"]
-    assert manager.get_extension("Recorder_1") is second
+    # PPE builds the new name from extend()'s name argument, None here.
+    assert [first.name, second.name, third.name] == ["Recorder", "None_1", "None_2"]
+    assert manager.get_extension("None_1") is second
 
     mine, again = Recorder(), Recorder()
     manager.extend(mine, name="mine")
     manager.extend(again, name="mine")  # PPE renames an explicit duplicate too
     assert (mine.name, again.name) == ("mine", "mine_1")
     assert manager.get_extension("mine_1") is again
-    entry = ExtensionEntry(Recorder(), name="Recorder_1")
+    entry = ExtensionEntry(Recorder(), name="mine")
     manager.extend(entry)
-    assert entry.name == "Recorder_1_1"
+    assert entry.name == "None_3"
 
 
 def test_get_extension_unknown_name_and_reserved_name() -> None:
@@ -603,10 +604,13 @@ def test_state_dict_layout() -> None:
         "state_objects",
         "extensions",
         "ppe_version",
-        "_ppe_core",  # ppe-core's own entry, which PPE ignores: here the epoch length
+        "_ppe_core",  # ppe-core's own entry, which PPE ignores: its version, the epoch length
     }
-    assert state["_ppe_core"] == {"manager": {"iters_per_epoch": 4}}
-    assert state["ppe_version"] == ppe_core.__version__ and state["state_objects"] == {}
+    assert state["_ppe_core"] == {
+        "version": ppe_core.__version__,
+        "manager": {"iters_per_epoch": 4},
+    }
+    assert state["ppe_version"] == "0.9.0" and state["state_objects"] == {}  # PPE's format
     assert state["_start_iteration"] == 2
     assert set(state["models"]) == set(state["optimizers"]) == {"main"}
     assert set(state["extensions"]) == {"every3", "manual", "once"}
@@ -718,3 +722,6 @@ def test_add_state_object_and_resume_state_round_trip() -> None:
     assert (counter.value, mine.value, optional.value) == (3, 4, 9)
     with pytest.raises(TypeError, match="state_dict"):
         other.add_state_object("bad", object())  # type: ignore[arg-type]
+    for reserved in ("version", "world_size", "ranks"):  # keys ppe-core writes there itself
+        with pytest.raises(ConfigurationError, match=f"{reserved!r} is reserved"):
+            other.add_resume_state(reserved, Counter(1))

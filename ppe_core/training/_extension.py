@@ -140,6 +140,10 @@ class Extension:
         """
 
 
+# PPE's default name of a callable without a default_name attribute: its wrapper's class name.
+_WRAPPED_DEFAULT_NAME = "_WrappedExtension"
+
+
 class _WrappedExtension(Extension):
     """Adapts a plain callable (e.g. one decorated by :func:`make_extension`) to Extension.
 
@@ -154,8 +158,9 @@ class _WrappedExtension(Extension):
         self.needs_model_state = bool(getattr(ext, "needs_model_state", False))
         self.is_async = bool(getattr(ext, "is_async", False))
         self.runs_last = bool(getattr(ext, "runs_last", False))
-        name = getattr(ext, "name", None)
-        self.name = name if isinstance(name, str) else None
+        # The callable's own ``name`` attribute (if any) is not the extension's name, as in
+        # PPE: the name comes from extend(name=...) or ``default_name``, so both agree on it.
+        self.name = None
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for attributes missing on the wrapper; guard against recursion while
@@ -166,11 +171,14 @@ class _WrappedExtension(Extension):
 
     @property
     def default_name(self) -> str:
+        """The callable's ``default_name`` (set by :func:`make_extension`), else PPE's name.
+
+        PPE names every other callable (a plain function, a lambda, a callable object) after
+        its wrapper class, ``_WrappedExtension``, not after the function; snapshots keep
+        extension states by name, so ppe-core uses the same name for them to load either way.
+        """
         name = getattr(self._ext, "default_name", None)
-        if isinstance(name, str) and name:
-            return name
-        name = getattr(self._ext, "__name__", None)
-        return name if isinstance(name, str) else type(self._ext).__name__
+        return name if isinstance(name, str) and name else _WRAPPED_DEFAULT_NAME
 
     def __call__(self, manager: ManagerView) -> object:
         return self._ext(manager)

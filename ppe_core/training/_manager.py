@@ -470,9 +470,10 @@ class ExtensionsManager:
         """Registers an extension.
 
         Options left as None come from the extension's attributes (see :class:`Extension`).
-        Names are unique: an extension registered under a taken name (explicit or not) is
-        renamed ``<name>_1``, ``<name>_2``, ... (the first free ordinal, as PPE does); the
-        name it got is ``extension.name`` (and ``entry.name``).
+        Names are unique, and given as PPE gives them: an extension registered under a taken
+        name is renamed ``<name>_1``, ``<name>_2``, ... (the first free ordinal), where
+        ``<name>`` is the ``name`` argument, so ``None_1``, ``None_2``, ... when it was left
+        out. The name it got is ``extension.name`` (and ``entry.name``).
 
         An extension added after the extensions started is initialized right away.
 
@@ -504,7 +505,10 @@ class ExtensionsManager:
         if call_before_training is not None:
             entry.call_before_training = bool(call_before_training)
 
-        unique = self._schedule.unique_name(name if name is not None else entry.name)
+        # As in PPE, a taken name gets the first free ``<name>_N`` built from the ``name``
+        # argument itself, so an unnamed duplicate becomes ``None_1``: snapshots keep extension
+        # states by name, and these names make them load in PPE and back.
+        unique = self._schedule.unique_name(name if name is not None else entry.name, str(name))
         entry._update_name(unique)
         self._schedule.add(unique, entry)
         self._invalidate_schedule()
@@ -910,6 +914,10 @@ class ExtensionsManager:
 
         For ppe-core's own resume data (a Trainer's RNG and loader states, its handler's
         state): PPE's ``load_state_dict`` still reads the state. An empty state is left out.
+
+        Raises:
+            ConfigurationError: ``name`` is a key ppe-core writes there itself (``version``,
+                ``world_size``, ``ranks``).
         """
         self._state.add_resume_state(name, obj)
 

@@ -63,13 +63,18 @@ class Schedule:
 
     # ----------------------------------------------------------------- registration
 
-    def unique_name(self, base: str) -> str:
-        """``base``, or ``<base>_1``, ``<base>_2``, ... : the first name not registered."""
-        unique = base
+    def unique_name(self, name: str, base: str | None = None) -> str:
+        """``name``, or ``<base>_1``, ``<base>_2``, ... : the first name not registered.
+
+        ``base`` defaults to ``name``; the manager passes its ``name`` argument there, as PPE
+        derives the renamed names from it.
+        """
+        prefix = name if base is None else base
+        unique = name
         ordinal = 0
         while unique in self._entries:
             ordinal += 1
-            unique = f"{base}_{ordinal}"
+            unique = f"{prefix}_{ordinal}"
         return unique
 
     def add(self, name: str, entry: ExtensionEntry) -> None:

@@ -11,10 +11,12 @@ import torch
 from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError, PPEWarning
 from ppe_core.training._extension import ExtensionEntry
 from ppe_core.training._protocols import StateObjectProtocol
-from ppe_core.training._resume import rank_resume_states
+from ppe_core.training._resume import RANKS_KEY, WORLD_SIZE_KEY, rank_resume_states
 
 __all__ = [
     "PPE_CORE_STATE_KEY",
+    "PPE_FORMAT_VERSION",
+    "VERSION_KEY",
     "EpochLength",
     "EpochLengthChangedWarning",
     "LoadedCounts",
@@ -35,6 +37,14 @@ TransformModel = Callable[[str, torch.nn.Module], torch.nn.Module]
 #: The key under which ppe-core keeps its own resume data in a state dictionary. PPE's
 #: ``load_state_dict`` ignores unknown top-level keys, so such states still load into PPE.
 PPE_CORE_STATE_KEY = "_ppe_core"
+#: The PPE release whose state format ppe-core writes, saved as ``state['ppe_version']``: PPE
+#: warns on load unless that field equals its own version, so ppe-core's version goes under
+#: ``state['_ppe_core']['version']`` instead.
+PPE_FORMAT_VERSION = "0.9.0"
+#: The key of ppe-core's own version in ``state['_ppe_core']``.
+VERSION_KEY = "version"
+# Keys of state['_ppe_core'] that are not resume states added by add_resume_state.
+_RESERVED_RESUME_KEYS = frozenset({VERSION_KEY, WORLD_SIZE_KEY, RANKS_KEY})
 # PPE releases whose states load without a StateVersionWarning (the format is the same).
 _COMPATIBLE_PPE_VERSIONS = ("0.9.",)
 _MAX_KEYS = 8  # keys listed in a mismatch message; the rest are counted
@@ -147,8 +157,9 @@ class ManagerState:
     The layout is PPE's: ``{'_start_iteration': int, '_start_execution': int, 'models':
     {name: state}, 'optimizers': {name: state}, 'state_objects': {name: state},
     'extensions': {name: {'extension': ..., 'trigger': ...}}, 'ppe_version': str}``, so PPE's
-    ``load_state_dict`` reads it. ppe-core's own resume data (a Trainer's RNG and loader
-    states, its handler's state) goes under :data:`PPE_CORE_STATE_KEY`, which PPE ignores.
+    ``load_state_dict`` reads it; ``ppe_version`` is :data:`PPE_FORMAT_VERSION`. ppe-core's
+    own version and resume data (a Trainer's RNG and loader states, its handler's state) go
+    under :data:`PPE_CORE_STATE_KEY`, which PPE ignores.
 
     Args:
         models: The registered models by name (as registered, before ``transform_model``).
@@ -211,7 +222,15 @@ class ManagerState:
 
         An empty ``obj.state_dict()`` is left out; a loaded state without the entry leaves
         ``obj`` as it is.
+
+        Raises:
+            ConfigurationError: ``name`` is one of the keys ppe-core itself writes there.
         """
+        if name in _RESERVED_RESUME_KEYS:
+            raise ConfigurationError(
+                f"the resume-state name {name!r} is reserved ({sorted(_RESERVED_RESUME_KEYS)} "
+                "are written by ppe-core itself); pass another name"
+            )
         self._internal[name] = obj
 
     def resume_state_dict(self) -> dict[str, Any]:
@@ -242,11 +261,9 @@ class ManagerState:
             "optimizers": {name: opt.state_dict() for name, opt in self._optimizers.items()},
             "state_objects": {name: obj.state_dict() for name, obj in self._objects.items()},
             "extensions": {name: entry.state_dict() for name, entry in entries.items()},
-            "ppe_version": __version__,
+            "ppe_version": PPE_FORMAT_VERSION,
         }
-        internal = self.resume_state_dict()
-        if internal:
-            state[PPE_CORE_STATE_KEY] = internal
+        state[PPE_CORE_STATE_KEY] = {VERSION_KEY: __version__, **self.resume_state_dict()}
         return state
 
     def load_state_dict(
