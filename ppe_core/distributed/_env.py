@@ -14,6 +14,7 @@ minutes, and a timeout where ppe-core waits raises ``CollectiveTimeoutError``.
 from __future__ import annotations
 
 import atexit
+import collections
 import os
 import sys
 from collections.abc import Mapping
@@ -38,6 +39,7 @@ __all__ = [
     "init_from_env",
     "is_distributed",
     "is_main_process",
+    "retain_collective_tensors",
     "shutdown",
 ]
 
@@ -363,7 +365,7 @@ def shutdown() -> None:
         return
     try:
         if dist.get_world_size() > 1:
-            dist.barrier()
+            _wait_for_every_rank(dist)
     except RuntimeError as exc:
         timed_out = timeout_error(exc, "waiting for the other ranks to shut down")
         if timed_out is None:
@@ -371,6 +373,41 @@ def shutdown() -> None:
         raise timed_out from exc
     finally:
         _destroy(dist)
+
+
+#: The tensors of ppe-core's most recent collectives (see :func:`retain_collective_tensors`).
+_RETAINED: collections.deque[torch.Tensor] = collections.deque(maxlen=16)
+
+
+def retain_collective_tensors(*tensors: torch.Tensor) -> None:
+    """Keeps the tensors of a collective ppe-core issued referenced until the process ends.
+
+    Seen in core dumps of aborted torchrun runs (a rerun of the DDP example on a finished
+    output directory, about 1 run in 15 on a loaded machine): gloo's worker thread frees a
+    collective's work object, and with it the work's tensors, a moment after the waiting rank
+    was released. When the tensor's Python object is already gone, that last release needs the
+    GIL; if the main thread has meanwhile begun finalizing the interpreter, the worker is ended
+    by ``pthread_exit`` inside a C++ destructor and the process aborts ("terminate called
+    without an active exception") although training finished. While Python still references
+    the tensor, the worker's release needs no GIL. The last few collectives before exit are the
+    ones at risk, so a short bounded history is kept (they are small tensors).
+    """
+    _RETAINED.extend(tensors)
+
+
+def _wait_for_every_rank(dist: Any) -> None:
+    """A barrier whose tensor outlives the backend's hold on it.
+
+    ``dist.barrier()`` on gloo is an all-reduce of a tensor its Python code drops at once: the
+    last collective before exit, so the one most likely to be freed by gloo's worker after
+    finalization began (see :func:`retain_collective_tensors`).
+    """
+    if dist.get_backend() != "gloo":
+        dist.barrier()  # a device tensor would be needed
+        return
+    token = torch.zeros(1)
+    retain_collective_tensors(token)
+    dist.all_reduce(token)
 
 
 def _destroy(dist: Any) -> None:
