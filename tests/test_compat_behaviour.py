@@ -7,9 +7,11 @@ user sees.
 from __future__ import annotations
 
 import io
+import os
 import threading
 import types
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ import torch
 import ppe_core
 from ppe_core.errors import ConfigurationError
 from ppe_core.runtime import get_runtime
+from ppe_core.training.extensions._snapshot import load_snapshot
 
 
 @pytest.fixture(scope="module")
@@ -176,3 +179,68 @@ def test_torch_save_of_a_module_on_an_unpicklable_runtime_saves_it_like_ppe(
     assert get_runtime(loaded) is None and get_runtime(model) is not None
     ppe_core.to(loaded, "cpu")  # the copy is moved again to get a runtime
     assert get_runtime(loaded) is not None
+
+
+def _path_savefun(obj: Any, path: Any) -> None:
+    """A savefun written for a writer that passes the final path; it touches what it wrote."""
+    torch.save(obj, path)
+    os.utime(path)
+
+
+def _file_savefun(obj: Any, file_obj: Any) -> None:
+    """A savefun that uses the real file PPE's writers pass (its name), touching it."""
+    torch.save(obj, file_obj)
+    file_obj.flush()
+    os.utime(file_obj.name)
+
+
+def _path_writer(lib: types.ModuleType, out_dir: Path) -> Any:
+    class PathWriter(lib.writing.Writer):  # type: ignore[name-defined,misc]
+        """A PPE-style custom writer: calls savefun with the final path, then touches it."""
+
+        def __call__(
+            self, filename: str, out_dir: str, target: Any, *, savefun: Any = None, **kw: Any
+        ) -> None:
+            path = os.path.join(out_dir, filename)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            (savefun or torch.save)(target, path)
+            os.utime(path)
+
+    return PathWriter(out_dir=str(out_dir))
+
+
+@pytest.mark.parametrize("case", ["custom writer", "path savefun", "file savefun"])
+def test_custom_savefun_and_writer_are_called_like_ppe(
+    pfn: types.ModuleType, tmp_path: Path, case: str
+) -> None:
+    results = {}
+    for lib in (pfn, ppe_core):
+        out = tmp_path / lib.__name__
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        writer = None if case == "file savefun" else _path_writer(lib, out)
+        savefun = {"custom writer": None, "path savefun": _path_savefun}.get(case, _file_savefun)
+        manager = lib.training.ExtensionsManager(
+            model, optimizer, 3, iters_per_epoch=2, out_dir=str(out), writer=writer
+        )
+        manager.extend(lib.training.extensions.snapshot(savefun=savefun, n_retains=1))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # PPE's deprecation warnings
+            for x, y in _batches():
+                with manager.run_iteration():
+                    torch.nn.functional.mse_loss(model(x), y).backward()
+                    optimizer.step()
+        results[lib.__name__] = (sorted(p.name for p in out.iterdir()), model)
+    names, model = results["ppe_core"]
+    # Stale snapshots are removed; the newest has its manifest (PPE keeps all three when its
+    # cleanup hook does not run, i.e. with a custom writer).
+    assert names == [".snapshot_iter_6.manifest.json", "snapshot_iter_6"]
+    assert "snapshot_iter_6" in results["pytorch_pfn_extras"][0]
+    state = load_snapshot(str(tmp_path / "ppe_core" / "snapshot_iter_6"))  # verified
+    resumed, resumed_model = _manager(pfn, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PPE warns about the version of ppe-core states
+        resumed.load_state_dict(state)  # PPE resumes from it
+    assert resumed.iteration == 6
+    torch.testing.assert_close(resumed_model.state_dict(), model.state_dict(), rtol=0, atol=0)
