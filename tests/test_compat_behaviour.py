@@ -7,6 +7,7 @@ user sees.
 from __future__ import annotations
 
 import io
+import json
 import os
 import threading
 import types
@@ -244,3 +245,58 @@ def test_custom_savefun_and_writer_are_called_like_ppe(
         resumed.load_state_dict(state)  # PPE resumes from it
     assert resumed.iteration == 6
     torch.testing.assert_close(resumed_model.state_dict(), model.state_dict(), rtol=0, atol=0)
+
+
+def _traced_names(lib: types.ModuleType, tmp_path: Path, fail_at: int | None = None) -> list[str]:
+    """The tracer's event names (in recording order) of a create_trainer run with a trace."""
+    torch.manual_seed(0)
+    model = _Regressor()
+    lib.to(model, "cpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = [{"x": torch.randn(3), "y": torch.randn(2)} for _ in range(8)]
+    loader = torch.utils.data.DataLoader(data, batch_size=2)  # type: ignore[arg-type]
+
+    @lib.training.make_extension(trigger=(1, "iteration"))
+    def fail(manager: Any) -> None:
+        if manager.iteration == fail_at:
+            raise RuntimeError("extension failed")
+
+    trainer = lib.engine.create_trainer(
+        model,
+        optimizer,
+        2,
+        evaluator=lib.engine.create_evaluator(model),
+        extensions=[lib.training.extensions.LogReport(), fail],
+        enable_trace=True,
+        out_dir=str(tmp_path / lib.__name__),
+    )
+    tracer = lib.profiler.get_tracer()
+    tracer.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PPE's deprecation warnings
+        if fail_at is None:
+            trainer.run(loader, loader)
+        else:
+            with pytest.raises(RuntimeError, match="extension failed"):
+                trainer.run(loader, loader)
+    events = tracer.state_dict()["_event_list"]  # a JSON list, in both libraries
+    names = [e["name"] for e in (json.loads(events) if isinstance(events, str) else events)]
+    tracer.clear()
+    # PPE's train-step section is named after its package; ppe-core's after ppe's path.
+    return [n.replace("pytorch_pfn_extras.", "ppe.") for n in names]
+
+
+def test_enable_trace_records_the_sections_ppe_records(
+    pfn: types.ModuleType, tmp_path: Path
+) -> None:
+    expected = _traced_names(pfn, tmp_path)
+    got = _traced_names(ppe_core, tmp_path)
+    assert len(expected) == 50  # 8 steps x 5 sections, 8 LogReport calls, 2 Evaluator calls
+    assert got == expected  # the same sections, nested the same way (recorded as they end)
+
+
+def test_enable_trace_sections_are_closed_when_training_fails(tmp_path: Path) -> None:
+    names = _traced_names(ppe_core, tmp_path, fail_at=3)
+    # The failing step's sections end too (with the error), so a trace shows where it failed.
+    assert names.count("ppe.training.Trainer:iteration") == 3
+    assert names.count("ppe.training.Trainer:run_iteration") == 3

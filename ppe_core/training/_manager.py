@@ -275,7 +275,9 @@ class ExtensionsManager:
             max_epochs_trigger(max_epochs) if stop_trigger is None else get_trigger(stop_trigger),
             "max_epochs" if stop_trigger is None else "stop_trigger",
         )
-        self._schedule = Schedule(profile=enable_profile or enable_trace)
+        self._schedule = Schedule(
+            profile=enable_profile or enable_trace, time=enable_profile, trace=enable_trace
+        )
         # Hot-path aliases of the schedule's parts (one attribute lookup less per step).
         self._every = self._schedule.every
         self._run_every = self._schedule.run_every
