@@ -76,11 +76,17 @@ class BaseRuntime:
         """Pickles the runtime with the module it tags; a runtime that cannot be pickled
         unpickles as no runtime, so the module still saves (as in PPE, where the tag never
         travels) and the copy is moved again with ``ppe.to``."""
+        key = id(self)
+        if key in _CHECKING:  # its state reaches the runtime again: the outer check decides
+            return super().__reduce_ex__(protocol)
+        _CHECKING.add(key)
         try:
             reduced = super().__reduce_ex__(protocol)
             pickle.dumps(reduced, protocol)  # its state may hold unpicklable objects
         except Exception:
             return (_no_runtime, ())
+        finally:
+            _CHECKING.discard(key)
         return reduced
 
     # Data and module movement -------------------------------------------------------------
@@ -361,6 +367,10 @@ def map_tensors(
     if isinstance(obj, list):
         return [map_tensors(v, fn, leaf) for v in obj]
     return obj if leaf is None else leaf(obj)
+
+
+#: Runtimes whose picklability is being checked (see ``BaseRuntime.__reduce_ex__``).
+_CHECKING: set[int] = set()
 
 
 def _no_runtime() -> None:
