@@ -55,7 +55,12 @@ def train(tmp_path: Path, make: Callable[[Net], ParameterStatistics]) -> list[di
     return rows
 
 
-def test_default_statistics_at_each_epoch_end_only(tmp_path: Path) -> None:
+def _epoch_mean(rows: list[dict[str, Any]], name: str, statistic: Callable[..., Any]) -> float:
+    """The mean over the epoch's iterations (as PPE reports) of a statistic of a tensor."""
+    return sum(float(statistic(r["expected"][name])) for r in rows) / len(rows)
+
+
+def test_default_statistics_are_the_means_over_each_epoch(tmp_path: Path) -> None:
     rows = train(tmp_path, ParameterStatistics)
     assert [any("/data/" in k for k in r["observation"]) for r in rows] == [
         False,
@@ -63,14 +68,21 @@ def test_default_statistics_at_each_epoch_end_only(tmp_path: Path) -> None:
         False,
         True,
     ]
-    observed, expected = rows[-1]["observation"], rows[-1]["expected"]
-    weight, grad = expected["hidden.weight"], expected["hidden.weight.grad"]
-    assert float(observed["hidden.weight/data/mean"]) == pytest.approx(float(weight.mean()))
-    assert float(observed["hidden.weight/data/std"]) == pytest.approx(float(weight.std()))
-    assert float(observed["hidden.weight/data/min"]) == float(weight.min())
-    assert float(observed["hidden.weight/data/max"]) == float(weight.max())
-    assert int(observed["hidden.weight/data/zeros"]) == int((weight == 0).sum())
-    assert float(observed["hidden.weight/grad/mean"]) == pytest.approx(float(grad.mean()))
+    observed, epoch = rows[-1]["observation"], rows[-2:]
+    weight, grad = "hidden.weight", "hidden.weight.grad"
+    mean = pytest.approx
+    assert float(observed["hidden.weight/data/mean"]) == mean(
+        _epoch_mean(epoch, weight, torch.mean)
+    )
+    assert float(observed["hidden.weight/data/std"]) == mean(_epoch_mean(epoch, weight, torch.std))
+    assert float(observed["hidden.weight/data/min"]) == mean(_epoch_mean(epoch, weight, torch.min))
+    assert float(observed["hidden.weight/data/max"]) == mean(_epoch_mean(epoch, weight, torch.max))
+    assert float(observed["hidden.weight/data/zeros"]) == 0.0
+    assert float(observed["hidden.weight/grad/mean"]) == mean(_epoch_mean(epoch, grad, torch.mean))
+    # Not the epoch-end value: the weights moved during the epoch.
+    assert float(observed["hidden.weight/data/max"]) != mean(
+        float(epoch[-1]["expected"][weight].max())
+    )
     # A one-element tensor has no spread: NaN, without torch's degrees-of-freedom warning.
     assert math.isnan(float(observed["out.bias/data/std"]))
     # Values stay tensors (on the device) for LogReport to average.
@@ -94,12 +106,13 @@ def test_custom_statistics_prefix_and_params_only(tmp_path: Path) -> None:
         return extension
 
     rows = train(tmp_path, make)
-    observed = rows[-1]["observation"]
-    weight = rows[-1]["expected"]["hidden.weight"]
-    low, high = torch.quantile(weight.flatten(), torch.tensor([0.25, 0.75])).tolist()
+    observed, epoch = rows[-1]["observation"], rows[-2:]
+    low = _epoch_mean(epoch, "hidden.weight", lambda w: torch.quantile(w.flatten(), 0.25))
+    high = _epoch_mean(epoch, "hidden.weight", lambda w: torch.quantile(w.flatten(), 0.75))
     assert float(observed["stats/hidden.weight/data/quartile/0"]) == pytest.approx(low)
     assert float(observed["stats/hidden.weight/data/quartile/1"]) == pytest.approx(high)
-    assert observed["stats/hidden.weight/data/norm"] == pytest.approx(float(weight.norm()))
+    norm = _epoch_mean(epoch, "hidden.weight", torch.norm)
+    assert observed["stats/hidden.weight/data/norm"] == pytest.approx(norm)
     assert not any("/grad/" in k for k in observed)
 
 

@@ -9,7 +9,7 @@ import torch
 
 from ppe_core._reporting import report
 from ppe_core.errors import ConfigurationError, NoRuntimeError
-from ppe_core.handler._logic import BaseLogic, normalize_outputs
+from ppe_core.handler._logic import BaseLogic, Logic, normalize_outputs, set_sampler_epoch
 from ppe_core.runtime import BaseRuntime, device_type_of, iter_runtime_modules
 
 __all__ = ["BaseHandler", "Handler", "NoRuntimeError"]
@@ -227,14 +227,11 @@ class Handler(BaseHandler):
 
     def train_epoch_begin(self, trainer: Any, loader: Iterable[Any]) -> None:
         self._ensure(trainer.models)
-        # The handler sets the sampler's epoch (DistributedSampler reshuffles per epoch) for
-        # every logic, so a custom logic's train_epoch_begin need not remember to.
-        sampler = getattr(loader, "sampler", None)
-        batch_sampler = getattr(loader, "batch_sampler", None)
-        inner = getattr(batch_sampler, "sampler", None)
-        for target in (sampler, inner if inner is not sampler else None):
-            if target is not None and hasattr(target, "set_epoch"):
-                target.set_epoch(trainer.epoch)
+        # Logic.train_epoch_begin sets the sampler's epoch (as PPE's does); for a logic that
+        # replaces it, the handler does, so a custom logic need not remember to. Either way
+        # once per epoch.
+        if type(self._logic).train_epoch_begin is not Logic.train_epoch_begin:
+            set_sampler_epoch(loader, trainer.epoch)
         self._logic.train_epoch_begin(trainer.models, trainer.epoch, loader)
         for module, runtime in self._runtimes:
             runtime.train_epoch_begin(module)

@@ -32,8 +32,23 @@ __all__ = [
     "Logic",
     "ModelOutputError",
     "normalize_outputs",
+    "set_sampler_epoch",
     "torch_autocast",
 ]
+
+
+def set_sampler_epoch(loader: Iterable[Any], epoch: int) -> None:
+    """Calls ``set_epoch(epoch)`` on the loader's sampler(s) that have it, once each.
+
+    ``DistributedSampler`` reshuffles per epoch only when told the epoch. Looks at
+    ``loader.sampler`` (as PPE) and at ``loader.batch_sampler.sampler`` (a custom batch sampler
+    wrapping a distributed sampler).
+    """
+    sampler = getattr(loader, "sampler", None)
+    inner = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
+    for target in (sampler, inner if inner is not sampler else None):
+        if target is not None and hasattr(target, "set_epoch"):
+            target.set_epoch(epoch)
 
 
 @contextlib.contextmanager
@@ -463,7 +478,10 @@ class Logic(BaseLogic):
     def train_epoch_begin(
         self, models: Mapping[str, torch.nn.Module], epoch: int, loader: Iterable[Any]
     ) -> None:
-        self._model(models).train()  # the handler has set the sampler's epoch already
+        self._model(models).train()
+        # As PPE's Logic does, so that code driving a Logic directly gets per-epoch shuffling;
+        # the handler then leaves it to this method (see Handler.train_epoch_begin).
+        set_sampler_epoch(loader, epoch)
         try:
             self._epoch_length = len(loader)  # type: ignore[arg-type]
         except TypeError:

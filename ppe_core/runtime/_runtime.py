@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import pickle
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -70,6 +71,23 @@ class BaseRuntime:
                     f"{', '.join(map(repr, unknown))}; accepted options: {listed}. "
                     "Remove them from runtime_options / ppe.to(options=...)."
                 )
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickles the runtime with the module it tags; a runtime that cannot be pickled
+        unpickles as no runtime, so the module still saves (as in PPE, where the tag never
+        travels) and the copy is moved again with ``ppe.to``."""
+        key = id(self)
+        if key in _CHECKING:  # its state reaches the runtime again: the outer check decides
+            return super().__reduce_ex__(protocol)
+        _CHECKING.add(key)
+        try:
+            reduced = super().__reduce_ex__(protocol)
+            pickle.dumps(reduced, protocol)  # its state may hold unpicklable objects
+        except Exception:
+            return (_no_runtime, ())
+        finally:
+            _CHECKING.discard(key)
+        return reduced
 
     # Data and module movement -------------------------------------------------------------
     def convert_batch(self, args: Any) -> Any:
@@ -349,6 +367,15 @@ def map_tensors(
     if isinstance(obj, list):
         return [map_tensors(v, fn, leaf) for v in obj]
     return obj if leaf is None else leaf(obj)
+
+
+#: Runtimes whose picklability is being checked (see ``BaseRuntime.__reduce_ex__``).
+_CHECKING: set[int] = set()
+
+
+def _no_runtime() -> None:
+    """What an unpicklable runtime's tag unpickles to: no runtime (see ``__reduce_ex__``)."""
+    return None
 
 
 def tag_module(module: torch.nn.Module, runtime: BaseRuntime) -> None:

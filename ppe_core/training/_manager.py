@@ -37,7 +37,7 @@ from ppe_core.training._state import (
     TransformModel,
     warn_missing_extension_states,
 )
-from ppe_core.training._stop import StopCondition, StopReason
+from ppe_core.training._stop import StopCondition, StopReason, max_epochs_trigger
 from ppe_core.training.triggers import TriggerLike, get_trigger
 
 if TYPE_CHECKING:
@@ -188,7 +188,8 @@ class ExtensionsManager:
     Args:
         models: A module (named ``"main"``) or a mapping of names to modules.
         optimizers: An optimizer (named ``"main"``) or a mapping of names to optimizers.
-        max_epochs: Length of training; ignored when ``stop_trigger`` is given.
+        max_epochs: Length of training; ignored when ``stop_trigger`` is given. 0 (as in PPE,
+            for a manager built only to load a state) means training is over at once.
         iters_per_epoch: Iterations in one epoch (an integer >= 1).
         extensions: Extensions to register right away.
         out_dir: Output directory, used when ``writer`` is None.
@@ -271,10 +272,12 @@ class ExtensionsManager:
             self.reporter.add_observer(name, optimizer)
 
         self._stop = StopCondition(
-            get_trigger((max_epochs, "epoch") if stop_trigger is None else stop_trigger),
+            max_epochs_trigger(max_epochs) if stop_trigger is None else get_trigger(stop_trigger),
             "max_epochs" if stop_trigger is None else "stop_trigger",
         )
-        self._schedule = Schedule(profile=enable_profile or enable_trace)
+        self._schedule = Schedule(
+            profile=enable_profile or enable_trace, time=enable_profile, trace=enable_trace
+        )
         # Hot-path aliases of the schedule's parts (one attribute lookup less per step).
         self._every = self._schedule.every
         self._run_every = self._schedule.run_every

@@ -6,8 +6,6 @@ import difflib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from ppe_core.training._extension import ExtensionEntry, ExtensionNameError
 from ppe_core.training.triggers import NEVER, next_due
 
@@ -42,12 +40,25 @@ class Schedule:
     other due trigger of their iteration was consulted.
 
     Args:
-        profile: Wrap each extension call in a ``torch.profiler.record_function`` range (the
-            every-iteration shortcut is then off, so each call is recorded).
+        profile: Record each extension call as PPE's section
+            ``ppe.training.ExtensionsManager.run_extensions:<name>`` with
+            ``ppe.profiler.record`` (a ``torch.profiler`` range; the every-iteration shortcut
+            is then off, so each call is recorded).
+        time: Also add each call's duration to the TimeSummary (``enable_profile``).
+        trace: Also add each call to the tracer (``enable_trace``).
     """
 
-    def __init__(self, *, profile: bool = False) -> None:
+    def __init__(self, *, profile: bool = False, time: bool = False, trace: bool = False) -> None:
         self._profile = profile
+        self._time = time
+        self._trace = trace
+        self._record: Callable[..., Any] | None = None
+        if profile:
+            # Imported only when profiling: ppe_core._record reaches the plugin host, which
+            # imports the training package.
+            from ppe_core._record import record
+
+            self._record = record
         self._entries: dict[str, ExtensionEntry] = {}
         self._slots: list[Slot] = []
         #: Extensions called directly on steps where nothing else is due (LogReport
@@ -168,8 +179,10 @@ class Schedule:
 
     def call(self, manager: ManagerView, slot: Slot) -> None:
         """Runs one extension (inside a profiler range when profiling)."""
-        if self._profile:
-            with torch.profiler.record_function(f"ppe_core.ExtensionsManager:{slot.name}"):
+        record = self._record
+        if record is not None:
+            tag = f"ppe.training.ExtensionsManager.run_extensions:{slot.name}"
+            with record(tag, enable=self._time, trace=self._trace):
                 slot.entry.extension(manager)
         else:
             slot.entry.extension(manager)

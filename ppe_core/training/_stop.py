@@ -5,18 +5,52 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from ppe_core.training.triggers import next_due
+from ppe_core.errors import ConfigurationError
+from ppe_core.training.triggers import Trigger, get_trigger, next_due
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
-    from ppe_core.training.triggers import Trigger
 
-__all__ = ["StopCondition", "StopKind", "StopReason"]
+__all__ = ["StopCondition", "StopKind", "StopReason", "max_epochs_trigger"]
 
 #: Why training ended: ``"max_epochs"`` (the default stop trigger, ``(max_epochs, 'epoch')``,
 #: fired), ``"stop_trigger"`` (a ``stop_trigger`` the user passed fired) or ``"error"`` (an
 #: exception ended training).
 StopKind = Literal["max_epochs", "stop_trigger", "error"]
+
+
+class _NoEpochs(Trigger):
+    """The stop trigger of ``max_epochs=0``: training is over before it starts.
+
+    PPE accepts 0 (a manager built only to load a state into); an interval of 0 epochs has no
+    period to divide by, so zero gets this trigger, which fires at once.
+    """
+
+    def __call__(self, manager: ManagerView) -> bool:
+        return True
+
+    def get_training_length(self) -> tuple[int, str]:
+        return (0, "epoch")
+
+    def __repr__(self) -> str:
+        return "(0, 'epoch')"
+
+
+def max_epochs_trigger(max_epochs: int) -> Trigger:
+    """The manager's default stop trigger, ``(max_epochs, 'epoch')``; 0 stops at once.
+
+    Raises:
+        ConfigurationError: ``max_epochs`` is negative (or not a number).
+    """
+    if isinstance(max_epochs, int) and not isinstance(max_epochs, bool):
+        if max_epochs == 0:
+            return _NoEpochs()
+        if max_epochs < 0:
+            raise ConfigurationError(
+                f"max_epochs must be >= 0, got {max_epochs}; pass the number of epochs to "
+                "train (0 only for a manager that just loads a state)"
+            )
+    return get_trigger((max_epochs, "epoch"))
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import types
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -395,6 +395,12 @@ class Trainer:
         if post_step is not None:
             post_step(self, batch_idx, self._batch, outputs)
 
+    def _step_scopes(self) -> _StepScopes | None:
+        """PPE's per-step sections when ``enable_profile``/``enable_trace`` is set, else None."""
+        if not (self._enable_profile or self._enable_trace):
+            return None
+        return _StepScopes(self._enable_profile, self._enable_trace)
+
     def _step_function(self) -> Callable[[Any, int, Any, Any], Any]:
         """The handler's ``train_step``, wrapped in a profiler record only when asked for."""
         step: Callable[[Any, int, Any, Any], Any] = self.handler.train_step
@@ -481,6 +487,11 @@ class Trainer:
             None if inline else self._complete_step,
         )
         profile = self._profile
+        # With enable_profile/enable_trace: PPE's sections around each step (the iteration,
+        # the data fetch, run_iteration); nothing is added to the loop otherwise.
+        scopes = self._step_scopes()
+        if scopes is not None:
+            begin, end = scopes.wrap(begin, end)
         manager.start_extensions()
         host.trainer_setup(self)
         error: BaseException | None = None
@@ -493,6 +504,8 @@ class Trainer:
                     # restored; otherwise a plain iter() with the epoch-start RNG states
                     # recorded.
                     batches = self._state.start_epoch(train_loader, start)
+                    if scopes is not None:
+                        batches = scopes.batches(batches)
                     for batch_idx, batch in zip(
                         range(start, iters_per_epoch), batches, strict=False
                     ):
@@ -526,10 +539,77 @@ class Trainer:
                 raise timed_out from exc
             raise
         finally:
+            if scopes is not None:
+                scopes.close()
             self._batch = None
             handler.train_cleanup(self)
             host.trainer_teardown(self, error)
         manager.finalize()
+
+
+class _StepScopes:
+    """PPE's trainer sections around each step, for ``enable_profile``/``enable_trace``.
+
+    As PPE records them: ``ppe.training.Trainer:iteration`` around the whole step, inside it
+    ``ppe.training.Trainer:get_data`` around fetching the batch and
+    ``ppe.training.Trainer:run_iteration`` around the manager's iteration (the train step and
+    the extensions). The loop's own steps stay as they are: the batch iterator and the
+    manager's begin/end calls are wrapped, and sections left open by an error are closed by
+    :meth:`close`.
+    """
+
+    def __init__(self, time: bool, trace: bool) -> None:
+        from ppe_core._record import record  # see Schedule: reaches the plugin host
+
+        self._record = record
+        self._time = time
+        self._trace = trace
+        self._open: list[Any] = []  # entered sections, innermost last
+
+    def _enter(self, tag: str) -> None:
+        section = self._record(tag, enable=self._time, trace=self._trace)
+        section.__enter__()
+        self._open.append(section)
+
+    def _exit(self) -> None:
+        self._open.pop().__exit__(None, None, None)
+
+    def batches(self, batches: Iterable[Any]) -> Iterator[Any]:
+        """Yields the batches, each fetched inside its iteration's ``get_data`` section."""
+        iterator = iter(batches)
+        while True:
+            self._enter("ppe.training.Trainer:iteration")
+            self._enter("ppe.training.Trainer:get_data")
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                self._exit()
+                self._exit()
+                return
+            self._exit()
+            yield batch
+
+    def wrap(
+        self, begin: Callable[..., Any], end: Callable[..., bool]
+    ) -> tuple[Callable[..., Any], Callable[..., bool]]:
+        """``begin``/``end`` of the manager's iteration inside ``run_iteration``."""
+
+        def begin_section(*args: Any) -> Any:
+            self._enter("ppe.training.Trainer:run_iteration")
+            return begin(*args)
+
+        def end_section(*args: Any) -> bool:
+            stop = end(*args)
+            self._exit()  # run_iteration
+            self._exit()  # iteration
+            return stop
+
+        return begin_section, end_section
+
+    def close(self) -> None:
+        """Closes the sections an error (or an early stop) left open, innermost first."""
+        while self._open:
+            self._exit()
 
 
 # For PPE code that imports the old private name.

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ppe_core._reporting import DictSummary
 from ppe_core.errors import ConfigurationError
 from ppe_core.training._extension import PRIORITY_WRITER, Extension
 from ppe_core.training.triggers import get_trigger
@@ -48,10 +49,11 @@ class ParameterStatistics(Extension):
     (``.../<statistic>/0``, ``.../1``, ...). Parameters without a gradient are skipped for
     ``grad``.
 
-    The statistics are computed from the parameters as they are when the trigger fires and
-    stay on the device (``LogReport`` reads them when it computes its means). PPE computed
-    them at every iteration and reported their mean over the interval; computing them only at
-    the trigger costs nothing in between, and parameters drift slowly.
+    As in PPE, the extension runs at every iteration and accumulates the statistics of the
+    parameters as they are then; when ``trigger`` fires it reports their mean over the
+    iterations since the last report (a tensor on the device; ``LogReport`` reads it when it
+    computes its means). Reporting epoch-end values instead would give other numbers than
+    PPE for the same run.
 
     Default statistics: ``mean``, ``std`` (unbiased; NaN for one element), ``min``, ``max``
     and ``zeros`` (the number of exact zeros).
@@ -63,12 +65,14 @@ class ParameterStatistics(Extension):
         report_params: Report statistics of the parameter values.
         report_grads: Report statistics of the gradients.
         prefix: Prepended to every key, followed by ``/``.
-        trigger: When to compute and report; once per epoch by default.
+        trigger: When to report the accumulated means; once per epoch by default.
         skip_nan_params: Report NaN for every statistic of a tensor that contains NaN (without
             a device sync for tensor statistics) instead of its statistics.
     """
 
     priority = PRIORITY_WRITER
+    # Runs at every iteration (as PPE's does); ``trigger`` only decides when to report.
+    trigger: TriggerLike = (1, "iteration")
     needs_model_state = True
     report_key_template = "{prefix}{param_name}/{attr_name}/{function_name}"
     default_statistics: Mapping[str, StatisticFunction] = _DEFAULT_STATISTICS
@@ -107,7 +111,8 @@ class ParameterStatistics(Extension):
         ]
         self._prefix = prefix
         self._skip_nan_params = skip_nan_params
-        self.trigger = get_trigger(trigger)
+        self._report_trigger = get_trigger(trigger)
+        self._summary = DictSummary()
 
     @property
     def default_name(self) -> str:
@@ -123,8 +128,11 @@ class ParameterStatistics(Extension):
         self._statistics[name] = function
 
     def __call__(self, manager: ManagerView) -> None:
-        """Computes the statistics and writes them into ``manager.observation``."""
-        manager.observation.update(self.compute())
+        """Accumulates the current statistics; reports their means when the trigger fires."""
+        self._summary.add(self.compute())
+        if self._report_trigger(manager):
+            manager.observation.update(self._summary.compute_mean())
+            self._summary = DictSummary()
 
     def compute(self) -> dict[str, Any]:
         """Returns the statistics of the current parameters, keyed as reported."""

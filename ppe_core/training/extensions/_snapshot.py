@@ -183,8 +183,31 @@ class SnapshotMode(enum.Enum):
 _log = logging.getLogger("ppe_core.snapshot")
 
 
-def _write_bytes(data: bytes, file_obj: IO[bytes]) -> None:
-    file_obj.write(data)
+def _write_bytes(data: bytes, file_obj: IO[bytes] | str | os.PathLike[str]) -> None:
+    """Writes the manifest's bytes; a custom writer may pass its savefun a path (as in PPE)."""
+    if isinstance(file_obj, (str, os.PathLike)):
+        with open(file_obj, "wb") as f:
+            f.write(data)
+    else:
+        file_obj.write(data)
+
+
+def _written_digest(writer: Any, path: str) -> tuple[int, str] | None:
+    """``(size, SHA-256)`` of the file a writer (or custom savefun) just wrote at ``path``;
+    None when it is not there (yet): a custom writer may write elsewhere or later."""
+    fs = getattr(writer, "fs", None)
+    try:
+        if fs is None or (isinstance(writer, Writer) and writer.writes_local_files):
+            return _file_digest(path)
+        digest = hashlib.sha256()
+        size = 0
+        with fs.open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+                size += len(chunk)
+        return size, digest.hexdigest()
+    except FileNotFoundError:
+        return None
 
 
 def _writes_in_background(writer: Any) -> bool:
@@ -798,6 +821,8 @@ class _Snapshot(Extension):
         self.autoload = autoload
         self._saver_rank = saver_rank
         self._savefun = savefun or torch.save
+        # What a writer's __call__ receives as savefun, as in PPE (None: the writer's default).
+        self._given_savefun = savefun
         self._written: list[str] = []  # paths written, for n_retains with a callable filename
         # Files without a manifest that n_retains looked into: path -> ((mtime, size), what
         # _orphan found), so each is loaded once, not at every snapshot.
@@ -1167,14 +1192,16 @@ class _Snapshot(Extension):
         if background:
             # A background writer's __call__ would save later, in its worker: the snapshot
             # calls its save() itself, in this thread (final) or in one thread of the snapshot's.
-            def save(name: str, directory: str, data: bytes, *, savefun: Any) -> None:
-                writer.save(name, directory, data, savefun, False)
+            def save(name: str, directory: str, data: Any, *, savefun: Any) -> None:
+                writer.save(name, directory, data, savefun or self._savefun, False)
 
             # The previous snapshot's files come first (n_retains), and its host buffers are free.
             self._wait_in_flight()
         if not background or final:
             state = self._state(manager)
-            self._commit(save, filename, out_dir, files_dir, state, iteration, by_path, on_error)
+            self._commit(
+                save, filename, out_dir, files_dir, state, iteration, by_path, on_error, writer
+            )
             return
         # Training pauses only to copy the state to host memory; the serialization, the hash
         # and both files are done by the snapshot's thread (data file first, then its manifest,
@@ -1185,7 +1212,9 @@ class _Snapshot(Extension):
 
         def run() -> None:
             try:
-                self._commit(save, filename, out_dir, files_dir, state, iteration, by_path)
+                self._commit(
+                    save, filename, out_dir, files_dir, state, iteration, by_path, writer=writer
+                )
             except BaseException as exc:  # reported by the next snapshot or at finalize
                 self._background_error = exc
 
@@ -1198,8 +1227,8 @@ class _Snapshot(Extension):
 
         That is when the serializer is torch.save, the files are local, and the writer saves
         the standard way: ppe-core's background writers (whose :meth:`Writer.save` the
-        snapshot's thread calls) or a plain :class:`SimpleWriter`. Otherwise None: the state is
-        serialized into memory and written through the writer as before.
+        snapshot's thread calls) or a plain :class:`SimpleWriter`. Otherwise None: the writer
+        is called with the state and ``savefun``, as in PPE (see :meth:`_commit`).
         """
         if self._savefun is not torch.save or not isinstance(writer, Writer):
             return None
@@ -1233,11 +1262,16 @@ class _Snapshot(Extension):
         iteration: int,
         by_path: Writer | None = None,
         on_error: bool = False,
+        writer: Any = None,
     ) -> None:
         """Serializes ``state``, writes it and its manifest, and applies ``n_retains``.
 
         With ``by_path`` (see :meth:`_path_writer`) torch.save writes the temporary file itself;
-        otherwise ``savefun`` serializes into memory and ``save`` writes the bytes. An error
+        otherwise the writer is called as PPE calls it, with the state and the custom
+        ``savefun`` (which the standard writers call with the open temporary file, renamed
+        into place after; a custom writer may pass it the final path), and the file is read
+        back for the manifest's hash. A file the writer did not put at ``files_dir/filename``
+        (yet) gets no manifest. An error
         snapshot (``on_error``) is marked so in its manifest and is not a periodic snapshot:
         ``n_retains`` neither counts it nor runs after it.
         """
@@ -1247,11 +1281,11 @@ class _Snapshot(Extension):
                 filename, out_dir, lambda tmp: _save_and_hash(state, tmp)
             )
         else:
-            buffer = io.BytesIO()
-            self._savefun(state, buffer)
-            data = buffer.getvalue()
-            size, sha256 = len(data), hashlib.sha256(data).hexdigest()
-            save(filename, out_dir, data, savefun=_write_bytes)
+            save(filename, out_dir, state, savefun=self._given_savefun)
+            written = _written_digest(writer, os.path.join(files_dir, filename))
+            if written is None:
+                return
+            size, sha256 = written
         manifest = {
             "format": _FORMAT,
             "version": 1,
@@ -1468,11 +1502,15 @@ def snapshot(
     pauses only to copy the state to host memory, into buffers kept from one snapshot to the
     next (one host copy of the state stays allocated); the file is written by a thread of the
     snapshot's. With the default ``torch.save`` and local files, torch writes the file itself
-    (without holding the GIL) and the SHA-256 is read back from it; a custom ``savefun``
-    serializes into memory instead.
+    (without holding the GIL) and the SHA-256 is read back from it. Otherwise the writer is
+    called as PPE calls it, ``writer(filename, out_dir, state, savefun=savefun)``: the
+    standard writers call ``savefun(state, file)`` with the open temporary file (written
+    atomically), a custom writer may pass it the final path; the file is read back for the
+    manifest.
 
     Args:
-        savefun: Serializer ``savefun(obj, file)``; ``torch.save`` by default.
+        savefun: Serializer ``savefun(obj, file)``, given to the writer as in PPE;
+            ``torch.save`` by default.
         filename: Name template formatted with the manager, e.g.
             ``"snapshot_iter_{.iteration}"``, or a callable ``filename(manager) -> str``.
         target: Object whose ``state_dict`` is saved, or a dict of such objects (default:
