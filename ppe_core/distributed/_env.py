@@ -17,7 +17,7 @@ import atexit
 import collections
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, NamedTuple
 
@@ -39,7 +39,7 @@ __all__ = [
     "init_from_env",
     "is_distributed",
     "is_main_process",
-    "retain_collective_tensors",
+    "run_collective",
     "shutdown",
 ]
 
@@ -375,39 +375,35 @@ def shutdown() -> None:
         _destroy(dist)
 
 
-#: The tensors of ppe-core's most recent collectives (see :func:`retain_collective_tensors`).
-_RETAINED: collections.deque[torch.Tensor] = collections.deque(maxlen=16)
+#: The work handles of ppe-core's most recent collectives (see :func:`run_collective`).
+_RETAINED: collections.deque[Any] = collections.deque(maxlen=16)
 
 
-def retain_collective_tensors(*tensors: torch.Tensor) -> None:
-    """Keeps the tensors of a collective ppe-core issued referenced until the process ends.
+def run_collective(collective: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    """Runs ``collective(*args, async_op=True, **kwargs)``, waits for it, and keeps its work.
 
     Seen in core dumps of aborted torchrun runs (a rerun of the DDP example on a finished
-    output directory, about 1 run in 15 on a loaded machine): gloo's worker thread frees a
-    collective's work object, and with it the work's tensors, a moment after the waiting rank
-    was released. When the tensor's Python object is already gone, that last release needs the
-    GIL; if the main thread has meanwhile begun finalizing the interpreter, the worker is ended
-    by ``pthread_exit`` inside a C++ destructor and the process aborts ("terminate called
-    without an active exception") although training finished. While Python still references
-    the tensor, the worker's release needs no GIL. The last few collectives before exit are the
-    ones at risk, so a short bounded history is kept (they are small tensors).
+    output directory, about 1 run in 10 on a loaded machine): gloo's worker thread drops its
+    reference to a finished collective's work a moment after the waiting rank was released.
+    When that is the last reference, the worker frees the work's tensors, which needs the GIL;
+    if the main thread has meanwhile begun finalizing the interpreter, the worker is ended by
+    ``pthread_exit`` inside a C++ destructor and the process aborts ("terminate called without
+    an active exception") although training finished. Keeping the work handle referenced from
+    Python makes the worker's release a plain decrement: the work is freed later, by Python,
+    holding the GIL. The last few collectives before exit are the ones at risk, so a short
+    bounded history of handles is kept (their tensors are small).
     """
-    _RETAINED.extend(tensors)
+    work = collective(*args, async_op=True, **kwargs)
+    _RETAINED.append(work)
+    work.wait()
 
 
 def _wait_for_every_rank(dist: Any) -> None:
-    """A barrier whose tensor outlives the backend's hold on it.
-
-    ``dist.barrier()`` on gloo is an all-reduce of a tensor its Python code drops at once: the
-    last collective before exit, so the one most likely to be freed by gloo's worker after
-    finalization began (see :func:`retain_collective_tensors`).
-    """
+    """A barrier whose work outlives the backend's hold on it (see :func:`run_collective`)."""
     if dist.get_backend() != "gloo":
         dist.barrier()  # a device tensor would be needed
         return
-    token = torch.zeros(1)
-    retain_collective_tensors(token)
-    dist.all_reduce(token)
+    run_collective(dist.all_reduce, torch.zeros(1))
 
 
 def _destroy(dist: Any) -> None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ppe_core._reporting import DictSummary, Reporter, report
-from ppe_core.distributed._env import retain_collective_tensors, timeout_error
+from ppe_core.distributed._env import run_collective, timeout_error
 from ppe_core.errors import ArgumentTypeError, ConfigurationError, DistributedNotInitializedError
 
 if TYPE_CHECKING:
@@ -426,8 +426,7 @@ def _all_reduce_summary(
     keys = sorted(state)
     digest = zlib.crc32("\0".join(keys).encode())
     check = move(torch.tensor([len(keys), -len(keys), digest, -digest], dtype=torch.float64))
-    retain_collective_tensors(check)  # often the last collectives before exit
-    dist.all_reduce(check, op=dist.ReduceOp.MAX)
+    run_collective(dist.all_reduce, check, op=dist.ReduceOp.MAX)  # often the last before exit
     high_n, low_n, high_d, low_d = check.tolist()
     if high_n != -low_n or high_d != -low_d:
         raise ConfigurationError(
@@ -437,8 +436,7 @@ def _all_reduce_summary(
         )
     flat = [unit * state[k][field] for k in keys for field in ("_x", "_x2", "_n")]
     values = move(torch.tensor(flat, dtype=torch.float64))
-    retain_collective_tensors(values)
-    dist.all_reduce(values)
+    run_collective(dist.all_reduce, values)
     totals = values.tolist()
     merged = DictSummary()
     merged.load_state_dict(
