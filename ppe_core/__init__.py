@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ppe_core import _not_provided
 from ppe_core._version import __version__
 from ppe_core.hookspecs import hookimpl, hookspec
 from ppe_core.runtime import to
@@ -92,13 +93,16 @@ __all__ = [
     "writing",
 ]
 
+# ``import ppe_core.cuda`` and other PPE modules ppe-core leaves out raise a clear error.
+_not_provided.install_finder()
+
 
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")
     module_name = _FUNCTIONS.get(name)
     if module_name is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        raise _not_provided.not_provided_error(__name__, name)
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:

@@ -15,6 +15,9 @@ Defined here (used across the framework):
 * ``PluginLoadError`` (``RuntimeError``) / ``PluginLoadWarning``: a plugin failed to load
   (an error only with ``PPE_STRICT_PLUGINS=1``).
 * ``TeardownHookWarning``: a teardown hook raised while the run was already failing.
+* ``NotProvidedError`` (``AttributeError``) / ``NotProvidedModuleError``
+  (``ModuleNotFoundError``): a PPE 0.9 name or module ppe-core leaves out on purpose, accessed
+  as an attribute or imported; the message names the PPE module and what to use instead.
 * ``PluginHookError`` (``RuntimeError``): a plugin's per-run hook (a setup or teardown) raised.
 * ``PluginConflictWarning``: a plugin's registration of a name that a first-party plugin holds
   was skipped.
@@ -224,6 +227,8 @@ __all__ = [
     "NoPlotDataWarning",
     "NoRuntimeError",
     "NonFiniteParameterError",
+    "NotProvidedError",
+    "NotProvidedModuleError",
     "OptionalDependencyError",
     "OutputDirectoryInUseError",
     "PPEError",
@@ -335,6 +340,21 @@ class PluginHookError(PPEError, RuntimeError):
 
 class PluginConflictWarning(PPEWarning):
     """A plugin registered a name a first-party plugin holds; its registration was skipped."""
+
+
+# PPE names ppe-core leaves out (ppe_core._not_provided) ------------------------------------
+class NotProvidedError(PPEError, AttributeError):
+    """A PPE 0.9 name ppe-core does not provide was accessed (``ppe.cuda``, ``ppe.get_xp``).
+
+    An ``AttributeError``, so ``hasattr(ppe, "cuda")`` is False and feature detection works.
+    """
+
+
+class NotProvidedModuleError(PPEError, ModuleNotFoundError):
+    """A PPE 0.9 module ppe-core does not provide was imported (``import ppe_core.cuda``).
+
+    ``name`` is the PPE module that provides it (``pytorch_pfn_extras.cuda``).
+    """
 
 
 # Runtimes and code blocks -----------------------------------------------------------------

@@ -6,6 +6,9 @@ As in PPE, the classes they create (and ``default_transform_model``, create_trai
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from ppe_core._not_provided import module_getattr
 from ppe_core.engine._factories import (
     create_evaluator,
     create_trainer,
@@ -26,3 +29,7 @@ __all__ = [
     "filter_state_objects",
     "filter_state_objects_dict",
 ]
+
+
+if not TYPE_CHECKING:  # PPE's names left out here say what to use (docs/migration.md)
+    __getattr__ = module_getattr(__name__)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ppe_core import _not_provided
+
 if TYPE_CHECKING:
     from ppe_core.nn import parallel
     from ppe_core.nn._ensure import Ensure, ensure
@@ -62,7 +64,7 @@ def __getattr__(name: str) -> Any:
         return importlib.import_module(f"{__name__}.parallel")
     module = _NAMES.get(name)
     if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        raise _not_provided.not_provided_error(__name__, name)  # ppe.nn.modules says why
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

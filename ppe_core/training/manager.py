@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from ppe_core._not_provided import module_getattr
 from ppe_core.training._manager import (
     ExtensionErrorHandlerWarning,
     ExtensionsManager,
@@ -39,3 +42,7 @@ __all__ = [
     "default_transform_model",
     "identity_transform_model",
 ]
+
+
+if not TYPE_CHECKING:  # PPE's names left out here say what to use (docs/migration.md)
+    __getattr__ = module_getattr(__name__)

@@ -8,7 +8,9 @@ evaluators call.
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
+from ppe_core._not_provided import module_getattr
 from ppe_core.training.extensions import _evaluator
 from ppe_core.training.extensions._evaluator import (
     DistributedEvaluator,
@@ -30,4 +32,6 @@ __all__ = [
     "_dist_gather",
 ]
 
+if not TYPE_CHECKING:  # PPE's names left out here say what to use (docs/migration.md)
+    _evaluator.__getattr__ = module_getattr(__name__)
 sys.modules[__name__] = _evaluator
