@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import inspect
 import json
 import pkgutil
@@ -447,6 +448,8 @@ def test_feature_detection_sees_names_not_provided_as_absent() -> None:
     assert getattr(ppe_core, "get_xp", None) is None
     assert not hasattr(ppe_core.nn, "modules")
     assert not hasattr(ppe_core.training.manager, "record")
+    with pytest.raises(NotProvidedModuleError):  # a spec would claim the module exists
+        importlib.util.find_spec("ppe_core.cuda")
     try:  # the usual optional-import pattern
         importlib.import_module("ppe_core.utils")
     except ImportError:

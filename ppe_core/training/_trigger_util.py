@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import TypeAlias
 
-from ppe_core.training._protocols import ExtensionsManagerProtocol
-from ppe_core.training.triggers._base import Trigger, TriggerFunc, TriggerLike
-from ppe_core.training.triggers._factory import get_trigger
+from ppe_core.training import ExtensionsManagerProtocol
+from ppe_core.training.triggers import Trigger, TriggerFunc, TriggerLike, get_trigger
 
 #: A trigger unit: ``"epoch"`` or ``"iteration"`` (a plain ``str``, as in PPE).
 UnitLiteral: TypeAlias = str
