@@ -51,7 +51,10 @@ NOT_PROVIDED: dict[str, tuple[str, str]] = {
     # cuda ---------------------------------------------------------------------------------
     "cuda": (_CUDA, "`torch.cuda` (streams) and `cupy.cuda` (allocators)"),
     "cuda.stream": (_CUDA, "`torch.cuda.stream(stream)`, plus `cupy.cuda.ExternalStream` for CuPy"),
-    "cuda.use_default_mempool_in_cupy": (_CUDA, "`cupy.cuda.set_allocator()`"),
+    "cuda.use_default_mempool_in_cupy": (
+        _CUDA,
+        "`cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)`",
+    ),
     "cuda.use_torch_mempool_in_cupy": (
         _CUDA,
         "`cupy.cuda.set_allocator(...)` with an allocator calling "
@@ -120,7 +123,10 @@ NOT_PROVIDED: dict[str, tuple[str, str]] = {
     "torchscript.find_inplace": (_JIT, "scan `graph.nodes()` for kinds ending in `_`"),
     "torchscript.run_jit_pass": (_JIT, "call the pass, then `torch._C._jit_pass_lint(graph)`"),
     # utils --------------------------------------------------------------------------------
-    "utils": ("PPE's checkpointing and comparer utilities", "`torch.utils.checkpoint`"),
+    "utils": (
+        "PPE's checkpointing and comparer utilities",
+        "`torch.utils.checkpoint` and `torch.testing.assert_close`",
+    ),
     "utils.checkpoint": (
         "PPE's activation checkpointing",
         "`torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False)` (PPE's also "
