@@ -521,7 +521,12 @@ class Summary:
         weights = self._pending_weights
         if weights is not None:
             weights.append(1)
-        self._push_value(value)
+        if value.requires_grad:  # _push_value, inline: this runs per reported value per step
+            value = value.detach()
+        pending = self._pending
+        pending.append(value)
+        if len(pending) >= _FOLD_SIZE:
+            self._fold()
 
     def _push_value(self, value: torch.Tensor) -> None:
         if value.requires_grad:
