@@ -133,6 +133,33 @@ class Reporter:
         """Restores the previously current reporter."""
         _local.reporters.pop()
 
+    def push(self, observation: Observation) -> Observation:
+        """Makes this reporter current in this thread, writing to ``observation``.
+
+        The cheap, context-free form of :meth:`scope` for loops that open and close a scope in
+        separate calls (a trainer's iteration): no object is created. Pair every call with
+        :meth:`pop`, passing what this returned.
+
+        Args:
+            observation: The dictionary that values reported until :meth:`pop` go to.
+
+        Returns:
+            The observation this reporter wrote to before; hand it to :meth:`pop`.
+        """
+        previous = self.observation
+        self.observation = observation
+        _local.reporters.append(self)
+        return previous
+
+    def pop(self, previous: Observation) -> None:
+        """Undoes :meth:`push`: the previous reporter becomes current again.
+
+        Args:
+            previous: What the matching :meth:`push` returned.
+        """
+        _local.reporters.pop()
+        self.observation = previous
+
     def scope(self, observation: Observation) -> AbstractContextManager[Observation]:
         """Returns a context in which this reporter is current and writes to ``observation``.
 
@@ -228,10 +255,11 @@ class _ReportScope:
 
     def __enter__(self) -> Observation:
         reporter = self._reporter
-        self._previous = reporter.observation
-        reporter.observation = self._observation
         if self._make_current:
-            _local.reporters.append(reporter)
+            self._previous = reporter.push(self._observation)
+        else:
+            self._previous = reporter.observation
+            reporter.observation = self._observation
         return self._observation
 
     def __exit__(
@@ -241,8 +269,9 @@ class _ReportScope:
         tb: TracebackType | None,
     ) -> None:
         if self._make_current:
-            _local.reporters.pop()
-        self._reporter.observation = self._previous
+            self._reporter.pop(self._previous)
+        else:
+            self._reporter.observation = self._previous
 
 
 def get_current_reporter() -> Reporter:
@@ -472,19 +501,32 @@ class Summary:
                 "reduce it first, e.g. report({'loss': loss.mean()})"
             )
         if _is_one(weight):
-            self._push(value)
+            self.add_tensor(value)
             return
         if self._pending_weights is None:
             self._pending_weights = [1] * len(self._pending)
         self._pending_weights.append(weight)
         self._push_value(value)
 
-    def _push(self, value: torch.Tensor) -> None:
-        """Buffers a one-element tensor of weight 1 (the per-step path: no checks, no sync)."""
+    def add_tensor(self, value: torch.Tensor) -> None:
+        """Adds a one-element tensor with weight 1: the per-step fast path of :meth:`add`.
+
+        Nothing is checked and nothing synchronizes: the tensor is buffered (detached) and
+        reduced on its device with the next few hundred values. Use :meth:`add` for anything
+        that may not be a one-element tensor.
+
+        Args:
+            value: A one-element tensor (any device and dtype).
+        """
         weights = self._pending_weights
         if weights is not None:
             weights.append(1)
-        self._push_value(value)
+        if value.requires_grad:  # _push_value, inline: this runs per reported value per step
+            value = value.detach()
+        pending = self._pending
+        pending.append(value)
+        if len(pending) >= _FOLD_SIZE:
+            self._fold()
 
     def _push_value(self, value: torch.Tensor) -> None:
         if value.requires_grad:
@@ -810,18 +852,12 @@ class DictSummary:
         """
         summaries = self._summaries
         for key, entry in d.items():
-            if isinstance(entry, _Tensor):  # the per-step case: Summary._push, inlined
+            if isinstance(entry, _Tensor):  # the per-step case
                 if entry.ndim == 0:
                     summary = summaries.get(key)
                     if summary is None:
                         summary = summaries[key] = Summary()
-                    if summary._pending_weights is not None or entry.requires_grad:
-                        summary._push(entry)
-                        continue
-                    pending = summary._pending
-                    pending.append(entry)
-                    if len(pending) >= _FOLD_SIZE:
-                        summary._fold()
+                    summary.add_tensor(entry)
                 continue
             value = entry
             weight: Any = 1

@@ -14,6 +14,7 @@ from ppe_core._resolve import resolve_runtime
 from ppe_core.errors import ArgumentTypeError, ConfigurationError
 from ppe_core.handler import BaseLogic, Handler, Logic
 from ppe_core.runtime import DeviceLike
+from ppe_core.training._manager import named_models
 from ppe_core.training.manager import (
     StateObjectProtocol,
     default_transform_model,
@@ -288,7 +289,7 @@ def create_trainer(
     _check_trainer_arguments(max_epochs, extensions, out_dir, transform_model)
 
     _check_profile(profile)
-    model_dict = _as_dict(models, torch.nn.Module, "torch.nn.Module", "models", "MyModel()")
+    model_dict = named_models(models)
     optimizer_dict = _as_dict(
         optimizers,
         torch.optim.Optimizer,
@@ -351,7 +352,7 @@ def create_evaluator(
     from ppe_core.training._evaluator import DistributedEvaluator, Evaluator
 
     _check_profile(profile)
-    model_dict = _as_dict(models, torch.nn.Module, "torch.nn.Module", "models", "MyModel()")
+    model_dict = named_models(models)
     remaining, runtime_dict = _split_runtime_options(options, runtime_options)
     handler = _build_handler(logic, device, handler_class, remaining, runtime_dict)
     evaluator_class = DistributedEvaluator if distributed else Evaluator

@@ -9,7 +9,7 @@ from ppe_core.handler._code_block import (
     forward,
     update_parameters,
 )
-from ppe_core.handler._handler import BaseHandler, Handler, NoRuntimeError
+from ppe_core.handler._handler import BaseHandler, Handler, NoRuntimeError, step_function
 from ppe_core.handler._logic import (
     AMPOptionError,
     BackwardOutputWarning,
@@ -17,6 +17,7 @@ from ppe_core.handler._logic import (
     BatchMismatchError,
     ClousureLogic,
     Logic,
+    ModelLogic,
     ModelOutputError,
     torch_autocast,
 )
@@ -33,9 +34,11 @@ __all__ = [
     "CodeBlockLogic",
     "Handler",
     "Logic",
+    "ModelLogic",
     "ModelOutputError",
     "NoRuntimeError",
     "forward",
+    "step_function",
     "torch_autocast",
     "update_parameters",
 ]

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ppe_core.errors import ArgumentTypeError, CodeBlockError, ConfigurationError, NoRuntimeError
-from ppe_core.handler._logic import BaseLogic
+from ppe_core.handler._logic import ModelLogic
 from ppe_core.runtime import get_runtime
 from ppe_core.runtime._execute import CodeBlock
 
@@ -86,7 +86,7 @@ def update_parameters(
     )
 
 
-class CodeBlockLogic(BaseLogic):
+class CodeBlockLogic(ModelLogic):
     """A Logic that runs each step as a code block, so the runtime executes the whole step.
 
     A training step is ``update_parameters(model, all optimizers, backward_outputs)(batch)``:
@@ -102,10 +102,6 @@ class CodeBlockLogic(BaseLogic):
         options: The options above.
     """
 
-    def __init__(self, model_name: str = "main", options: Mapping[str, Any] | None = None) -> None:
-        self.model_name = model_name
-        super().__init__(options)
-
     def consume_options(self, options: dict[str, Any]) -> None:
         super().consume_options(options)
         key = options.pop("backward_outputs", None)
@@ -118,24 +114,6 @@ class CodeBlockLogic(BaseLogic):
                 "them all and leave the option out, they are backpropagated together)"
             )
         self.backward_outputs: str | None = key
-
-    def _model(self, models: Mapping[str, torch.nn.Module]) -> torch.nn.Module:
-        try:
-            return models[self.model_name]
-        except KeyError:
-            raise ConfigurationError(
-                f"CodeBlockLogic trains the model named {self.model_name!r}, but the models "
-                f"passed are named {sorted(models)}; pass "
-                "CodeBlockLogic(model_name=...) naming it"
-            ) from None
-
-    def train_epoch_begin(
-        self, models: Mapping[str, torch.nn.Module], epoch: int, loader: Iterable[Any]
-    ) -> None:
-        self._model(models).train()
-
-    def train_epoch_end(self, models: Mapping[str, torch.nn.Module], epoch: int) -> None:
-        self._model(models).eval()
 
     def train_step(
         self,
@@ -156,12 +134,6 @@ class CodeBlockLogic(BaseLogic):
         batch_idx: int,
     ) -> None:
         """Nothing to do: the code block stepped the optimizers in ``train_step``."""
-
-    def train_validation_begin(self, models: Mapping[str, torch.nn.Module]) -> None:
-        self._model(models).eval()
-
-    def train_validation_end(self, models: Mapping[str, torch.nn.Module]) -> None:
-        self._model(models).train()
 
     def eval_step(self, models: Mapping[str, torch.nn.Module], batch_idx: int, batch: Any) -> Any:
         return forward(self._model(models))(batch)

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
-from ppe_core._reporting import report
 from ppe_core.errors import ConfigurationError, NoRuntimeError
 from ppe_core.handler._logic import BaseLogic, Logic, normalize_outputs, set_sampler_epoch
+from ppe_core.reporting import report
 from ppe_core.runtime import BaseRuntime, device_type_of, iter_runtime_modules
 
-__all__ = ["BaseHandler", "Handler", "NoRuntimeError"]
+__all__ = ["BaseHandler", "Handler", "NoRuntimeError", "step_function"]
 
 CompleteFn = Callable[[int, Any], None]
+PostStep = Callable[[Any, int, Any, Any], None]
+StepFunction = Callable[[Any, int, Any], Any]
 
 
 class BaseHandler:
@@ -135,10 +137,6 @@ class Handler(BaseHandler):
         self._train_post: list[tuple[torch.nn.Module, BaseRuntime]] = []
         self._eval_pre: list[tuple[torch.nn.Module, BaseRuntime]] = []
         self._eval_post: list[tuple[torch.nn.Module, BaseRuntime]] = []
-        # Decided once: a subclass's post-step override is called per step, else the inline path.
-        cls = type(self)
-        self._custom_train_post = cls.train_post_step is not Handler.train_post_step
-        self._custom_eval_post = cls.eval_post_step is not Handler.eval_post_step
         # ``"train/" + key`` and ``"val/" + key`` per output key, built once.
         self._train_names: dict[str, str] = {}
         self._eval_names: dict[str, str] = {}
@@ -257,10 +255,12 @@ class Handler(BaseHandler):
     def train_step(
         self, trainer: Any, batch_idx: int, batch: Any, complete_fn: CompleteFn | None = None
     ) -> Any:
-        """One training step in PPE's order; returns the model outputs.
+        """One whole training step, post-step included; returns the model outputs.
 
-        With ``complete_fn`` (PPE's Trainer passes one), it is called with the outputs and is
-        responsible for :meth:`train_post_step`; without it the post-step runs here.
+        Runtimes' pre-step hooks, the batch conversion, the logic's step and optimizer step,
+        then :meth:`train_post_step` (a subclass's override included) with the loader's batch.
+        Given a ``complete_fn`` (PPE's protocol, see :func:`step_function`), it gets the
+        outputs instead and the caller runs the post-step.
         """
         if not self._discovered:
             self._discover(trainer.models)
@@ -270,19 +270,16 @@ class Handler(BaseHandler):
         models, optimizers, logic = trainer.models, trainer.optimizers, self._logic
         outputs = logic.train_step(models, optimizers, batch_idx, converted)
         logic.train_step_optimizers(models, optimizers, batch_idx)
-        if complete_fn is not None:
-            complete_fn(batch_idx, outputs)
-        elif self._custom_train_post:
+        if complete_fn is None:
             self.train_post_step(trainer, batch_idx, batch, outputs)
-        else:  # inline: the default post-step, without a call per step
-            for module, runtime in self._train_post:
-                runtime.train_post_step(trainer, module, batch_idx, batch, outputs)
-            _report_outputs(outputs, "train/", self._train_report_keys, self._train_names)
+        else:
+            complete_fn(batch_idx, outputs)
         return outputs
 
     def train_post_step(self, trainer: Any, batch_idx: int, batch: Any, outputs: Any) -> None:
         """Every runtime's ``train_post_step``, then the outputs reported as ``train/<key>``."""
-        self._ensure(trainer.models)
+        if not self._discovered:  # called by hand, outside a run
+            self._discover(trainer.models)
         for module, runtime in self._train_post:
             runtime.train_post_step(trainer, module, batch_idx, batch, outputs)
         _report_outputs(outputs, "train/", self._train_report_keys, self._train_names)
@@ -312,29 +309,24 @@ class Handler(BaseHandler):
     def eval_step(
         self, evaluator: Any, batch_idx: int, batch: Any, complete_fn: CompleteFn | None = None
     ) -> Any:
-        """One evaluation step (the evaluator holds ``torch.no_grad``); returns the outputs.
-
-        ``complete_fn`` works as in :meth:`train_step`, with :meth:`eval_post_step`.
-        """
+        """One whole evaluation step (the evaluator holds ``torch.no_grad``); returns the
+        outputs. ``complete_fn`` works as in :meth:`train_step`, with :meth:`eval_post_step`."""
         if not self._discovered:
             self._discover(evaluator.models)
         for module, runtime in self._eval_pre:
             runtime.eval_pre_step(evaluator, module, batch_idx, batch)
         converted = self._entry_runtime.convert_batch(batch)
         outputs = self._logic.eval_step(evaluator.models, batch_idx, converted)
-        if complete_fn is not None:
-            complete_fn(batch_idx, outputs)
-        elif self._custom_eval_post:
+        if complete_fn is None:
             self.eval_post_step(evaluator, batch_idx, batch, outputs)
         else:
-            for module, runtime in self._eval_post:
-                runtime.eval_post_step(evaluator, module, batch_idx, batch, outputs)
-            _report_outputs(outputs, "val/", self._eval_report_keys, self._eval_names)
+            complete_fn(batch_idx, outputs)
         return outputs
 
     def eval_post_step(self, evaluator: Any, batch_idx: int, batch: Any, outputs: Any) -> None:
         """Every runtime's ``eval_post_step``, then the outputs reported as ``val/<key>``."""
-        self._ensure(evaluator.models)
+        if not self._discovered:  # called by hand, outside a run
+            self._discover(evaluator.models)
         for module, runtime in self._eval_post:
             runtime.eval_post_step(evaluator, module, batch_idx, batch, outputs)
         _report_outputs(outputs, "val/", self._eval_report_keys, self._eval_names)
@@ -359,6 +351,37 @@ class Handler(BaseHandler):
         scaler_state = state.get("grad_scaler")
         if scaler is not None and scaler_state is not None:
             scaler.load_state_dict(scaler_state)
+
+
+def step_function(
+    handler: BaseHandler, kind: Literal["train", "eval"], finish: PostStep | None = None
+) -> StepFunction:
+    """The callable that runs one whole step of ``handler``: ``step(owner, batch_idx, batch)``.
+
+    The Trainer (``kind="train"``) and the Evaluator (``"eval"``) call this once at setup and
+    then drive every handler through the result the same way. ppe-core's :class:`Handler` owns
+    its whole step, so its bound ``train_step``/``eval_step`` is returned as is. A handler
+    written for PPE's protocol (a :class:`BaseHandler` subclass, or a ``Handler`` subclass
+    overriding the step) expects a ``complete_fn(batch_idx, outputs)`` that runs the post-step
+    with the loader's batch; this adapter gives it one, so the other handlers pay nothing per
+    step for that compatibility.
+
+    Args:
+        handler: The handler to drive.
+        kind: Which step, ``"train"`` or ``"eval"``.
+        finish: ``finish(owner, batch_idx, batch, outputs)`` run as the post-step instead of
+            the handler's ``<kind>_post_step`` (the Evaluator's metrics, then that post-step).
+    """
+    step: Callable[..., Any] = getattr(handler, f"{kind}_step")
+    owns_step = getattr(type(handler), f"{kind}_step") is getattr(Handler, f"{kind}_step")
+    if owns_step and finish is None:
+        return step
+    post: PostStep = finish if finish is not None else getattr(handler, f"{kind}_post_step")
+
+    def ppe_step(owner: Any, batch_idx: int, batch: Any) -> Any:
+        return step(owner, batch_idx, batch, lambda i, outputs: post(owner, i, batch, outputs))
+
+    return ppe_step
 
 
 def _overriding(

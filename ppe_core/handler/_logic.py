@@ -30,6 +30,7 @@ __all__ = [
     "ClousureLogic",
     "ClousureModelOutput",
     "Logic",
+    "ModelLogic",
     "ModelOutputError",
     "normalize_outputs",
     "set_sampler_epoch",
@@ -97,11 +98,17 @@ class _AutocastManager:
         kwargs: dict[str, Any] = (
             dict(options) if isinstance(options, Mapping) else {"enabled": bool(options)}
         )
-        self._enabled = bool(kwargs.pop("enabled", True))
+        #: Whether the forward runs under autocast at all (read every step: a plain attribute).
+        self.enabled = bool(kwargs.pop("enabled", True))
         self._device_type: str | None = kwargs.pop("device_type", None)
         self._options = kwargs
         #: The device type autocast runs on: the option, else bound from the runtime.
         self.resolved_device_type: str | None = self._device_type
+
+    @property
+    def _enabled(self) -> bool:
+        """PPE's private name of :attr:`enabled`, for subclasses written against PPE."""
+        return self.enabled
 
     def bind(self, device_type: str) -> None:
         """Use ``device_type`` unless the options named one."""
@@ -110,7 +117,7 @@ class _AutocastManager:
 
     def autocast(self, enabled: bool = True) -> contextlib.AbstractContextManager[Any]:
         """The context the forward runs in (a no-op context when autocast is off)."""
-        if not (self._enabled and enabled):
+        if not (self.enabled and enabled):
             return contextlib.nullcontext()
         return torch.autocast(self.resolved_device_type or "cpu", **self._options)
 
@@ -137,8 +144,7 @@ class BaseLogic:
         self, models: Mapping[str, torch.nn.Module], epoch: int, loader: Iterable[Any]
     ) -> None:
         """Called at the start of each epoch (default: put every model in train mode)."""
-        for model in models.values():
-            model.train()
+        self.set_mode(models, True)
 
     def train_epoch_end(self, models: Mapping[str, torch.nn.Module], epoch: int) -> None:
         """Called at the end of each epoch."""
@@ -163,13 +169,17 @@ class BaseLogic:
 
     def train_validation_begin(self, models: Mapping[str, torch.nn.Module]) -> None:
         """Called before a validation pass during training (default: eval mode)."""
-        for model in models.values():
-            model.eval()
+        self.set_mode(models, False)
 
     def train_validation_end(self, models: Mapping[str, torch.nn.Module]) -> None:
         """Called after a validation pass during training (default: back to train mode)."""
+        self.set_mode(models, True)
+
+    def set_mode(self, models: Mapping[str, torch.nn.Module], training: bool) -> None:
+        """Puts the models this logic runs in train (``True``) or eval mode: the one place
+        modes switch (epochs, validation passes, the handler's setup). Default: every model."""
         for model in models.values():
-            model.train()
+            model.train(training)
 
     def eval_step(self, models: Mapping[str, torch.nn.Module], batch_idx: int, batch: Any) -> Any:
         """Compute one evaluation step's outputs (called under ``torch.no_grad``)."""
@@ -206,7 +216,68 @@ class BaseLogic:
         """Restore :meth:`state_dict` (nothing here)."""
 
 
-class Logic(BaseLogic):
+class ModelLogic(BaseLogic):
+    """The shared base of the logics that train one of the models (:class:`Logic`,
+    ``CodeBlockLogic``): the model named ``model_name``, and the optimizer of the same key.
+
+    It owns what they share: the lookups with their explained errors and the mode switching,
+    which touches that model only (train at an epoch's start and after validation, eval at an
+    epoch's end and for validation).
+
+    Args:
+        model_name: The key of the model (and optimizer) this logic trains.
+        options: Options for :meth:`consume_options`.
+    """
+
+    def __init__(self, model_name: str = "main", options: Mapping[str, Any] | None = None) -> None:
+        self.model_name = model_name
+        super().__init__(options)
+
+    def set_mode(self, models: Mapping[str, torch.nn.Module], training: bool) -> None:
+        """Switches this logic's model only."""
+        self._model(models).train(training)
+
+    def train_epoch_end(self, models: Mapping[str, torch.nn.Module], epoch: int) -> None:
+        self.set_mode(models, False)
+
+    def _model(self, models: Mapping[str, torch.nn.Module]) -> torch.nn.Module:
+        try:
+            return models[self.model_name]
+        except KeyError:
+            raise self._unknown_name("model", sorted(models)) from None
+
+    def _optimizer(self, optimizers: Mapping[str, torch.optim.Optimizer]) -> torch.optim.Optimizer:
+        try:
+            return optimizers[self.model_name]
+        except KeyError:
+            raise self._unknown_name("optimizer", sorted(optimizers)) from None
+
+    def _unknown_name(self, kind: str, names: list[str]) -> ConfigurationError:
+        # Only reached on the first step of a misconfigured run: the lookups above stay cheap.
+        logic = ("ppe.handler." if type(self) in (Logic, ModelLogic) else "") + type(self).__name__
+        name = self.model_name
+        if kind == "optimizer":
+            fix = (
+                f"Key the optimizer like its model: optimizers={{{name!r}: optimizer}} (a bare "
+                "optimizer is named 'main')."
+            )
+        elif len(names) == 1:
+            fix = (
+                f"Key the model {name!r} (a bare module is named 'main'), or pass "
+                f"logic={logic}(model_name={names[0]!r}); its optimizer takes the same key."
+            )
+        else:
+            fix = (
+                f"{logic} trains one model: pass logic={logic}(model_name=...) naming it, or "
+                "subclass ppe.handler.BaseLogic to train several models per step."
+            )
+        return ConfigurationError(
+            f"{logic} trains the {kind} named {name!r}, but the {kind}s passed are named "
+            f"{names}. {fix}"
+        )
+
+
+class Logic(ModelLogic):
     """The standard supervised step for one model: zero_grad, forward, backward, step.
 
     The batch is passed to ``forward`` as keyword arguments when it is a dict, as positional
@@ -234,7 +305,6 @@ class Logic(BaseLogic):
     """
 
     def __init__(self, model_name: str = "main", options: Mapping[str, Any] | None = None) -> None:
-        self.model_name = model_name
         self.backward_outputs: str | list[str] | tuple[str, ...] | None = None
         self._backward_fn: Callable[[torch.Tensor], Any] | None = None
         self._grad_scaler: torch.amp.GradScaler | None = None
@@ -245,7 +315,7 @@ class Logic(BaseLogic):
         self._warned_nothing = False
         # True until the first training step has checked that the run can train at all.
         self._first_step = True
-        super().__init__(options)
+        super().__init__(model_name, options)
 
     def consume_options(self, options: dict[str, Any]) -> None:
         super().consume_options(options)
@@ -314,43 +384,6 @@ class Logic(BaseLogic):
         scaler_state = state.get("grad_scaler")
         if scaler_state is not None and self._grad_scaler is not None:
             self._grad_scaler.load_state_dict(scaler_state)
-
-    # Helpers --------------------------------------------------------------------------------
-    def _model(self, models: Mapping[str, torch.nn.Module]) -> torch.nn.Module:
-        try:
-            return models[self.model_name]
-        except KeyError:
-            raise self._unknown_name("model", sorted(models)) from None
-
-    def _optimizer(self, optimizers: Mapping[str, torch.optim.Optimizer]) -> torch.optim.Optimizer:
-        try:
-            return optimizers[self.model_name]
-        except KeyError:
-            raise self._unknown_name("optimizer", sorted(optimizers)) from None
-
-    def _unknown_name(self, kind: str, names: list[str]) -> ConfigurationError:
-        # Only reached on the first step of a misconfigured run: the lookups above stay cheap.
-        logic = ("ppe.handler." if type(self) is Logic else "") + type(self).__name__
-        name = self.model_name
-        if kind == "optimizer":
-            fix = (
-                f"Key the optimizer like its model: optimizers={{{name!r}: optimizer}} (a bare "
-                "optimizer is named 'main')."
-            )
-        elif len(names) == 1:
-            fix = (
-                f"Key the model {name!r} (a bare module is named 'main'), or pass "
-                f"logic={logic}(model_name={names[0]!r}); its optimizer takes the same key."
-            )
-        else:
-            fix = (
-                f"{logic} trains one model: pass logic={logic}(model_name=...) naming it, or "
-                "subclass ppe.handler.BaseLogic to train several models per step."
-            )
-        return ConfigurationError(
-            f"{logic} trains the {kind} named {name!r}, but the {kind}s passed are named "
-            f"{names}. {fix}"
-        )
 
     def _bind_autocast(self, model: torch.nn.Module) -> None:
         """Autocast on the device type of ``model``'s runtime (unless the options name one)."""
@@ -478,7 +511,7 @@ class Logic(BaseLogic):
     def train_epoch_begin(
         self, models: Mapping[str, torch.nn.Module], epoch: int, loader: Iterable[Any]
     ) -> None:
-        self._model(models).train()
+        super().train_epoch_begin(models, epoch, loader)
         # As PPE's Logic does, so that code driving a Logic directly gets per-epoch shuffling;
         # the handler then leaves it to this method (see Handler.train_epoch_begin).
         set_sampler_epoch(loader, epoch)
@@ -486,9 +519,6 @@ class Logic(BaseLogic):
             self._epoch_length = len(loader)  # type: ignore[arg-type]
         except TypeError:
             self._epoch_length = None
-
-    def train_epoch_end(self, models: Mapping[str, torch.nn.Module], epoch: int) -> None:
-        self._model(models).eval()
 
     def train_step(
         self,
@@ -519,7 +549,7 @@ class Logic(BaseLogic):
 
     def _forward_backward(self, model: torch.nn.Module, batch: Any, window: int) -> Any:
         autocast = self._autocast
-        if not autocast._enabled:  # the common case: no context object per step
+        if not autocast.enabled:  # the common case: no context object per step
             outputs = self._forward(model, batch)
         else:
             if autocast.resolved_device_type is None:
@@ -551,16 +581,10 @@ class Logic(BaseLogic):
             self._grad_scaler.step(optimizer)
             self._grad_scaler.update()
 
-    def train_validation_begin(self, models: Mapping[str, torch.nn.Module]) -> None:
-        self._model(models).eval()
-
-    def train_validation_end(self, models: Mapping[str, torch.nn.Module]) -> None:
-        self._model(models).train()
-
     def eval_step(self, models: Mapping[str, torch.nn.Module], batch_idx: int, batch: Any) -> Any:
         model = self._model(models)
         autocast = self._autocast
-        if not autocast._enabled:
+        if not autocast.enabled:
             return self._forward(model, batch)
         if autocast.resolved_device_type is None:
             self._bind_autocast(model)
@@ -617,7 +641,7 @@ class ClousureLogic(Logic):
         model = self._model(models)
         optimizer = self._optimizer(optimizers)
         autocast = self._autocast
-        if autocast._enabled and autocast.resolved_device_type is None:
+        if autocast.enabled and autocast.resolved_device_type is None:
             self._bind_autocast(model)
 
         def closure() -> ClousureModelOutput:

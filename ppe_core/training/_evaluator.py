@@ -11,9 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ppe_core._reporting import DictSummary, Reporter, report
 from ppe_core.distributed._env import run_collective, timeout_error
 from ppe_core.errors import ArgumentTypeError, ConfigurationError, DistributedNotInitializedError
+from ppe_core.handler._handler import step_function
+from ppe_core.reporting import DictSummary, Reporter, report
+from ppe_core.training._manager import named_models
 
 if TYPE_CHECKING:
     from ppe_core.handler import BaseHandler
@@ -49,18 +51,6 @@ def loader_length(loader: Iterable[Any], given: int | None, argument: str) -> in
     return length
 
 
-def _as_models(models: Any) -> dict[str, torch.nn.Module]:
-    named = dict(models) if isinstance(models, Mapping) else {"main": models}
-    for name, model in named.items():
-        if not isinstance(model, torch.nn.Module):
-            raise ArgumentTypeError(
-                f"model must be an instance of torch.nn.Module or a dict of them, but "
-                f"models[{name!r}] is {type(model).__name__}; pass e.g. models=MyModel() or "
-                "models={'main': MyModel()}"
-            )
-    return named
-
-
 def _observing_reporter(models: Mapping[str, torch.nn.Module]) -> Reporter:
     """A reporter naming each model (and its submodules) as the trainer's manager does.
 
@@ -87,9 +77,10 @@ class Evaluator:
     modes are restored afterwards. Each run reports the means over the whole loader into the
     current reporter (the trainer's observation) and returns them.
 
-    The handler calls ``complete_fn(batch_idx, outputs)`` (this evaluator's ``_complete_step``)
-    when a step's outputs are ready: the metrics run, then the handler's ``eval_post_step``,
-    then the step's observation joins the summary. Models are registered as reporter
+    Every handler runs one whole step per batch through
+    :func:`ppe_core.handler.step_function`; with metrics they run on the outputs before the
+    handler's ``eval_post_step`` reports them. Then the step's observation joins the summary.
+    Models are registered as reporter
     observers, so ``ppe.reporting.report(values, model)`` in ``forward`` reports
     ``<name>/<key>`` (``main/...``) as in training.
 
@@ -113,17 +104,13 @@ class Evaluator:
         profile: Any = None,
     ) -> None:
         self.handler = handler
-        self.models: dict[str, torch.nn.Module] = _as_models(models)
+        self.models: dict[str, torch.nn.Module] = named_models(models)
         self._progress_bar = progress_bar
         self._metrics = _check_metrics(metrics)
         self._profile = profile
         self._reporter = _observing_reporter(self.models)
         self._summary = DictSummary()
         self._set_up = False
-        # Set for each step; read by _complete_step (steps complete in order, synchronously).
-        self._batch: Any = None
-        self._observation: dict[str, Any] = {}
-        self._post_step: Callable[..., Any] | None = None
         self._batch_unit = 1  # the first batch's size: the unit of the summary's weights
 
     @property
@@ -146,26 +133,23 @@ class Evaluator:
             self.handler.eval_setup(self, loader)
             self._set_up = True
 
-    def _complete_step(self, batch_idx: int, outputs: Any) -> None:
-        """``complete_fn`` for the handler: metrics, ``eval_post_step``, then the summary."""
-        observation = self._observation
-        # The run already made the reporter current with this observation; the scope keeps a
-        # handler that completes a step elsewhere (another thread, later) reporting into it.
-        with self._reporter.scope(observation):
-            post_step = self._post_step
+    def _finish_step(self, evaluator: Any, batch_idx: int, batch: Any, outputs: Any) -> None:
+        """The post-step when there are metrics: the metrics, then ``eval_post_step``."""
+        reporter = self._reporter
+        # The run made the reporter current; the scope keeps a handler that completes a step
+        # in another thread reporting into the batch's observation.
+        with reporter.scope(reporter.observation):
             for metric in self._metrics:
-                values = metric(self._batch, outputs)
+                values = metric(batch, outputs)
                 if not isinstance(values, Mapping):
                     raise _metric_result_error(metric, values)
-                if post_step is not None and isinstance(outputs, dict):
+                if isinstance(outputs, dict):
                     outputs.update(values)  # reported by eval_post_step with the outputs
                 else:
                     report({f"val/{k}": v for k, v in values.items()})
-            if post_step is not None:
-                post_step(self, batch_idx, self._batch, outputs)
-        self._add_per_sample(batch_idx, observation)
+            self.handler.eval_post_step(evaluator, batch_idx, batch, outputs)
 
-    def _add_per_sample(self, batch_idx: int, observation: dict[str, Any]) -> None:
+    def _add_per_sample(self, batch_idx: int, batch: Any, observation: dict[str, Any]) -> None:
         """Adds a batch's observation to the summary, weighted by the batch's number of samples.
 
         Every reported value is taken as a mean over its batch, so the run's mean is the mean over
@@ -173,7 +157,7 @@ class Evaluator:
         (``_batch_unit``): batches of that size take the unweighted path (the same
         arithmetic as PPE when all batches are full) and only a smaller last batch is weighted.
         """
-        size = _batch_size(self._batch)
+        size = _batch_size(batch)
         if batch_idx == 0:
             self._batch_unit = size or 1
         unit = self._batch_unit
@@ -208,21 +192,14 @@ class Evaluator:
         modes = {name: model.training for name, model in self.models.items()}
         self._setup(loader)
         host.evaluator_setup(self)
-        # Handlers that split reporting out of eval_step (PPE's protocol) have eval_post_step.
-        self._post_step = getattr(handler, "eval_post_step", None)
         error: BaseException | None = None
         bar = _make_bar(length) if self._progress_bar else None
         self._summary = DictSummary()
         reporter = self._reporter
-        # ppe-core's own Handler reports the outputs inside eval_step when given no complete_fn
-        # (calling an overridden eval_post_step too), saving calls per batch; metrics need the
-        # callback, which runs them before the outputs are reported.
-        from ppe_core.handler import Handler
-
-        inline = type(handler).eval_step is Handler.eval_step and not self._metrics
-        step, profile = handler.eval_step, self._profile
-        complete = None if inline else self._complete_step
-        add = self._add_per_sample
+        # One whole step per batch, whatever the handler (chosen once); metrics run before the
+        # handler's post-step reports the outputs.
+        step = step_function(handler, "eval", self._finish_step if self._metrics else None)
+        profile, add = self._profile, self._add_per_sample
         previous = reporter.observation
         try:
             handler.eval_loop_begin(self)
@@ -230,13 +207,10 @@ class Evaluator:
             profiling = profile if profile is not None else contextlib.nullcontext()
             with reporter, torch.no_grad(), profiling:
                 for batch_idx, batch in zip(range(length), loader, strict=False):
-                    self._batch = batch
                     observation: dict[str, Any] = {}
-                    self._observation = observation
                     reporter.observation = observation
-                    step(self, batch_idx, batch, complete)
-                    if inline:
-                        add(batch_idx, observation)
+                    step(self, batch_idx, batch)
+                    add(batch_idx, batch, observation)
                     if bar is not None:
                         bar.update(1)
                     if profile is not None:
@@ -246,7 +220,6 @@ class Evaluator:
             error = exc
             raise
         finally:
-            self._batch = None
             reporter.observation = previous
             if bar is not None:
                 bar.close()

@@ -361,16 +361,22 @@ class ExtensionEntry:
         self.trigger: Trigger = get_trigger(self.extension.trigger if trigger is None else trigger)
         self._explicit_name = name is not None
         self.name: str = ""
-        self._update_name(
+        self.set_name(
             name if name is not None else (self.extension.name or self.extension.default_name)
         )
 
-    def _update_trigger(self, trigger: TriggerLike) -> None:
+    def set_trigger(self, trigger: TriggerLike) -> None:
+        """Replaces the trigger (anything ``get_trigger`` accepts), e.g. ``extend(trigger=...)``."""
         self.trigger = get_trigger(trigger)
 
-    def _update_name(self, name: str) -> None:
+    def set_name(self, name: str) -> None:
+        """Renames the entry and its extension (the manager makes taken names unique)."""
         self.name = _check_name(name)
         self.extension.name = self.name
+
+    # PPE's private names, for code written against pytorch_pfn_extras' ExtensionEntry.
+    _update_trigger = set_trigger
+    _update_name = set_name
 
     @property
     def needs_model_state(self) -> bool:

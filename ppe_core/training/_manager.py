@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from ppe_core._reporting import _local as _reporter_local
 from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError, PPEWarning
 from ppe_core.reporting import Observation, Reporter
 from ppe_core.training._extension import (
@@ -97,6 +96,34 @@ class _Writer(Protocol):
     def initialize(self, out_dir: str) -> None: ...
 
     def finalize(self) -> None: ...
+
+
+def named_models(
+    models: torch.nn.Module | Mapping[str, torch.nn.Module],
+) -> dict[str, torch.nn.Module]:
+    """``models`` as a dict of names to modules (a single module is ``"main"``), checked.
+
+    The one validator of the ``models`` argument, shared by the manager, the Trainer, the
+    Evaluator and the ``create_*`` factories, so each says the same thing.
+
+    Raises:
+        ArgumentTypeError: An entry is not a ``torch.nn.Module`` instance (a ``ValueError``
+            and a ``TypeError``).
+    """
+    named: dict[str, Any] = dict(models) if isinstance(models, Mapping) else {"main": models}
+    for name, model in named.items():
+        if not isinstance(model, torch.nn.Module):
+            got = (
+                f"the class {model.__name__}, not an instance"
+                if isinstance(model, type)
+                else type(model).__name__
+            )
+            raise ArgumentTypeError(
+                f"models must be a torch.nn.Module or a dict of them (each model must be an "
+                f"instance of torch.nn.Module), but models[{name!r}] is {got}; pass e.g. "
+                "models=MyModel() or models={'main': MyModel()}"
+            )
+    return named
 
 
 def identity_transform_model(name: str, model: torch.nn.Module) -> torch.nn.Module:
@@ -241,7 +268,7 @@ class ExtensionsManager:
                 f"iters_per_epoch must be >= 1, got {iters_per_epoch}; pass the number of "
                 "iterations per epoch, usually len(loader) (an empty loader gives 0)"
             )
-        self._models = self._as_named_models(models)
+        self._models = named_models(models)
         self._optimizers: dict[str, torch.optim.Optimizer] = (
             dict(optimizers) if isinstance(optimizers, Mapping) else {"main": optimizers}
         )
@@ -323,19 +350,6 @@ class ExtensionsManager:
 
         for extension in extensions or ():
             self.extend(extension)
-
-    @staticmethod
-    def _as_named_models(
-        models: torch.nn.Module | Mapping[str, torch.nn.Module],
-    ) -> dict[str, torch.nn.Module]:
-        named = dict(models) if isinstance(models, Mapping) else {"main": models}
-        for name, model in named.items():
-            if not isinstance(model, torch.nn.Module):
-                raise ConfigurationError(
-                    f"model {name!r} must be a torch.nn.Module, got {type(model).__name__}; pass "
-                    "a module or a mapping of names to modules"
-                )
-        return named
 
     # ----------------------------------------------------------------- state (ManagerView)
 
@@ -502,7 +516,7 @@ class ExtensionsManager:
             )
         entry = extension if isinstance(extension, ExtensionEntry) else ExtensionEntry(extension)
         if trigger is not None:
-            entry._update_trigger(trigger)
+            entry.set_trigger(trigger)
         if priority is not None:
             entry.priority = check_priority(priority)
         if call_before_training is not None:
@@ -512,7 +526,7 @@ class ExtensionsManager:
         # argument itself, so an unnamed duplicate becomes ``None_1``: snapshots keep extension
         # states by name, and these names make them load in PPE and back.
         unique = self._schedule.unique_name(name if name is not None else entry.name, str(name))
-        entry._update_name(unique)
+        entry.set_name(unique)
         self._schedule.add(unique, entry)
         self._invalidate_schedule()
         if self._started and not getattr(entry.trigger, "finished", False):
@@ -634,14 +648,10 @@ class ExtensionsManager:
             self._prepare_first_iteration()
         if self._scope is not None:
             raise ManagerStateError("iterations cannot be nested: the previous one is still open")
-        # The reporter becomes current with a fresh observation: done inline, without a scope
-        # object, because this runs every step.
+        # The reporter becomes current with a fresh observation (push: no scope object per step).
         observation: Observation = {}
         self.observation = observation
-        reporter = self.reporter
-        self._scope = reporter.observation
-        reporter.observation = observation
-        _reporter_local.reporters.append(reporter)
+        self._scope = self.reporter.push(observation)
         if step_optimizers:
             try:
                 for name in step_optimizers:
@@ -675,8 +685,7 @@ class ExtensionsManager:
         previous = self._scope  # _close_scope(), inline: this runs every step
         if previous is not None:
             self._scope = None
-            _reporter_local.reporters.pop()
-            self.reporter.observation = previous
+            self.reporter.pop(previous)
         if stop:
             self.finalize()
         return stop
@@ -720,8 +729,7 @@ class ExtensionsManager:
         previous = self._scope
         if previous is not None:
             self._scope = None
-            _reporter_local.reporters.pop()
-            self.reporter.observation = previous
+            self.reporter.pop(previous)
 
     def finalize(self) -> None:
         """Finalizes the extensions (if started) and the writer; later calls do nothing.

@@ -14,7 +14,7 @@ from ppe_core.distributed._env import timeout_error
 from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError, PPEWarning
 from ppe_core.training._evaluator import Evaluator, loader_length
 from ppe_core.training._extension import PRIORITY_WRITER, Extension, ExtensionEntry
-from ppe_core.training._manager import ManagerStateError
+from ppe_core.training._manager import ManagerStateError, named_models
 from ppe_core.training._resume import TrainerState, attach_resume_state
 from ppe_core.training.triggers import get_trigger
 
@@ -50,12 +50,6 @@ class UnknownOptimizerError(PPEError, KeyError):
 
 class ValLoaderIgnoredWarning(PPEWarning):
     """``run()`` got a ``val_loader`` but the trainer has no evaluator to use it."""
-
-
-def _default_train_step() -> Any:
-    from ppe_core.handler import Handler
-
-    return Handler.train_step
 
 
 def _should_stop(manager: ExtensionsManager) -> bool:
@@ -111,17 +105,6 @@ def _normalize_evaluators(spec: EvaluatorSpec | None) -> dict[str, tuple[Evaluat
     return result
 
 
-def _as_models(models: Any) -> dict[str, torch.nn.Module]:
-    named = dict(models) if isinstance(models, Mapping) else {"main": models}
-    for name, model in named.items():
-        if not isinstance(model, torch.nn.Module):
-            raise ArgumentTypeError(
-                f"model must be an instance of torch.nn.Module or a dict of them, but "
-                f"models[{name!r}] is {type(model).__name__}; pass e.g. models=MyModel()"
-            )
-    return named
-
-
 def manager_arguments() -> list[str]:
     """The ExtensionsManager arguments a Trainer forwards (all but models, iters_per_epoch)."""
     import inspect
@@ -157,9 +140,9 @@ class Trainer:
     that.
 
     Args:
-        handler: Drives the runtimes and the logic; its ``train_step`` calls
-            ``complete_fn(batch_idx, outputs)`` (this trainer's ``_complete_step``), which runs
-            the handler's ``train_post_step``.
+        handler: Drives the runtimes and the logic; every handler runs through
+            :func:`ppe_core.handler.step_function`, so a PPE-style handler's ``train_step`` gets
+            a ``complete_fn`` that runs its ``train_post_step``.
         evaluator: An evaluator, ``(evaluator, trigger)`` or a dict of names to either; each
             runs once per epoch by default, as an extension named like its key
             (``"Evaluator"`` for a single one).
@@ -185,7 +168,7 @@ class Trainer:
         self.handler = handler
         #: The models by name, as registered (a plain attribute: the handler reads it every
         #: step). PPE's ``trainer.models`` is the manager's ``raw_models``: the same modules.
-        self.models: dict[str, torch.nn.Module] = _as_models(models)
+        self.models: dict[str, torch.nn.Module] = named_models(models)
         optimizers = kwargs.pop("optimizers", None)
         if optimizers is None:
             optimizers = {}
@@ -211,8 +194,6 @@ class Trainer:
         self._evaluator_extensions = [
             _EvaluatorExtension(self, evaluator) for evaluator, _ in self._evaluators.values()
         ]
-        self._train_post_step: Callable[..., Any] | None = None
-        self._batch: Any = None
         for extension in extensions or []:
             self.extend(extension)
 
@@ -389,21 +370,17 @@ class Trainer:
         self._manager = manager
         return manager
 
-    def _complete_step(self, batch_idx: int, outputs: Any) -> None:
-        """``complete_fn`` for the handler: runs its ``train_post_step`` on the outputs."""
-        post_step = self._train_post_step
-        if post_step is not None:
-            post_step(self, batch_idx, self._batch, outputs)
-
     def _step_scopes(self) -> _StepScopes | None:
         """PPE's per-step sections when ``enable_profile``/``enable_trace`` is set, else None."""
         if not (self._enable_profile or self._enable_trace):
             return None
         return _StepScopes(self._enable_profile, self._enable_trace)
 
-    def _step_function(self) -> Callable[[Any, int, Any, Any], Any]:
-        """The handler's ``train_step``, wrapped in a profiler record only when asked for."""
-        step: Callable[[Any, int, Any, Any], Any] = self.handler.train_step
+    def _step_function(self) -> Callable[[Any, int, Any], Any]:
+        """The handler's whole step, wrapped in a profiler record only when asked for."""
+        from ppe_core.handler._handler import step_function
+
+        step = step_function(self.handler, "train")
         if not (self._enable_profile or self._enable_trace):
             return step
         from ppe_core._record import record
@@ -414,11 +391,11 @@ class Trainer:
             self._enable_trace,
         )
 
-        def recorded(trainer: Any, batch_idx: int, batch: Any, complete_fn: Any) -> Any:
+        def recorded(trainer: Any, batch_idx: int, batch: Any) -> Any:
             # A torch.profiler range, a TimeSummary entry (enable_profile) and a tracer event
             # (enable_trace), as ppe.profiler.record gives.
             with record(tag, enable=enable, trace=trace):
-                return step(trainer, batch_idx, batch, complete_fn)
+                return step(trainer, batch_idx, batch)
 
         return recorded
 
@@ -474,18 +451,9 @@ class Trainer:
             )
         for evaluator, _ in self._evaluators.values():
             evaluator.setup(val_loader)  # type: ignore[arg-type]  # checked above
-        # PPE's protocol: train_step calls complete_fn(batch_idx, outputs), which runs the
-        # handler's train_post_step. ppe-core's own Handler.train_step does that work inline
-        # when given no complete_fn (saving two calls per step), also calling an overridden
-        # train_post_step; any other train_step gets the callback.
-        self._train_post_step = getattr(handler, "train_post_step", None)
-        inline = getattr(type(handler), "train_step", None) is _default_train_step()
-        begin, end, train_step, complete = (
-            manager.begin_iteration,
-            manager.end_iteration,
-            self._step_function(),
-            None if inline else self._complete_step,
-        )
+        # One whole step per call, post-step included, whatever the handler (chosen once).
+        begin, end = manager.begin_iteration, manager.end_iteration
+        train_step = self._step_function()
         profile = self._profile
         # With enable_profile/enable_trace: PPE's sections around each step (the iteration,
         # the data fetch, run_iteration); nothing is added to the loop otherwise.
@@ -510,8 +478,7 @@ class Trainer:
                         range(start, iters_per_epoch), batches, strict=False
                     ):
                         begin()
-                        self._batch = batch
-                        train_step(self, batch_idx, batch, complete)
+                        train_step(self, batch_idx, batch)
                         stop = end()  # True once the stop condition fired
                         if profile is not None:
                             profile.step()
@@ -541,7 +508,6 @@ class Trainer:
         finally:
             if scopes is not None:
                 scopes.close()
-            self._batch = None
             handler.train_cleanup(self)
             host.trainer_teardown(self, error)
         manager.finalize()

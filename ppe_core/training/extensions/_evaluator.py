@@ -18,12 +18,12 @@ from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
-from ppe_core._reporting import DictSummary, Reporter, get_current_reporter, report
 from ppe_core.errors import (
     ArgumentTypeError,
     ConfigurationError,
     DistributedNotInitializedError,
 )
+from ppe_core.reporting import DictSummary, Reporter, get_current_reporter, report
 from ppe_core.training._extension import PRIORITY_WRITER, Extension
 from ppe_core.training._manager import IgnoredArgumentWarning
 from ppe_core.training.extensions._util import (
@@ -502,7 +502,8 @@ class IgniteEvaluator(Evaluator):
         self.evaluator = evaluator
         self.summary = DictSummary()
         self._bar: _EvaluationBar | None = None
-        self._scope: Any = None
+        # While an iteration is open: the reporter's observation before it (see Reporter.push).
+        self._previous: dict[str, Any] | None = None
         self._reporter = Reporter()
         self.set_evaluator_handlers()
 
@@ -522,16 +523,18 @@ class IgniteEvaluator(Evaluator):
 
     def _open_observation(self, engine: Any) -> None:
         self.observation: dict[str, Any] = {}
-        self._scope = self._reporter.scope(self.observation)
-        self._scope.__enter__()
+        self._previous = self._reporter.push(self.observation)
 
     def _close_observation(self, engine: Any) -> None:
-        scope, self._scope = self._scope, None
-        if scope is not None:
-            scope.__exit__(None, None, None)
+        self._pop()
         self.summary.add(self.observation)
         if self._bar is not None:
             self._bar.advance(int(engine.state.iteration))
+
+    def _pop(self) -> None:
+        previous, self._previous = self._previous, None
+        if previous is not None:
+            self._reporter.pop(previous)
 
     def _add_ignite_metrics(self, engine: Any) -> None:
         metrics = engine.state.metrics
@@ -548,9 +551,7 @@ class IgniteEvaluator(Evaluator):
                 self._bar.advance(0)
             self.evaluator.run(iterator)
         finally:
-            if self._scope is not None:  # the engine raised inside an iteration
-                self._scope.__exit__(None, None, None)
-                self._scope = None
+            self._pop()  # the engine raised inside an iteration
             if self._bar is not None:
                 self._bar.close()
                 self._bar = None
