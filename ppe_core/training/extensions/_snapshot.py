@@ -554,7 +554,7 @@ class _Snapshot(Extension):
 
         That is when the serializer is torch.save, the files are local, and the writer saves
         the standard way: ppe-core's background writers (whose :meth:`Writer.save` the
-        snapshot's thread calls) or a plain :class:`SimpleWriter`. Otherwise None: the writer
+        snapshot's job calls in their worker) or a plain :class:`SimpleWriter`. Otherwise None: the writer
         is called with the state and ``savefun``, as in PPE (see :meth:`_commit`).
         """
         if self._savefun is not torch.save or not isinstance(writer, Writer):
@@ -752,8 +752,8 @@ def snapshot(
 
     With a background writer (``ThreadWriter``, ``ProcessWriter``, the queue writers) training
     pauses only to copy the state to host memory, into buffers kept from one snapshot to the
-    next (one host copy of the state stays allocated); the file is written by a thread of the
-    snapshot's. With the default ``torch.save`` and local files, torch writes the file itself
+    next (one host copy of the state stays allocated); the file is written by the writer's
+    worker (:meth:`Writer.submit`). With the default ``torch.save`` and local files, torch writes the file itself
     (without holding the GIL) and the SHA-256 is read back from it. Otherwise the writer is
     called as PPE calls it, ``writer(filename, out_dir, state, savefun=savefun)``: the
     standard writers call ``savefun(state, file)`` with the open temporary file (written
