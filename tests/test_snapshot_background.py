@@ -258,9 +258,13 @@ def test_a_failed_flush_to_disk_is_raised(tmp_path: Path, monkeypatch: pytest.Mo
     def failing_fsync(fd: int) -> None:
         raise OSError("I/O error")
 
+    # The writer flushes what the snapshot's torch.save wrote (save_via_path), in its worker.
     monkeypatch.setattr(_snapshot.os, "fsync", failing_fsync)
     with pytest.raises(OSError, match="I/O error"):
-        _snapshot._save_and_hash({"x": torch.ones(2)}, str(tmp_path / "file"))
+        SimpleWriter().save_via_path(
+            "file", str(tmp_path), lambda tmp: _snapshot._save_and_hash({"x": torch.ones(2)}, tmp)
+        )
+    assert list(tmp_path.iterdir()) == []  # neither the file nor its temporary
 
 
 def test_the_final_snapshot_of_a_background_writer_is_saved_without_a_host_copy(

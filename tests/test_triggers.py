@@ -558,7 +558,7 @@ def test_next_due_reads_the_next_check_contract_once_for_everyone() -> None:
 
 
 def test_due_check_consults_its_trigger_only_when_due() -> None:
-    from ppe_core.training.extensions._util import DueCheck
+    from ppe_core.training.triggers._due import DueCheck
 
     calls: list[int] = []
 

@@ -13,10 +13,13 @@ from ppe_core.distributed._env import (
     get_local_rank,
     get_rank,
     get_world_size,
+    group_world,
     init_from_env,
     is_distributed,
     is_main_process,
+    run_collective,
     shutdown,
+    timeout_error,
 )
 from ppe_core.distributed._initialize import initialize_ompi_environment
 from ppe_core.distributed._sampler import (
@@ -39,9 +42,12 @@ __all__ = [
     "get_local_rank",
     "get_rank",
     "get_world_size",
+    "group_world",
     "init_from_env",
     "initialize_ompi_environment",
     "is_distributed",
     "is_main_process",
+    "run_collective",
     "shutdown",
+    "timeout_error",
 ]

@@ -36,11 +36,13 @@ __all__ = [
     "get_local_rank",
     "get_rank",
     "get_world_size",
+    "group_world",
     "init_from_env",
     "is_distributed",
     "is_main_process",
     "run_collective",
     "shutdown",
+    "timeout_error",
 ]
 
 #: The port rank 0 listens on when an Open MPI job on one node does not export MASTER_PORT.
@@ -327,6 +329,23 @@ def get_world_size() -> int:
         return int(group.get_world_size())
     launched = _launch_variables(os.environ)
     return launched[1] if launched is not None else 1
+
+
+def group_world() -> tuple[int, int]:
+    """``(world_size, rank)`` of the default process group; ``(1, 0)`` without one.
+
+    For code that issues collectives or splits work among the group's members (which rank
+    writes a snapshot, prints a report, gathers states): unlike :func:`get_rank`, it never
+    reads the launcher's variables, since a process without a group shares nothing with the
+    others. A process that never imported ``torch.distributed`` has no group, so this costs no
+    import there.
+    """
+    if "torch.distributed" not in sys.modules:
+        return 1, 0
+    group = _group()
+    if group is None:
+        return 1, 0
+    return int(group.get_world_size()), int(group.get_rank())
 
 
 def get_local_rank() -> int:

@@ -23,18 +23,11 @@ from typing import Any
 
 import torch
 
-__all__ = ["agree_on_collectives", "device_of", "distributed_world", "object_device"]
+from ppe_core.distributed import group_world
+
+__all__ = ["agree_on_collectives", "device_of", "object_device"]
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
-
-
-def distributed_world() -> tuple[int, int]:
-    """``(world_size, rank)`` of the default process group; ``(1, 0)`` without one."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return int(dist.get_world_size()), int(dist.get_rank())
-    return 1, 0
 
 
 def device_of(models: Iterable[torch.nn.Module]) -> torch.device | None:
@@ -82,7 +75,7 @@ def agree_on_collectives(
         ``{name: ranks lacking it}`` for this rank's collective-using extensions (an empty
         tuple: every rank has it), or None without a process group of several ranks.
     """
-    world, _ = distributed_world()
+    world, _ = group_world()
     if world < 2:
         return None
     import torch.distributed as dist

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ppe_core.distributed import group_world
 from ppe_core.errors import PPEWarning
-from ppe_core.training._ranks import distributed_world
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ResumeStateHost
@@ -68,7 +68,7 @@ def rank_resume_states(saved: Mapping[str, Any]) -> Mapping[str, Any]:
     Warns:
         WorldSizeMismatchWarning: The state records another world size than this run's.
     """
-    world, rank = distributed_world()
+    world, rank = group_world()
     saved_world = saved.get(WORLD_SIZE_KEY)
     if isinstance(saved_world, int) and saved_world != world:
         warnings.warn(

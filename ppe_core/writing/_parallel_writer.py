@@ -5,9 +5,11 @@ from __future__ import annotations
 import multiprocessing
 import threading
 import traceback
+from collections.abc import Callable
+from concurrent.futures import Future
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 import torch
 
@@ -20,6 +22,7 @@ from ppe_core.writing._writer_base import (
     WriterFinalizedError,
     _register_for_exit,
     _run_in_worker,
+    _start_job,
 )
 
 __all__ = ["ProcessWriter", "StandardWriter", "ThreadWriter"]
@@ -34,6 +37,7 @@ class _Worker(Protocol):
 
 
 _W = TypeVar("_W", bound=_Worker)
+_T = TypeVar("_T")
 
 
 def _resolve_context(mp_context: str | BaseContext | None) -> BaseContext | None:
@@ -48,7 +52,8 @@ class StandardWriter(Writer, Generic[_W]):
 
     A call returns as soon as the worker started. The next call, and :meth:`finalize`, first
     wait for the previous worker, so at most one save is in flight and a failed save is
-    reported (as :class:`WriterError`) at the next call at the latest.
+    reported (as :class:`WriterError`) at the next call at the latest. A job given to
+    :meth:`~Writer.submit` takes the worker's place like a save (in a thread, for both).
 
     Args:
         savefun: ``savefun(target, file_object, **kwds)``; ``torch.save`` by default.
@@ -56,6 +61,8 @@ class StandardWriter(Writer, Generic[_W]):
         out_dir: Directory to write into; when empty, the ``out_dir`` of each call is used.
         **kwds: Keyword arguments passed to every ``savefun`` call.
     """
+
+    in_background = True
 
     def __init__(
         self,
@@ -98,10 +105,7 @@ class StandardWriter(Writer, Generic[_W]):
             WriterError: The previous save failed.
             WriterFinalizedError: The writer was finalized.
         """
-        if self._finalized:
-            raise WriterFinalizedError(
-                f"{type(self).__name__} was finalized; create a new writer to save {filename!r}"
-            )
+        self._check_open(repr(filename))
         self._wait()
         worker = self.create_worker(
             filename,
@@ -113,6 +117,23 @@ class StandardWriter(Writer, Generic[_W]):
         )
         self._worker = worker
         worker.start()
+
+    def submit(self, job: Callable[[], _T]) -> Future[_T]:
+        """Waits for the save or job in flight, then runs ``job`` in a worker thread.
+
+        See :meth:`Writer.submit`.
+        """
+        self._check_open("a job")
+        self._wait()
+        thread, future = _start_job(job, f"ppe_core.{type(self).__name__}")
+        self._worker = cast(_W, thread)
+        return future
+
+    def _check_open(self, what: str) -> None:
+        if self._finalized:
+            raise WriterFinalizedError(
+                f"{type(self).__name__} was finalized; create a new writer to save {what}"
+            )
 
     def create_worker(
         self,

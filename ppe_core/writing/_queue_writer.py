@@ -7,6 +7,8 @@ import multiprocessing
 import queue
 import threading
 import traceback
+from collections.abc import Callable
+from concurrent.futures import Future
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any, Generic, Protocol, TypeAlias, TypeVar
@@ -24,6 +26,8 @@ from ppe_core.writing._writer_base import (
     WriterFinalizedError,
     _register_for_exit,
     _run_in_worker,
+    _run_job,
+    _start_job,
 )
 
 __all__ = ["ProcessQueueWriter", "QueueWriter", "ThreadQueueWriter"]
@@ -33,6 +37,7 @@ __all__ = ["ProcessQueueWriter", "QueueWriter", "ThreadQueueWriter"]
 QueueItem: TypeAlias = tuple[Any, str, str, Target, SaveFun | None, bool] | None
 
 _W = TypeVar("_W", bound=_Worker)
+_T = TypeVar("_T")
 
 
 class _Queue(Protocol):
@@ -75,6 +80,17 @@ def _consume(tasks: _Queue, errors: _Queue, default_task: Any = None) -> None:
         del item
 
 
+class _Job:
+    """A queue item's task that runs a submitted job (the save's arguments are unused)."""
+
+    def __init__(self, job: Callable[[], Any], future: Future[Any]) -> None:
+        self.job = job
+        self.future = future
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        _run_job(self.job, self.future)
+
+
 def _is_alive(worker: Any) -> bool:
     return bool(worker.is_alive())
 
@@ -83,7 +99,8 @@ class QueueWriter(Writer, Generic[_W]):
     """Base class of writers whose single consumer saves queued files in order.
 
     A call only enqueues the save and returns. Failures are reported as :class:`WriterError`
-    by the next call or by :meth:`finalize`, which waits for the queue to drain.
+    by the next call or by :meth:`finalize`, which waits for the queue to drain. Jobs given to
+    :meth:`~Writer.submit` are queued like saves.
 
     Args:
         savefun: Passed to :meth:`create_task` when ``task`` is None; ``torch.save`` by default.
@@ -92,6 +109,8 @@ class QueueWriter(Writer, Generic[_W]):
         task: Callable with :meth:`Writer.__call__`'s interface that performs each save; a
             :class:`SimpleWriter` by default.
     """
+
+    in_background = True
 
     def __init__(
         self,
@@ -128,12 +147,23 @@ class QueueWriter(Writer, Generic[_W]):
             WriterError: An earlier queued save failed.
             WriterFinalizedError: The writer was finalized.
         """
+        self._check_open(repr(filename))
+        self._queue.put((self._queued_task(), filename, out_dir, target, savefun, append))
+
+    def submit(self, job: Callable[[], _T]) -> Future[_T]:
+        """Queues ``job`` behind the saves before it; see :meth:`Writer.submit`."""
+        self._check_open("a job")
+        future: Future[_T] = Future()
+        self._queue.put((_Job(job, future), "<job>", "", None, None, False))
+        return future
+
+    def _check_open(self, what: str) -> None:
+        """Raises if the writer was finalized or an earlier save failed."""
         if self._finalized:
             raise WriterFinalizedError(
-                f"{type(self).__name__} was finalized; create a new writer to save {filename!r}"
+                f"{type(self).__name__} was finalized; create a new writer to save {what}"
             )
         self._raise_errors()
-        self._queue.put((self._queued_task(), filename, out_dir, target, savefun, append))
 
     def _queued_task(self) -> Any:
         """The task placed in each queue item (PPE's layout: the first element)."""
@@ -257,7 +287,20 @@ class ProcessQueueWriter(QueueWriter[BaseProcess]):
         mp_context: str | BaseContext | None = None,
     ) -> None:
         self._context = _resolve_context(mp_context)
+        self._job: threading.Thread | None = None
         super().__init__(savefun=savefun, fs=fs, out_dir=out_dir, task=task)
+
+    def submit(self, job: Callable[[], _T]) -> Future[_T]:
+        """Runs ``job`` in a thread of this process once the previous job is done.
+
+        The consumer process cannot receive a job (a closure over this process's state); see
+        :meth:`Writer.submit`.
+        """
+        self._check_open("a job")
+        if self._job is not None:
+            self._job.join()
+        self._job, future = _start_job(job, f"ppe_core.{type(self).__name__}")
+        return future
 
     def create_queue(self) -> _Queue:
         """Returns a ``multiprocessing.JoinableQueue`` (of the writer's context, if given)."""
@@ -278,6 +321,8 @@ class ProcessQueueWriter(QueueWriter[BaseProcess]):
         return multiprocessing if self._context is None else self._context
 
     def _join_consumer(self) -> None:
+        if self._job is not None:
+            self._job.join()
         # Drain failures while waiting: a process consumer blocks once the error pipe is full.
         while True:
             self._consumer.join(timeout=0.05)

@@ -15,6 +15,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from typing import IO, Any, NoReturn, Protocol, TypeAlias, TypeVar
 
 from ppe_core.errors import ConfigurationError, PPEError
@@ -241,6 +242,26 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="ppe_core writer parent watch", daemon=True).start()
 
 
+def _run_job(job: Callable[[], _T], future: Future[_T]) -> None:
+    """Runs ``job`` and puts its result or failure into ``future``, whose owner collects it."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        result = job()
+    except BaseException as exc:  # the submitter's to report (see Writer.submit)
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
+
+
+def _start_job(job: Callable[[], _T], name: str) -> tuple[threading.Thread, Future[_T]]:
+    """A started (non-daemon) thread running ``job``, and the future of its outcome."""
+    future: Future[_T] = Future()
+    thread = threading.Thread(target=_run_job, args=(job, future), name=name)
+    thread.start()
+    return thread, future
+
+
 def _run_in_worker(target: Callable[..., object], *args: Any, **kwargs: Any) -> None:
     """The entry point of writer worker processes: ``target(*args, **kwargs)``, tied to the
     life of the parent (see :func:`_exit_with_parent`)."""
@@ -259,7 +280,9 @@ class Writer:
     which never loses what the file already held (at worst the last record is partial).
 
     Subclasses decide where the save runs (this thread, another thread, another process) by
-    overriding :meth:`__call__`; all of them end up in :meth:`save`.
+    overriding :meth:`__call__`; all of them end up in :meth:`save`. Work made of several
+    dependent files (a snapshot: its data file, its manifest, then retiring old snapshots) is
+    handed over whole with :meth:`submit`, so that each writer has one background mechanism.
 
     Args:
         fs: File system to write through; the local file system by default. An object with
@@ -267,6 +290,9 @@ class Writer:
         out_dir: Directory this writer writes into. When set (non-empty) it takes precedence
             over the ``out_dir`` passed to :meth:`__call__`.
     """
+
+    #: Whether :meth:`submit` runs jobs in a background worker (False: at once, in the caller).
+    in_background = False
 
     def __init__(self, fs: FileSystem | None = None, out_dir: str | None = None) -> None:
         self.fs: FileSystem = _LocalFileSystem() if fs is None else fs
@@ -330,6 +356,29 @@ class Writer:
         Raises:
             WriterError: A background save failed.
         """
+
+    def submit(self, job: Callable[[], _T]) -> Future[_T]:
+        """Runs ``job`` where this writer does its background work, after the saves before it.
+
+        ``job`` writes its files with :meth:`save` or :meth:`save_via_path` (in the worker, so
+        they are crash-safe as any save) and may do its bookkeeping between them. Background
+        writers (:attr:`in_background`) run it in their worker: :class:`ThreadWriter` and
+        :class:`ThreadQueueWriter` in their thread, in order with their saves; the process
+        writers in a thread of this process, one job at a time, since a job is a closure over
+        this process's state. This base class runs it at once, in the calling thread.
+        :meth:`finalize` waits for submitted jobs.
+
+        Returns:
+            A future holding what ``job`` returned or raised. A failure is the submitter's to
+            collect: neither later saves nor :meth:`finalize` report it.
+
+        Raises:
+            WriterFinalizedError: The writer was finalized (background writers).
+            WriterError: An earlier background save failed (background writers).
+        """
+        future: Future[_T] = Future()
+        _run_job(job, future)
+        return future
 
     def save(
         self,

@@ -15,8 +15,9 @@ import torch
 from ppe_core.errors import ArgumentTypeError, MissingObservationError
 from ppe_core.training._extension import PRIORITY_EDITOR, Extension
 from ppe_core.training.extensions import _util
-from ppe_core.training.extensions._util import DueCheck, require_distributed
+from ppe_core.training.extensions._util import require_distributed
 from ppe_core.training.triggers import get_trigger
+from ppe_core.training.triggers._due import DueCheck
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView

@@ -6,26 +6,24 @@ import importlib
 import importlib.util
 import json
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
+from ppe_core.distributed import group_world
 from ppe_core.errors import ConfigurationError
 from ppe_core.reporting import DictSummary, to_floats
 from ppe_core.training._extension import PRIORITY_READER, Extension
-from ppe_core.training.extensions._util import (
-    LOG_FORMATS,
-    EveryIteration,
-    LogSaver,
-    OptionalDependencyError,
-    is_output_rank,
-    key_tuple,
-)
-from ppe_core.training.triggers import get_trigger, next_due
+from ppe_core.training.extensions._util import OptionalDependencyError, key_tuple
+from ppe_core.training.triggers import get_trigger
+from ppe_core.training.triggers._due import DueCheck, EveryIteration
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
     from ppe_core.training.triggers import Trigger, TriggerLike
 
-__all__ = ["LOG_FORMATS", "LogReport", "LogWriter"]
+__all__ = ["LOG_FORMATS", "LogReport", "LogSaver", "LogWriter"]
+
+#: The accepted values of ``LogReport(format=...)`` (and ProfileReport's).
+LOG_FORMATS = ("json", "json-lines", "yaml")
 
 # Filename suffix -> format, used when ``format`` is None.
 _SUFFIX_FORMATS = {".json": "json", ".jsonl": "json-lines", ".yaml": "yaml", ".yml": "yaml"}
@@ -58,6 +56,28 @@ def _require_yaml() -> None:
             "LogReport(format='yaml') needs PyYAML, which is not installed; run "
             "`pip install pyyaml`, or use format='json' or 'json-lines'"
         )
+
+
+class LogSaver:
+    """The ``savefun`` for a list of log entries in one of :data:`LOG_FORMATS`.
+
+    A module-level class so process-based writers can pickle it. ``'json'`` writes one JSON
+    list; ``'json-lines'`` one object per line (appends stay valid); ``'yaml'`` a sequence
+    (needs PyYAML; appended chunks concatenate into one longer sequence).
+    """
+
+    def __init__(self, fmt: str) -> None:
+        self.fmt = fmt
+
+    def __call__(self, target: list[dict[str, Any]], file_obj: IO[bytes]) -> None:
+        if self.fmt == "json":
+            text = json.dumps(target, indent=4)
+        elif self.fmt == "json-lines":
+            text = "".join(json.dumps(entry) + "\n" for entry in target)
+        else:
+            yaml: Any = importlib.import_module("yaml")
+            text = yaml.safe_dump(target) if target else ""
+        file_obj.write(text.encode("utf-8"))
 
 
 class LogReport(Extension):
@@ -136,8 +156,7 @@ class LogReport(Extension):
         self._log: list[dict[str, Any]] = []
         # Entries already in the file (append mode writes only the rest).
         self._written = 0
-        # First iteration at which `_trigger` may fire; -1: not computed yet.
-        self._due = -1
+        self._due = DueCheck(self._trigger)
 
     def __call__(self, manager: ManagerView) -> None:
         """Accumulates this iteration's observation; emits an entry when the trigger fires."""
@@ -148,24 +167,10 @@ class LogReport(Extension):
         else:
             self._summary.add({key: observation[key] for key in keys if key in observation})
         iteration = manager.iteration
-        if iteration >= self._due:
-            self._check(manager, iteration)
-
-    def _check(self, manager: ManagerView, iteration: int) -> None:
-        trigger = self._trigger
-        iters_per_epoch = manager.iters_per_epoch
-        if iteration == 0:
-            # Before training (call_before_training=True) an entry is always written, as in PPE.
-            self._emit(manager)
+        if iteration < self._due.due:  # the trigger cannot fire yet: no call on most steps
             return
-        if self._due < 0:
-            # First call (or first after a load): ask the schedule before the trigger itself.
-            self._due = next_due(trigger, iteration - 1, iters_per_epoch)
-            if iteration < self._due:
-                return
-        fire = bool(trigger(manager))
-        self._due = next_due(trigger, iteration, iters_per_epoch)
-        if fire:
+        # Before training (call_before_training=True) an entry is always written, as in PPE.
+        if iteration == 0 or self._due(manager):
             self._emit(manager)
 
     def _emit(self, manager: ManagerView) -> None:
@@ -180,7 +185,7 @@ class LogReport(Extension):
         self._write(manager, entry)
 
     def _write(self, manager: ManagerView, entry: Mapping[str, Any]) -> None:
-        if not is_output_rank():
+        if group_world()[1] != 0:
             # Under torch.distributed only rank 0 writes the file; every rank keeps the entries
             # (PrintReport, BestValue, ... read them) and its snapshots stay identical.
             self._written = len(self._log)
@@ -251,7 +256,7 @@ class LogReport(Extension):
         self._log = [dict(entry) for entry in entries]
         # The restored entries were written by the run that saved them.
         self._written = len(self._log)
-        self._due = -1
+        self._due.reset()
 
     def to_dataframe(self) -> Any:
         """Returns the log as a ``pandas.DataFrame``.

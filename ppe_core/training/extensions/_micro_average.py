@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ppe_core.training._extension import PRIORITY_EDITOR, Extension
-from ppe_core.training.extensions._util import DueCheck, EveryIteration
 from ppe_core.training.triggers import get_trigger
+from ppe_core.training.triggers._due import DueCheck, EveryIteration
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView

@@ -11,14 +11,9 @@ from typing import IO, TYPE_CHECKING, Any
 from ppe_core.errors import ConfigurationError, PPEWarning
 from ppe_core.reporting import DictSummary, to_floats
 from ppe_core.training._extension import Extension
-from ppe_core.training.extensions._util import (
-    DueCheck,
-    EveryIteration,
-    WriterLike,
-    missing_extra_error,
-    write_file,
-)
+from ppe_core.training.extensions._util import WriterLike, missing_extra_error, write_file
 from ppe_core.training.triggers import get_trigger
+from ppe_core.training.triggers._due import DueCheck, EveryIteration
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView

@@ -8,10 +8,11 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
+from ppe_core.distributed import group_world
 from ppe_core.errors import ConfigurationError
 from ppe_core.training._extension import PRIORITY_READER, Extension, ExtensionNameError
 from ppe_core.training.extensions._log_report import LogReport
-from ppe_core.training.extensions._util import is_output_rank, is_terminal, key_tuple
+from ppe_core.training.extensions._util import is_terminal, key_tuple
 from ppe_core.training.triggers import Trigger, next_due
 
 if TYPE_CHECKING:
@@ -187,7 +188,7 @@ class PrintReport(Extension):
         self._printed = log_report.num_entries
         if self._infer:
             self._update_columns(new, log_report)
-        if not is_output_rank():  # under torch.distributed only rank 0 prints the table
+        if group_world()[1] != 0:  # under torch.distributed only rank 0 prints the table
             return
         with self._external_write():
             out = self._out

@@ -15,13 +15,8 @@ import torch
 from ppe_core.errors import ConfigurationError
 from ppe_core.reporting import DictSummary, to_floats
 from ppe_core.training._extension import Extension
-from ppe_core.training.extensions._util import (
-    LOG_FORMATS,
-    LogSaver,
-    WriterLike,
-    missing_extra_error,
-    write_file,
-)
+from ppe_core.training.extensions._log_report import LOG_FORMATS, LogSaver
+from ppe_core.training.extensions._util import WriterLike, missing_extra_error, write_file
 from ppe_core.training.triggers import get_trigger
 
 if TYPE_CHECKING:

@@ -10,9 +10,10 @@ import sys
 import time
 from typing import IO, TYPE_CHECKING, Any
 
+from ppe_core.distributed import group_world
 from ppe_core.errors import ConfigurationError
 from ppe_core.training._extension import PRIORITY_READER, Extension
-from ppe_core.training.extensions._util import in_notebook, is_output_rank, is_terminal
+from ppe_core.training.extensions._util import in_notebook, is_terminal
 from ppe_core.training.triggers import Trigger
 
 if TYPE_CHECKING:
@@ -278,7 +279,7 @@ class ProgressBar(Extension):
         start = manager.iteration
         progress = _Progress(total, manager.iters_per_epoch, start, self._length(manager))
         out = self._out
-        if not is_output_rank():
+        if group_world()[1] != 0:
             self._display = _NoDisplay()
         elif out is sys.stdout and in_notebook():
             tqdm_auto: Any = importlib.import_module("tqdm.auto")

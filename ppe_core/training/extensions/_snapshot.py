@@ -1,36 +1,49 @@
-"""Snapshots: verified, crash-safe checkpoints of the trainer (or any object) with autoload."""
+"""Snapshots: verified, crash-safe checkpoints of the trainer (or any object) with autoload.
+
+The extension decides what and when to save; the manifest and safe loading live in
+``_snapshot_manifest``, the files of a series (autoload's choice, ``n_retains``) in
+``_snapshot_retention``, and the writing itself in the writer (``Writer.submit`` runs a
+background snapshot in the writer's worker).
+"""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import enum
 import functools
-import glob
-import hashlib
-import io
-import json
-import logging
 import os
-import pickletools
-import re
-import sys
-import threading
-import time
 import warnings
-import zipfile
-from collections import Counter, OrderedDict, defaultdict
-from collections.abc import Callable, Iterator, Mapping
-from typing import IO, Any
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError, PPEWarning
+from ppe_core.distributed import group_world, is_distributed
+from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEWarning
 from ppe_core.runtime import map_tensors
 from ppe_core.training._extension import PRIORITY_SNAPSHOT, Extension
 from ppe_core.training._ranks import device_of, object_device
 from ppe_core.training._resume import record_ranks
 from ppe_core.training._state import PPE_CORE_STATE_KEY
+from ppe_core.training.extensions._snapshot_manifest import (
+    MANIFEST_SUFFIX,
+    SnapshotError,
+    SnapshotStateError,
+    SnapshotVerificationWarning,
+    UnsafeSnapshotError,
+    _file_digest,
+    _loadable_state,
+    _read_manifest,
+    _write_bytes,
+    _written_digest,
+    load_snapshot,
+    manifest_bytes,
+    manifest_path,
+    verify_snapshot,
+)
+from ppe_core.training.extensions._snapshot_retention import SnapshotSeries
 from ppe_core.writing import SimpleWriter, Writer
 
 __all__ = [
@@ -50,100 +63,10 @@ __all__ = [
     "verify_snapshot",
 ]
 
-#: Each snapshot ``dir/F`` has a manifest ``dir/.F.manifest.json`` (see :func:`manifest_path`)
-#: recording its size and SHA-256.
-MANIFEST_SUFFIX = ".manifest.json"
-_FORMAT = "ppe-core-snapshot"
-
 #: ``snapshot_on_error`` writes into this sub-directory of the output directory, where neither
 #: autoload nor ``n_retains`` looks: the state after a failure is not one a run can resume
 #: from bit-exactly, so it must never replace or push out a periodic snapshot.
 ERROR_SNAPSHOT_DIR = "snapshots_on_error"
-
-
-def manifest_path(path: str) -> str:
-    """The manifest of the snapshot at ``path``: a hidden file beside it.
-
-    Hidden so that PPE's autoload, which takes the newest file whose name starts and ends like
-    the snapshot filename template, never mistakes a manifest for a snapshot.
-    """
-    directory, name = os.path.split(path)
-    return os.path.join(directory, "." + name + MANIFEST_SUFFIX)
-
-
-def _read_manifest(path: str) -> tuple[str, Any]:
-    """``(manifest path, parsed JSON)``; the pre-0.2 name ``F.manifest.json`` is read too.
-
-    Raises:
-        FileNotFoundError: there is no manifest under either name.
-        OSError, ValueError: a manifest exists but cannot be read or parsed.
-    """
-    hidden = manifest_path(path)
-    for candidate in (hidden, path + MANIFEST_SUFFIX):
-        try:
-            with open(candidate, encoding="utf-8") as f:
-                return candidate, json.load(f)
-        except FileNotFoundError:
-            continue
-    raise FileNotFoundError(hidden)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _manifest_problem(manifest: Any) -> str | None:
-    """Why ``manifest`` is not a well-formed ppe-core snapshot manifest, or None if it is."""
-    if not isinstance(manifest, dict) or manifest.get("format") != _FORMAT:
-        return "it is not a ppe-core snapshot manifest"
-    sha256 = manifest.get("sha256")
-    if not (isinstance(sha256, str) and re.fullmatch(r"[0-9a-f]{64}", sha256)):
-        return f"its sha256 is not a SHA-256 hex digest: {sha256!r}"
-    for key in ("size", "iteration", "version"):
-        if not (_is_int(manifest.get(key)) and manifest[key] >= 0):
-            return f"its {key} is not a non-negative int: {manifest.get(key)!r}"
-    created = manifest.get("created")
-    if not isinstance(created, (int, float)) or isinstance(created, bool):
-        return f"its created time is not a number: {created!r}"
-    return None
-
-
-def _parse_manifest(path: str) -> dict[str, Any] | None:
-    """The manifest of the snapshot at ``path``; None only when there is none at all.
-
-    Raises:
-        SnapshotError: a manifest exists but is unreadable (bad JSON, truncated, another
-            schema, wrong types). That is a failed check, never "no manifest": loading the
-            file unchecked would switch verification off for exactly the damaged snapshots.
-    """
-    where = manifest_path(path)
-    try:
-        where, manifest = _read_manifest(path)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise SnapshotError(f"{path}: unreadable manifest {where}: {exc}") from exc
-    problem = _manifest_problem(manifest)
-    if problem is not None:
-        raise SnapshotError(f"{path}: unreadable manifest {where}: {problem}")
-    return dict(manifest)
-
-
-class SnapshotError(PPEError, RuntimeError):
-    """A snapshot could not be written, verified or loaded."""
-
-
-class UnsafeSnapshotError(SnapshotError):
-    """A snapshot needs arbitrary unpickling to load, so it was refused."""
-
-
-class SnapshotStateError(SnapshotError, TypeError):
-    """A state to snapshot holds a value that the safe loader could not rebuild at resume."""
-
-
-class SnapshotVerificationWarning(PPEWarning):
-    """A file was skipped at autoload: it failed verification, could not be read (truncated,
-    corrupt, an unreadable manifest), is not a snapshot, or links out of the output directory."""
 
 
 class SnapshotRanksError(SnapshotError):
@@ -178,43 +101,6 @@ class SnapshotMode(enum.Enum):
     DEFAULT = enum.auto()
     DISTRIBUTED = enum.auto()
     SHARDED = enum.auto()
-
-
-_log = logging.getLogger("ppe_core.snapshot")
-
-
-def _write_bytes(data: bytes, file_obj: IO[bytes] | str | os.PathLike[str]) -> None:
-    """Writes the manifest's bytes; a custom writer may pass its savefun a path (as in PPE)."""
-    if isinstance(file_obj, (str, os.PathLike)):
-        with open(file_obj, "wb") as f:
-            f.write(data)
-    else:
-        file_obj.write(data)
-
-
-def _written_digest(writer: Any, path: str) -> tuple[int, str] | None:
-    """``(size, SHA-256)`` of the file a writer (or custom savefun) just wrote at ``path``;
-    None when it is not there (yet): a custom writer may write elsewhere or later."""
-    fs = getattr(writer, "fs", None)
-    try:
-        if fs is None or (isinstance(writer, Writer) and writer.writes_local_files):
-            return _file_digest(path)
-        digest = hashlib.sha256()
-        size = 0
-        with fs.open(path, "rb") as f:
-            while chunk := f.read(1 << 20):
-                digest.update(chunk)
-                size += len(chunk)
-        return size, digest.hexdigest()
-    except FileNotFoundError:
-        return None
-
-
-def _writes_in_background(writer: Any) -> bool:
-    """Whether ``writer`` saves in a worker (ThreadWriter, ProcessWriter, the queue writers)."""
-    from ppe_core.writing import ProcessQueueWriter, ProcessWriter, ThreadQueueWriter, ThreadWriter
-
-    return isinstance(writer, (ThreadWriter, ProcessWriter, ThreadQueueWriter, ProcessQueueWriter))
 
 
 #: Host copies of tensors at least this large are kept for the next snapshot and refilled:
@@ -280,399 +166,11 @@ def _save_and_hash(state: Any, path: str) -> tuple[int, str]:
 
     Given a path, torch.save writes from C++ without holding the GIL, and reading the file back
     in chunks releases it too; serializing into a Python buffer instead holds the GIL for the
-    whole copy (tens of ms per 50 MB), stalling the training thread. The file is flushed to
-    disk (in a helper thread) while it is hashed, so the writer's own ``fsync`` that follows
-    finds nothing left to write; a failed flush is raised here.
+    whole copy (tens of ms per 50 MB), stalling the training thread. The writer that called
+    this (``save_via_path``) then flushes the file to disk and renames it into place.
     """
     torch.save(state, path)
-    fd = os.open(path, os.O_RDWR | getattr(os, "O_BINARY", 0))
-    failure: list[OSError] = []
-
-    def flush() -> None:
-        try:
-            os.fsync(fd)
-        except OSError as exc:
-            failure.append(exc)
-
-    flusher = threading.Thread(target=flush, name="ppe_core snapshot fsync", daemon=True)
-    flusher.start()
-    try:
-        result = _file_digest(path)
-    finally:
-        flusher.join()
-        os.close(fd)
-    if failure:
-        raise failure[0]
-    return result
-
-
-def _file_digest(path: str) -> tuple[int, str]:
-    """``(size, SHA-256 hex digest)`` of the file at ``path``, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    size = 0
-    chunk = bytearray(1 << 20)
-    view = memoryview(chunk)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(chunk):
-            digest.update(view[:n])
-            size += n
-    return size, digest.hexdigest()
-
-
-def _complete_manifest(path: str) -> dict[str, Any]:
-    """The manifest of ``path`` if the file is complete (its size matches); no hashing."""
-    manifest = _parse_manifest(path)
-    if manifest is None:
-        raise SnapshotError(f"{path}: no manifest ({manifest_path(path)}); it was not completed")
-    try:
-        size = os.path.getsize(path)
-    except OSError as exc:
-        raise SnapshotError(f"{path}: cannot read the snapshot: {exc}") from exc
-    if size != manifest["size"]:
-        raise SnapshotError(
-            f"{path}: size {size} bytes differs from the manifest's {manifest['size']} "
-            "(truncated or partially written)"
-        )
-    return manifest
-
-
-def verify_snapshot(path: str) -> dict[str, Any]:
-    """Check ``path`` against its manifest and return the manifest.
-
-    Raises:
-        SnapshotError: the manifest is missing or unreadable (bad JSON, truncated, another
-            schema), or the file's size or SHA-256 differs from it (a torn, truncated or
-            modified file).
-    """
-    manifest = _complete_manifest(path)
-    if _file_digest(path)[1] != manifest["sha256"]:
-        raise SnapshotError(f"{path}: SHA-256 differs from the manifest (corrupt or modified)")
-    return manifest
-
-
-# Safe loading ---------------------------------------------------------------------------------
-# torch.load(weights_only=True) rebuilds tensors and plain containers only. The classes below
-# are allow-listed for the duration of a snapshot load (never globally): building each runs no
-# code from the file (numpy arrays and scalars, dates and times, paths). torch>=2.5 scopes an
-# allow-list (torch.serialization.safe_globals); with an older torch none is used, and the save
-# refuses such values instead (see _loadable_state).
-_SCOPED_ALLOWLIST = hasattr(torch.serialization, "safe_globals")
-
-#: defaultdict factories a snapshot may rebuild (calling them runs no code from the file).
-_FACTORIES: tuple[type, ...] = (
-    *(list, dict, set, frozenset, tuple, int, float, complex, str, bytes, bool),
-    *(OrderedDict, Counter),
-)
-
-
-def _rebuild_defaultdict(factory: Any, items: dict[Any, Any]) -> defaultdict[Any, Any]:
-    """Rebuilds a saved ``defaultdict`` (the safe loader cannot fill one item by item)."""
-    return defaultdict(factory, items)
-
-
-class _DefaultDictState(tuple):  # type: ignore[type-arg]
-    """``(default_factory, items)`` of a defaultdict, pickled as a call to
-    :func:`_rebuild_defaultdict`. A tuple, so that a background snapshot's host copy keeps it."""
-
-    __slots__ = ()
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return (_rebuild_defaultdict, (self[0], self[1]))
-
-
-def _numpy() -> Any:
-    """numpy if it is imported already (a state holding numpy values imported it), else None."""
-    return sys.modules.get("numpy")
-
-
-def _allowlist() -> list[Any]:
-    """What a snapshot load allow-lists beyond torch's defaults (see the comment above)."""
-    import datetime
-    import pathlib
-
-    allowed: list[Any] = [
-        datetime.datetime,
-        datetime.date,
-        datetime.time,
-        datetime.timedelta,
-        datetime.timezone,
-        pathlib.PurePosixPath,
-        pathlib.PureWindowsPath,
-        pathlib.PosixPath,
-        pathlib.WindowsPath,
-        _rebuild_defaultdict,
-        *_FACTORIES,
-    ]
-    try:
-        import numpy as np
-    except ImportError:
-        return allowed
-    core: Any = np._core if hasattr(np, "_core") else np.core  # numpy 2 / numpy 1
-    multiarray = core.multiarray
-    allowed += [multiarray._reconstruct, multiarray.scalar, np.ndarray, np.dtype]
-    # The dtype classes of every builtin dtype (numpy.dtypes.Float32DType, ...).
-    allowed += sorted({type(np.dtype(code)) for code in "?bBhHiIlLqQefdgFDGSUVOMm"}, key=str)
-    return allowed
-
-
-def _load_scope() -> contextlib.AbstractContextManager[Any]:
-    if not _SCOPED_ALLOWLIST:
-        return contextlib.nullcontext()
-    return torch.serialization.safe_globals(_allowlist())
-
-
-#: Globals torch's safe loader accepts by default or that this module allow-lists by name.
-_TORCH_SAFE_GLOBALS = frozenset(
-    {"collections.OrderedDict", "collections.Counter", "_codecs.encode", "builtins.set"}
-)
-
-
-def _allowed_name(name: str) -> bool:
-    if name.startswith("torch.") or name in _TORCH_SAFE_GLOBALS:
-        return True
-    if not _SCOPED_ALLOWLIST:
-        return False
-    return name in {f"{obj.__module__}.{obj.__qualname__}" for obj in _allowlist()}
-
-
-def _pickle_globals(stream: IO[bytes]) -> Iterator[str]:
-    """The globals (``module.name``) one pickle in ``stream`` refers to, read without loading.
-
-    Raises ValueError (or another error) when the bytes are not a well-formed pickle.
-    """
-    strings: list[str] = []
-    memo: dict[Any, str] = {}
-    for opcode, arg, _ in pickletools.genops(stream):
-        name = opcode.name
-        if name == "GLOBAL":
-            yield str(arg).replace(" ", ".")
-        elif name == "STACK_GLOBAL":
-            yield ".".join(strings[-2:])
-        elif "UNICODE" in name or "STRING" in name:
-            strings.append(arg.decode("latin-1") if isinstance(arg, bytes) else str(arg))
-        elif name == "MEMOIZE" and strings:
-            memo[len(memo)] = strings[-1]
-        elif name.endswith("GET") and arg in memo:
-            strings.append(memo[arg])
-
-
-def _refused_globals(data: bytes) -> list[str]:
-    """The globals outside the safe loader's allow-list that the pickle in ``data`` (a torch
-    archive, or a plain or legacy-torch pickle stream) would need to build its objects.
-
-    Empty when ``data`` is not a well-formed pickle at all (text, random bytes, a zip that is
-    not a torch archive): such a file is simply not a snapshot, whereas a well-formed pickle
-    naming, e.g., ``os.system`` is one that only arbitrary unpickling could load.
-    """
-    is_zip = data[:4] == b"PK\x03\x04"  # torch.save's format since torch 1.6
-    stream = io.BytesIO(data)
-    try:
-        if is_zip:
-            with zipfile.ZipFile(stream) as archive:
-                pickles = [n for n in archive.namelist() if n.endswith("/data.pkl")]
-                if not pickles:
-                    return []
-                names = list(_pickle_globals(io.BytesIO(archive.read(pickles[0]))))
-        else:
-            names = list(_pickle_globals(stream))  # the object, or legacy torch's magic number
-    except Exception:  # any failure to parse: not a well-formed pickle
-        return []
-    # The legacy torch format's later pickles (protocol, system info, the object), as far as
-    # they are whole: names from a pickle cut short do not count.
-    for _ in range(0 if is_zip else 3):
-        try:
-            names += list(_pickle_globals(stream))
-        except Exception:  # the end of the pickles, or a torn one
-            break
-    return sorted({name for name in names if not _allowed_name(name)})
-
-
-def load_snapshot(path: str, *, verify: bool = True) -> Any:
-    """Load a snapshot safely: verified, then ``torch.load(weights_only=True)``.
-
-    Nothing in the file is executed: a file that needs arbitrary unpickling is refused.
-    ``verify=False`` loads a file without a manifest (one written by PPE, for example).
-    Besides tensors and plain Python values, numpy arrays and scalars, ``datetime`` values,
-    ``pathlib`` paths and ``defaultdict`` s load: building them runs no code from the file.
-
-    Raises:
-        SnapshotError: verification failed, or the file is not a snapshot (text, random
-            bytes, a torn file, a zip that is not a torch archive).
-        UnsafeSnapshotError: the file holds objects only full unpickling could build.
-    """
-    if verify:
-        verify_snapshot(path)
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise SnapshotError(f"{path}: cannot read the snapshot: {exc}") from exc
-    try:
-        with _load_scope(), warnings.catch_warnings():
-            # A plain pickle (not a torch file) makes torch warn about its protocol; the file
-            # is then refused or skipped below, with a message of ours.
-            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
-            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as exc:  # each failure is classified below
-        refused = _refused_globals(data)
-        if refused:
-            raise UnsafeSnapshotError(
-                f"refusing to load snapshot {path}: it contains objects ({', '.join(refused)}) "
-                "that only arbitrary unpickling can build, which could run code from the "
-                "file. Snapshots written by ppe-core never need that. If you wrote and trust "
-                "this file, load it yourself with torch.load(path, weights_only=False) and pass "
-                "the result to load_state_dict."
-            ) from None
-        reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
-        raise SnapshotError(
-            f"{path}: not a readable snapshot (truncated, or not a file torch.save wrote): "
-            f"{type(exc).__name__}: {reason[:200]}"
-        ) from exc
-
-
-#: Leaf types torch's safe loader rebuilds by default.
-_PLAIN_TYPES: frozenset[type] = frozenset(
-    {type(None), bool, int, float, complex, str, bytes, bytearray, torch.Tensor}
-    | {torch.nn.Parameter, torch.Size, torch.dtype, torch.device, torch.layout}
-)
-
-
-def _known_loadable(value: Any) -> bool:
-    """Whether the safe loader rebuilds ``value`` (a leaf) under :func:`_load_scope`."""
-    if not _SCOPED_ALLOWLIST:
-        return False
-    import datetime
-    import pathlib
-
-    if type(value) in (datetime.date, datetime.timedelta, datetime.timezone):
-        return True
-    if type(value) in (datetime.datetime, datetime.time):
-        return value.tzinfo is None or type(value.tzinfo) is datetime.timezone
-    if type(value) in (
-        pathlib.PurePosixPath,
-        pathlib.PureWindowsPath,
-        pathlib.PosixPath,
-        pathlib.WindowsPath,
-    ):
-        return True
-    np = _numpy()
-    if np is None or not isinstance(value, np.generic):
-        return False
-    # A numpy scalar's type decides (a log may hold thousands): test-loaded once per type.
-    known = _NUMPY_SCALARS.get(type(value))
-    if known is None:
-        known = _NUMPY_SCALARS[type(value)] = _round_trips(value)
-    return known
-
-
-#: numpy scalar and dtype classes -> whether the safe loader rebuilds them (test-loaded once).
-_NUMPY_SCALARS: dict[type, bool] = {}
-
-
-def _round_trips(value: Any) -> bool:
-    """Whether ``value`` alone survives ``torch.save`` and the safe load (for leaves of other
-    types, e.g. classes the user allow-listed with ``torch.serialization.add_safe_globals``)."""
-    buffer = io.BytesIO()
-    try:
-        torch.save(value, buffer)
-        buffer.seek(0)
-        with _load_scope():
-            torch.load(buffer, weights_only=True)
-    except Exception:  # refused or unpicklable: either way it cannot round-trip
-        return False
-    return True
-
-
-def _loadable_state(state: Any, describe: Callable[[list[Any]], str]) -> Any:
-    """``state``, checked to load back through :func:`load_snapshot`, with each
-    ``defaultdict`` replaced by a form the safe loader rebuilds (containers on its path are
-    copied; the rest is shared).
-
-    Run when a snapshot is taken, so that a value the resume would refuse stops training at
-    once, naming where it is, instead of being found at the resume after a crash.
-
-    Raises:
-        SnapshotStateError: a value is of a type the safe loader cannot rebuild.
-    """
-
-    def refuse(value: Any, path: list[Any]) -> SnapshotStateError:
-        kind = type(value)
-        hint = (
-            f"Save its value ({kind.__name__}.{value.name}.value) and convert it back in "
-            "load_state_dict"
-            if isinstance(value, enum.Enum)
-            else "Save plain values (numbers, strings, lists, dicts, tensors, numpy arrays) and "
-            "convert them back in load_state_dict"
-        )
-        what = f"{kind.__module__}.{kind.__qualname__}"
-        if what == "numpy.ndarray":
-            what += f" of dtype {value.dtype}"
-        return SnapshotStateError(
-            f"snapshot not taken: {describe(path)} holds a {what}, which "
-            "torch.load(weights_only=True) cannot rebuild without "
-            f"running code from the file, so resuming from the snapshot would fail. {hint}, or "
-            f"allow-list the class with torch.serialization.add_safe_globals([{kind.__name__}])"
-            " in the training script (it must run before the resume too)."
-        )
-
-    def keys(path: tuple[Any, ...]) -> list[Any]:
-        """``(((), "a"), 0)`` -> ``["a", 0]``: paths are built only for the message."""
-        found = []
-        while path:
-            path, key = path
-            found.append(key)
-        return found[::-1]
-
-    def walk(value: Any, path: tuple[Any, ...]) -> Any:
-        kind = type(value)
-        if kind in _PLAIN_TYPES or isinstance(value, torch.Tensor):
-            return value
-        if kind in (dict, OrderedDict, Counter):
-            changed: dict[Any, Any] = {}
-            for key, item in value.items():
-                if type(key) not in _PLAIN_TYPES:
-                    walk(key, (path, key))
-                new = walk(item, (path, key))
-                if new is not item:
-                    changed[key] = new
-            if not changed:
-                return value
-            copied: Any = kind({key: changed.get(key, item) for key, item in value.items()})
-            if hasattr(value, "_metadata"):  # a module state_dict's, read by load_state_dict
-                copied._metadata = value._metadata
-            return copied
-        if kind is defaultdict:
-            factory = value.default_factory
-            if factory is not None and factory not in _FACTORIES and not _round_trips(factory):
-                raise refuse(factory, keys((path, "default_factory")))
-            if not _SCOPED_ALLOWLIST:
-                raise refuse(value, keys(path))
-            return _DefaultDictState((factory, walk(dict(value), path)))
-        if kind in (list, tuple):
-            items = [walk(item, (path, i)) for i, item in enumerate(value)]
-            if all(new is old for new, old in zip(items, value, strict=True)):
-                return value
-            return kind(items)
-        if kind is set or (kind is frozenset and _SCOPED_ALLOWLIST):
-            for item in value:
-                walk(item, (path, "<set item>"))
-            return value
-        np = _numpy()
-        if np is not None and kind is np.ndarray and _SCOPED_ALLOWLIST:
-            dtype_class = type(value.dtype)
-            if dtype_class not in _NUMPY_SCALARS:  # test-loaded once per dtype class
-                _NUMPY_SCALARS[dtype_class] = _round_trips(np.empty(0, dtype=value.dtype))
-            if not _NUMPY_SCALARS[dtype_class]:
-                raise refuse(value, keys(path))
-            if value.dtype.hasobject:
-                for i, item in enumerate(value.flat):
-                    walk(item, (path, f"<array item {i}>"))
-            return value
-        if _known_loadable(value) or _round_trips(value):
-            return value
-        raise refuse(value, keys(path))
-
-    return walk(state, ())
+    return _file_digest(path)
 
 
 def _describe_path(of_manager: bool, path: list[Any]) -> str:
@@ -683,90 +181,6 @@ def _describe_path(of_manager: bool, path: list[Any]) -> str:
         where = "".join(f"[{key!r}]" for key in rest) or "its root"
         return f"the state of extension {path[1]!r} (at {where}; in the snapshot: {keys})"
     return f"the snapshot's state (at {keys})"
-
-
-def _name_iteration(template: str) -> Callable[[str], int | None]:
-    """Reads the iteration from a file name (relative to the output directory) made from the
-    ``template``, e.g. 30 from ``snapshot_iter_30``; None if the name does not tell."""
-    parts = re.split(r"(\{[^{}]*\})", template)
-    regex, found = "", False
-    for i, part in enumerate(parts):
-        if i % 2 == 0:
-            regex += re.escape(part.replace("{{", "{").replace("}}", "}"))
-        elif not found and re.fullmatch(r"\{\.iteration(?:![rsa])?(?::[^{}]*)?\}", part):
-            regex, found = regex + r"(?P<iteration>\d+)", True
-        else:
-            regex += ".*?"
-    pattern = re.compile(regex)
-
-    def iteration(name: str) -> int | None:
-        match = pattern.fullmatch(name) if found else None
-        return None if match is None else int(match["iteration"])
-
-    return iteration
-
-
-def _glob_pattern(filename: str) -> str:
-    """``"snapshot_iter_{.iteration}"`` -> ``"snapshot_iter_*"`` for finding old snapshots."""
-    return re.sub(r"\{[^{}]*\}", "*", glob.escape(filename).replace("[{]", "{").replace("[}]", "}"))
-
-
-def _dist() -> Any:
-    import torch.distributed as dist
-
-    return dist if dist.is_available() and dist.is_initialized() else None
-
-
-def _rank() -> int:
-    dist = _dist()
-    return int(dist.get_rank()) if dist is not None else 0
-
-
-def _world_size() -> int:
-    dist = _dist()
-    return int(dist.get_world_size()) if dist is not None else 1
-
-
-class _Candidate:
-    """A file that may be a snapshot: its path, manifest, iteration and why it cannot be used.
-
-    ``problem`` is set when the file must be skipped whatever its contents (an unreadable
-    manifest, a symbolic link out of the output directory); ``iteration`` (from the manifest,
-    else the name) orders candidates, never the manifest's clock time, which a wrong clock or
-    a copied file makes meaningless; the file's modification time only breaks ties.
-    """
-
-    __slots__ = ("iteration", "manifest", "mtime", "path", "problem")
-
-    def __init__(self, path: str, out_dir: str, name_iteration: Callable[[str], int | None]):
-        self.path = path
-        self.manifest: dict[str, Any] | None = None
-        self.problem: str | None = None
-        try:
-            self.mtime = os.path.getmtime(path)
-        except OSError:
-            self.mtime = 0.0
-        real, real_out = os.path.realpath(path), os.path.realpath(out_dir)
-        try:
-            inside = os.path.commonpath([real, real_out]) == real_out
-        except ValueError:  # another drive
-            inside = False
-        if not inside:
-            # Loading it would resume from a file the run never wrote (another run's, or one
-            # planted through the link); it must be copied in to be used.
-            self.problem = (
-                f"{path} is a symbolic link to {real} (or lies under one), outside the output "
-                f"directory {real_out}; copy the file into the directory to resume from it"
-            )
-        else:
-            try:
-                self.manifest = _parse_manifest(path)
-            except SnapshotError as exc:
-                self.problem = str(exc)
-        relative = os.path.relpath(path, out_dir)
-        self.iteration = (
-            self.manifest["iteration"] if self.manifest is not None else name_iteration(relative)
-        )
 
 
 class _Snapshot(Extension):
@@ -815,7 +229,8 @@ class _Snapshot(Extension):
         self._target = target
         self.condition = condition
         self.writer = writer
-        self.filename = filename
+        # The files this snapshot writes: autoload's choice and n_retains (its filename).
+        self._series = SnapshotSeries(filename)
         self._snapshot_on_error = snapshot_on_error
         self.n_retains = n_retains
         self.autoload = autoload
@@ -823,13 +238,8 @@ class _Snapshot(Extension):
         self._savefun = savefun or torch.save
         # What a writer's __call__ receives as savefun, as in PPE (None: the writer's default).
         self._given_savefun = savefun
-        self._written: list[str] = []  # paths written, for n_retains with a callable filename
-        # Files without a manifest that n_retains looked into: path -> ((mtime, size), what
-        # _orphan found), so each is loaded once, not at every snapshot.
-        self._orphans: dict[str, tuple[tuple[float, int], tuple[int, float, str] | None]] = {}
-        # With a background writer: the save in flight (at most one) and its failure, if any.
-        self._in_flight: threading.Thread | None = None
-        self._background_error: BaseException | None = None
+        # With a background writer: the outcome of the save in flight (at most one).
+        self._in_flight: Future[None] | None = None
         # The large host buffers of the last background snapshot, refilled by the next one.
         self._host_buffers: dict[_BufferKey, list[torch.Tensor]] = {}
         #: The path of the snapshot autoload restored, or None.
@@ -845,6 +255,15 @@ class _Snapshot(Extension):
 
     #: The mode named in :attr:`collectives` (subclasses: DISTRIBUTED, SHARDED).
     _mode = "DEFAULT"
+
+    @property
+    def filename(self) -> str | Callable[[Any], str]:
+        """The filename template (or callable) naming each snapshot."""
+        return self._series.filename
+
+    @filename.setter
+    def filename(self, value: str | Callable[[Any], str]) -> None:
+        self._series.filename = value
 
     @property
     def collectives(self) -> str | None:
@@ -879,7 +298,7 @@ class _Snapshot(Extension):
         if self._target is None and isinstance(state, dict):
             # The world size, and every rank's resume data when gathered (__call__).
             internal = state.setdefault(PPE_CORE_STATE_KEY, {})
-            record_ranks(internal, _world_size(), self._rank_states)
+            record_ranks(internal, group_world()[0], self._rank_states)
         # Checked when taken, so that "saved fine, refused at resume" cannot happen.
         return _loadable_state(state, functools.partial(_describe_path, self._target is None))
 
@@ -893,9 +312,8 @@ class _Snapshot(Extension):
 
     def _is_saver(self) -> bool:
         """Whether this process writes: all alone, or ``saver_rank`` (default 0) of a group."""
-        if _world_size() < 2:
-            return True
-        return _rank() == self._saver()
+        world, rank = group_world()
+        return world < 2 or rank == self._saver()
 
     def _saver(self) -> int:
         return 0 if self._saver_rank is None else self._saver_rank
@@ -906,7 +324,7 @@ class _Snapshot(Extension):
         Otherwise (some ranks lack it) it must not, or the ranks having it would wait forever;
         :meth:`_disagree` then warns (DEFAULT mode) or raises (the modes that need every rank).
         """
-        if _world_size() < 2 or self.collectives is None:
+        if group_world()[0] < 2 or self.collectives is None:
             return False
         if self._lacking == ():
             return True
@@ -914,10 +332,10 @@ class _Snapshot(Extension):
         return False
 
     def _ranks_message(self, lacking: tuple[int, ...] | None) -> str:
-        world = _world_size()
+        world, rank = group_world()
         if lacking is None:
             where = (
-                f"was registered after the manager of rank {_rank()} started, so the "
+                f"was registered after the manager of rank {rank} started, so the "
                 f"{world} ranks could not agree on it"
             )
         else:
@@ -942,12 +360,11 @@ class _Snapshot(Extension):
 
     def _gather_rank_states(self, manager: Any) -> list[Any] | None:
         """Every rank's resume data on the saver (None elsewhere): one ``gather_object``."""
-        import torch.distributed as dist
-
         resume_state_dict = getattr(manager, "resume_state_dict", None)
         own = resume_state_dict() if callable(resume_state_dict) else {}
         saver = self._saver()
-        gathered: list[Any] | None = [None] * _world_size() if _rank() == saver else None
+        world, rank = group_world()
+        gathered: list[Any] | None = [None] * world if rank == saver else None
         with object_device(self._device):
             dist.gather_object(own, gathered, dst=saver)
         return gathered
@@ -959,8 +376,8 @@ class _Snapshot(Extension):
         ``out_dir``, a node without the shared filesystem) would silently start afresh while
         the others resume: the ranks would train different models.
         """
-        dist = _dist()
-        if dist is None or _world_size() < 2:
+        world = group_world()[0]
+        if world < 2:
             return
         if not self._collective:
             if path is not None:
@@ -979,7 +396,7 @@ class _Snapshot(Extension):
             except (OSError, ValueError, AttributeError):
                 digest = None
             mine = (os.path.relpath(path, out_dir), digest)
-        everyone: list[Any] = [None] * _world_size()
+        everyone: list[Any] = [None] * world
         with object_device(self._device):
             dist.all_gather_object(everyone, mine)
         if any(other != mine for other in everyone):
@@ -1047,87 +464,9 @@ class _Snapshot(Extension):
         if self.writer is not None and self.writer is not getattr(manager, "writer", None):
             self.writer.initialize(manager.out)
 
-    def _files(self, out_dir: str) -> list[str]:
-        """Files in ``out_dir`` matching the filename template (not manifests or temp files)."""
-        if not isinstance(self.filename, str):
-            return [path for path in self._written if os.path.exists(path)]
-        return [
-            path
-            for path in glob.glob(os.path.join(out_dir, _glob_pattern(self.filename)))
-            if not path.endswith(MANIFEST_SUFFIX)
-            and not os.path.basename(path).startswith(".")
-            and os.path.isfile(path)
-        ]
-
     def _newest_valid(self, out_dir: str) -> tuple[str | None, Any]:
-        """The newest snapshot (by iteration) that verifies, or, without a manifest, that loads.
-
-        Snapshots with a manifest are verified against it; files without one (written by
-        PPE, or by a run killed between the two writes, whose data file is complete because
-        writers rename it into place) are loaded as they are. A file with an unreadable
-        manifest, one that is not a snapshot (text, random bytes, not a dict) and a symbolic
-        link out of ``out_dir`` are skipped with a :class:`SnapshotVerificationWarning`,
-        falling back to the next newest. A file that only arbitrary unpickling could load
-        raises :class:`UnsafeSnapshotError`.
-        """
-        name_iteration = _name_iteration(self.filename) if isinstance(self.filename, str) else None
-        candidates = [
-            _Candidate(path, out_dir, name_iteration or (lambda name: None))
-            for path in self._files(out_dir)
-        ]
-        unordered = [c for c in candidates if c.iteration is None and c.problem is None]
-        for candidate in unordered:
-            # Neither a manifest nor the name tells the iteration: the state does.
-            try:
-                state = self._load_unverified(candidate.path)
-            except UnsafeSnapshotError:
-                raise
-            except SnapshotError as exc:
-                # Not a snapshot (text, random bytes): said now, as it has no place in line.
-                warnings.warn(SnapshotVerificationWarning(f"skipping: {exc}"), stacklevel=4)
-                candidates.remove(candidate)
-                continue
-            start = state.get("_start_iteration") if isinstance(state, Mapping) else None
-            candidate.iteration = start if _is_int(start) else -1
-        candidates.sort(
-            key=lambda c: (-1 if c.iteration is None else c.iteration, c.mtime), reverse=True
-        )
-        for candidate in candidates:
-            path = candidate.path
-            try:
-                if candidate.problem is not None:
-                    raise SnapshotError(candidate.problem)
-                if candidate.manifest is not None:
-                    verify_snapshot(path)
-                    state = load_snapshot(path, verify=False)
-                else:
-                    state = self._load_unverified(path)
-                if not isinstance(state, Mapping):
-                    raise SnapshotError(
-                        f"{path} holds a {type(state).__name__}, not a snapshot's state dict"
-                    )
-            except UnsafeSnapshotError:
-                raise
-            except SnapshotError as exc:
-                warnings.warn(
-                    SnapshotVerificationWarning(f"skipping snapshot: {exc}"), stacklevel=4
-                )
-                continue
-            if candidate.manifest is None:
-                _log.info("loaded %s without a manifest (not written by ppe-core)", path)
-            return path, state
-        return None, None
-
-    @staticmethod
-    def _load_unverified(path: str) -> Any:
-        try:
-            return load_snapshot(path, verify=False)
-        except UnsafeSnapshotError:
-            raise
-        except SnapshotError as exc:
-            detail = str(exc).removeprefix(f"{path}: ")
-            message = f"{path}: unreadable snapshot without a manifest: {detail}"
-            raise SnapshotError(message) from exc
+        """The newest valid snapshot of this series and its state (see ``SnapshotSeries``)."""
+        return self._series.newest_valid(out_dir)
 
     # Saving -----------------------------------------------------------------------------------
     def __call__(self, manager: Any) -> None:
@@ -1184,50 +523,38 @@ class _Snapshot(Extension):
         a background writer's save is done in this thread, from the state itself;
         ``on_error``: an error snapshot (see :meth:`on_error`)."""
         writer = self._writer(manager)
-        iteration = int(manager.iteration)
-        out_dir, files_dir = manager.out, self._out_dir(manager)
-        background = _writes_in_background(writer)
-        by_path = self._path_writer(writer, background)
-        save: Callable[..., None] = writer.__call__
+        background = writer.in_background
+        commit = functools.partial(
+            self._commit,
+            writer,
+            filename,
+            manager.out,
+            self._out_dir(manager),
+            iteration=int(manager.iteration),
+            by_path=self._path_writer(writer, background),
+            on_error=on_error,
+        )
         if background:
-            # A background writer's __call__ would save later, in its worker: the snapshot
-            # calls its save() itself, in this thread (final) or in one thread of the snapshot's.
-            def save(name: str, directory: str, data: Any, *, savefun: Any) -> None:
-                writer.save(name, directory, data, savefun or self._savefun, False)
-
             # The previous snapshot's files come first (n_retains), and its host buffers are free.
             self._wait_in_flight()
         if not background or final:
-            state = self._state(manager)
-            self._commit(
-                save, filename, out_dir, files_dir, state, iteration, by_path, on_error, writer
-            )
+            commit(self._state(manager))
             return
-        # Training pauses only to copy the state to host memory; the serialization, the hash
-        # and both files are done by the snapshot's thread (data file first, then its manifest,
-        # so a crash never leaves a manifest without data). Buffers are not reused when a
-        # custom savefun, which might keep what it was given, serializes.
+        # Training pauses only to copy the state to host memory; the writer's worker serializes,
+        # hashes and writes both files (data file first, then its manifest, so a crash never
+        # leaves a manifest without data). Buffers are not reused when a custom savefun, which
+        # might keep what it was given, serializes.
         reuse = self._host_buffers if self._savefun is torch.save else None
-        state = _host_copy(self._state(manager), reuse)
-
-        def run() -> None:
-            try:
-                self._commit(
-                    save, filename, out_dir, files_dir, state, iteration, by_path, writer=writer
-                )
-            except BaseException as exc:  # reported by the next snapshot or at finalize
-                self._background_error = exc
-
-        thread = threading.Thread(target=run, name=f"ppe_core snapshot {filename}", daemon=False)
-        self._in_flight = thread
-        thread.start()
+        self._in_flight = writer.submit(
+            functools.partial(commit, _host_copy(self._state(manager), reuse))
+        )
 
     def _path_writer(self, writer: Writer, background: bool) -> Writer | None:
         """``writer`` when the snapshot can be ``torch.save``-d straight to its temporary file.
 
         That is when the serializer is torch.save, the files are local, and the writer saves
         the standard way: ppe-core's background writers (whose :meth:`Writer.save` the
-        snapshot's thread calls) or a plain :class:`SimpleWriter`. Otherwise None: the writer
+        snapshot's job calls in their worker) or a plain :class:`SimpleWriter`. Otherwise None: the writer
         is called with the state and ``savefun``, as in PPE (see :meth:`_commit`).
         """
         if self._savefun is not torch.save or not isinstance(writer, Writer):
@@ -1240,13 +567,12 @@ class _Snapshot(Extension):
 
     def _wait_in_flight(self, raise_error: bool = True) -> None:
         """Waits for the background save in flight; re-raises its failure (as SnapshotError)."""
-        thread, self._in_flight = self._in_flight, None
-        if thread is not None:
-            thread.join()
-        error, self._background_error = self._background_error, None
-        if error is not None:
-            self._host_buffers.clear()  # the error's traceback may still reach the last copy
-        if error is not None and raise_error:
+        future, self._in_flight = self._in_flight, None
+        error = None if future is None else future.exception()
+        if error is None:
+            return
+        self._host_buffers.clear()  # the error's traceback may still reach the last copy
+        if raise_error:
             raise SnapshotError(
                 f"a background snapshot save failed: {type(error).__name__}: {error}. The "
                 "previous complete snapshots are untouched; check the disk and the writer."
@@ -1254,119 +580,49 @@ class _Snapshot(Extension):
 
     def _commit(
         self,
-        save: Callable[..., None],
+        writer: Writer,
         filename: str,
         out_dir: str,
         files_dir: str,
         state: Any,
+        *,
         iteration: int,
-        by_path: Writer | None = None,
-        on_error: bool = False,
-        writer: Any = None,
+        by_path: Writer | None,
+        on_error: bool,
     ) -> None:
         """Serializes ``state``, writes it and its manifest, and applies ``n_retains``.
 
         With ``by_path`` (see :meth:`_path_writer`) torch.save writes the temporary file itself;
-        otherwise the writer is called as PPE calls it, with the state and the custom
-        ``savefun`` (which the standard writers call with the open temporary file, renamed
-        into place after; a custom writer may pass it the final path), and the file is read
-        back for the manifest's hash. A file the writer did not put at ``files_dir/filename``
-        (yet) gets no manifest. An error
-        snapshot (``on_error``) is marked so in its manifest and is not a periodic snapshot:
-        ``n_retains`` neither counts it nor runs after it.
+        otherwise the file is saved as PPE saves it, with the state and the custom ``savefun``
+        (which the standard writers call with the open temporary file, renamed into place
+        after; a custom writer may pass it the final path), and read back for the manifest's
+        hash. A background writer saves in the calling thread (its worker, or this thread for
+        the final snapshot). A file the writer did not put at ``files_dir/filename`` (yet) gets
+        no manifest. An error snapshot (``on_error``) is marked so in its manifest and is not a
+        periodic snapshot: ``n_retains`` neither counts it nor runs after it.
         """
+
+        def save(name: str, data: Any, savefun: Any) -> None:
+            if writer.in_background:  # its __call__ would save later, in another worker
+                writer.save(name, out_dir, data, savefun or self._savefun, False)
+            else:
+                writer(name, out_dir, data, savefun=savefun)
+
         # The hash that makes the snapshot verifiable is computed from exactly what is written.
         if by_path is not None:
             size, sha256 = by_path.save_via_path(
                 filename, out_dir, lambda tmp: _save_and_hash(state, tmp)
             )
         else:
-            save(filename, out_dir, state, savefun=self._given_savefun)
+            save(filename, state, self._given_savefun)
             written = _written_digest(writer, os.path.join(files_dir, filename))
             if written is None:
                 return
             size, sha256 = written
-        manifest = {
-            "format": _FORMAT,
-            "version": 1,
-            "sha256": sha256,
-            "size": size,
-            "iteration": iteration,
-            "created": time.time(),
-        }
-        if on_error:
-            manifest["on_error"] = True
-        manifest_bytes = json.dumps(manifest, indent=1).encode()
-        save(manifest_path(filename), out_dir, manifest_bytes, savefun=_write_bytes)
-        if on_error:
-            return
-        path = os.path.join(files_dir, filename)
-        if path in self._written:
-            self._written.remove(path)
-        self._written.append(path)
-        if self.n_retains > 0:
-            self._remove_old(files_dir, keep=path)
-
-    def _remove_old(self, out_dir: str, keep: str) -> None:
-        """Delete all but the newest ``n_retains`` complete snapshots (never an incomplete one).
-
-        Complete snapshots are those with a complete manifest, and ppe-core's own data files
-        whose manifest a kill prevented (see :meth:`_orphan`). Other files stay: those with
-        a manifest they do not match (a background save may still be writing them) and those
-        ppe-core did not write (PPE's snapshots).
-        """
-        complete = []
-        for path in self._files(out_dir):
-            try:
-                manifest = _complete_manifest(path)
-            except SnapshotError:
-                orphan = self._orphan(path)
-                if orphan is not None:
-                    complete.append(orphan)
-                continue
-            complete.append((int(manifest.get("iteration", -1)), float(manifest["created"]), path))
-        complete.sort(reverse=True)
-        for _, _, path in complete[self.n_retains :]:
-            if os.path.abspath(path) == os.path.abspath(keep):
-                continue
-            for victim in (path, manifest_path(path), path + MANIFEST_SUFFIX):
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(victim)
-            with contextlib.suppress(ValueError):
-                self._written.remove(path)
-            self._orphans.pop(path, None)
-
-    def _orphan(self, path: str) -> tuple[int, float, str] | None:
-        """``(iteration, mtime, path)`` if ``path`` is a snapshot ppe-core wrote whose manifest
-        a kill prevented; None otherwise.
-
-        Writers rename a data file into place complete, so such a file is a whole snapshot.
-        It is told from PPE's by ppe-core's resume data (``_ppe_core``, a key PPE never
-        writes) inside: finding that costs a load (memory-mapped), done once per file and
-        only for files without any manifest. A file with a manifest it does not match is not
-        an orphan: it may be being written.
-        """
-        if any(os.path.exists(m) for m in (manifest_path(path), path + MANIFEST_SUFFIX)):
-            return None
-        try:
-            stat = os.stat(path)
-        except OSError:
-            return None
-        key = (stat.st_mtime, stat.st_size)
-        cached = self._orphans.get(path)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        found: tuple[int, float, str] | None = None
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except Exception:  # unreadable, or not ours: it stays, as PPE's files do
-            state = None
-        if isinstance(state, dict) and "_ppe_core" in state:
-            iteration = state.get("_start_iteration")
-            found = (iteration if isinstance(iteration, int) else -1, stat.st_mtime, path)
-        del state
-        self._orphans[path] = (key, found)
-        return found
+        manifest = manifest_bytes(size, sha256, iteration, on_error)
+        save(manifest_path(filename), manifest, _write_bytes)
+        if not on_error:
+            self._series.added(files_dir, os.path.join(files_dir, filename), self.n_retains)
 
 
 class _DistributedSnapshot(_Snapshot):
@@ -1379,13 +635,12 @@ class _DistributedSnapshot(_Snapshot):
 
     def __init__(self, saver_rank: int = 0, **kwargs: Any) -> None:
         super().__init__(saver_rank=saver_rank, **kwargs)
-        dist = _dist()
-        if dist is None:
+        if not is_distributed():
             raise SnapshotError(
                 "snapshot_mode=SnapshotMode.DISTRIBUTED needs torch.distributed to be "
                 "initialized (init_process_group) before the snapshot is created"
             )
-        size = _world_size()
+        size = group_world()[0]
         if not 0 <= saver_rank < size:
             raise ConfigurationError(
                 f"saver_rank must be in [0, {size}) for a world of {size} processes, got "
@@ -1397,8 +652,7 @@ class _DistributedSnapshot(_Snapshot):
 
     def __call__(self, manager: Any) -> None:
         super().__call__(manager)
-        dist = _dist()
-        if dist is not None and self._collective:
+        if self._collective:
             dist.barrier()  # PPE's DISTRIBUTED mode: no rank goes on before the saver wrote
 
 
@@ -1427,13 +681,13 @@ class _ShardedSnapshot(_Snapshot):
         saver_rank: int = 0,
         **kwargs: Any,
     ) -> None:
-        if _dist() is None:
+        if not is_distributed():
             raise SnapshotError(
                 "snapshot_mode=SnapshotMode.SHARDED needs torch.distributed to be initialized "
                 "(init_process_group) before the snapshot is created"
             )
         self._snapshot_dir = filename
-        super().__init__(filename=os.path.join(filename, str(_rank())), **kwargs)
+        super().__init__(filename=os.path.join(filename, str(group_world()[1])), **kwargs)
         self._sharded_saver = saver_rank
 
     def _is_saver(self) -> bool:
@@ -1451,10 +705,9 @@ class _ShardedSnapshot(_Snapshot):
     def _save(self, manager: Any, final: bool = False) -> None:
         super()._save(manager, final)
         self._wait_in_flight()  # every rank's part is on disk before the directory is complete
-        dist = _dist()
-        if dist is not None and self._collective:
+        if self._collective:
             dist.barrier()
-        if _rank() == self._sharded_saver:
+        if group_world()[1] == self._sharded_saver:
             directory = self._snapshot_dir.format(manager)
             self._writer(manager)(
                 os.path.join(directory, "complete"), manager.out, b"", savefun=_write_bytes
@@ -1463,9 +716,8 @@ class _ShardedSnapshot(_Snapshot):
     def _newest_valid(self, out_dir: str) -> tuple[str | None, Any]:
         path, state = super()._newest_valid(out_dir)
         chosen = None if path is None else os.path.dirname(os.path.relpath(path, out_dir))
-        dist = _dist()
-        if dist is not None and self._collective:
-            everyone: list[Any] = [None] * _world_size()
+        if self._collective:
+            everyone: list[Any] = [None] * group_world()[0]
             with object_device(self._device):
                 dist.all_gather_object(everyone, chosen)
             if any(other != chosen for other in everyone):
@@ -1500,8 +752,8 @@ def snapshot(
 
     With a background writer (``ThreadWriter``, ``ProcessWriter``, the queue writers) training
     pauses only to copy the state to host memory, into buffers kept from one snapshot to the
-    next (one host copy of the state stays allocated); the file is written by a thread of the
-    snapshot's. With the default ``torch.save`` and local files, torch writes the file itself
+    next (one host copy of the state stays allocated); the file is written by the writer's
+    worker (:meth:`Writer.submit`). With the default ``torch.save`` and local files, torch writes the file itself
     (without holding the GIL) and the SHA-256 is read back from it. Otherwise the writer is
     called as PPE calls it, ``writer(filename, out_dir, state, savefun=savefun)``: the
     standard writers call ``savefun(state, file)`` with the open temporary file (written

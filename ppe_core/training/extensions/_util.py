@@ -2,29 +2,21 @@
 
 from __future__ import annotations
 
-import importlib
-import json
 import sys
 from collections.abc import Callable, Iterable
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from ppe_core.errors import ArgumentTypeError, DistributedNotInitializedError, PPEError
-from ppe_core.training.triggers import Trigger, next_due
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
 
 __all__ = [
-    "LOG_FORMATS",
-    "DueCheck",
-    "EveryIteration",
-    "LogSaver",
     "OptionalDependencyError",
     "SaveFun",
     "WriterLike",
     "dist_gather",
     "in_notebook",
-    "is_output_rank",
     "is_terminal",
     "key_tuple",
     "missing_extra_error",
@@ -35,47 +27,9 @@ __all__ = [
 #: ``savefun(target, file_object)``: what writers call to serialize a target.
 SaveFun = Callable[[Any, IO[bytes]], object]
 
-#: The accepted values of ``LogReport(format=...)`` (and ProfileReport's).
-LOG_FORMATS = ("json", "json-lines", "yaml")
-
-
-def is_output_rank() -> bool:
-    """Whether this process prints and writes files: rank 0, or any process when not distributed.
-
-    Called when an extension starts or writes (never per step). Reads ``sys.modules`` first: a
-    process that never imported ``torch.distributed`` has no process group, and checking costs no
-    import.
-    """
-    dist: Any = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return True
-    return int(dist.get_rank()) == 0
-
 
 class OptionalDependencyError(PPEError, ImportError):
     """A feature needs a package that is not installed; the message says what to install."""
-
-
-class EveryIteration(Trigger):
-    """Fires after every iteration, and says so through ``next_check``.
-
-    Cheaper than ``IntervalTrigger(1, 'iteration')`` for extensions that must see every
-    observation: the manager's check is a constant ``True``.
-    """
-
-    fires_every_iteration = True
-
-    def __call__(self, manager: ManagerView) -> bool:
-        return True
-
-    def next_check(self, iteration: int, iters_per_epoch: int) -> int:
-        return iteration + 1
-
-    def may_fire(self, iteration: int, epoch_length: int) -> bool:
-        return True
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
 
 
 def is_terminal(out: IO[Any]) -> bool:
@@ -123,45 +77,6 @@ def key_tuple(keys: object, owner: str, argument: str) -> tuple[str, ...]:
     return result
 
 
-class DueCheck:
-    """Consults a trigger only at the iterations its ``next_check`` announces.
-
-    For extensions that run every iteration (to accumulate values) but act on an inner
-    trigger: the trigger sees the same calls it would get from the manager, scheduled by
-    :func:`~ppe_core.training.triggers.next_due` as the manager schedules its own.
-
-    Args:
-        trigger: The inner trigger.
-    """
-
-    def __init__(self, trigger: Trigger) -> None:
-        self.trigger = trigger
-        self._due = -1
-        self._last = -1
-
-    def __call__(self, manager: ManagerView) -> bool:
-        """Returns whether the trigger fires at ``manager.iteration``."""
-        iteration = manager.iteration
-        if iteration <= self._last:  # the iteration was reset (e.g. a loaded state)
-            self._due = -1
-        self._last = iteration
-        if iteration < self._due:
-            return False
-        trigger = self.trigger
-        if self._due < 0:
-            self._due = next_due(trigger, iteration - 1, manager.iters_per_epoch)
-            if iteration < self._due:
-                return False
-        fired = bool(trigger(manager))
-        self._due = next_due(trigger, iteration, manager.iters_per_epoch)
-        return fired
-
-    def reset(self) -> None:
-        """Forgets the schedule: the next call asks ``next_check`` again (after a load)."""
-        self._due = -1
-        self._last = -1
-
-
 class WriterLike(Protocol):
     """A ``ppe_core.writing`` writer, as the extensions call it."""
 
@@ -206,28 +121,6 @@ def write_file(
 
         chosen = SimpleWriter()
     chosen(filename, manager.out, target, savefun=savefun, append=append)
-
-
-class LogSaver:
-    """The ``savefun`` for a list of log entries in one of :data:`LOG_FORMATS`.
-
-    A module-level class so process-based writers can pickle it. ``'json'`` writes one JSON
-    list; ``'json-lines'`` one object per line (appends stay valid); ``'yaml'`` a sequence
-    (needs PyYAML; appended chunks concatenate into one longer sequence).
-    """
-
-    def __init__(self, fmt: str) -> None:
-        self.fmt = fmt
-
-    def __call__(self, target: list[dict[str, Any]], file_obj: IO[bytes]) -> None:
-        if self.fmt == "json":
-            text = json.dumps(target, indent=4)
-        elif self.fmt == "json-lines":
-            text = "".join(json.dumps(entry) + "\n" for entry in target)
-        else:
-            yaml: Any = importlib.import_module("yaml")
-            text = yaml.safe_dump(target) if target else ""
-        file_obj.write(text.encode("utf-8"))
 
 
 def require_distributed(owner: str) -> None:

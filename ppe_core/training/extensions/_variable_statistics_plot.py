@@ -14,13 +14,9 @@ import torch
 
 from ppe_core.errors import ConfigurationError
 from ppe_core.training._extension import Extension
-from ppe_core.training.extensions._util import (
-    DueCheck,
-    WriterLike,
-    missing_extra_error,
-    write_file,
-)
+from ppe_core.training.extensions._util import WriterLike, missing_extra_error, write_file
 from ppe_core.training.triggers import TriggerLike, get_trigger
+from ppe_core.training.triggers._due import DueCheck
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView

@@ -1,0 +1,78 @@
+"""Schedules for extensions that run every iteration but act on an inner trigger."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ppe_core.training.triggers._base import Trigger, next_due
+
+if TYPE_CHECKING:
+    from ppe_core.training._protocols import ManagerView
+
+__all__ = ["DueCheck", "EveryIteration"]
+
+
+class EveryIteration(Trigger):
+    """Fires after every iteration, and says so through ``next_check``.
+
+    Cheaper than ``IntervalTrigger(1, 'iteration')`` for extensions that must see every
+    observation: the manager's check is a constant ``True``.
+    """
+
+    fires_every_iteration = True
+
+    def __call__(self, manager: ManagerView) -> bool:
+        return True
+
+    def next_check(self, iteration: int, iters_per_epoch: int) -> int:
+        return iteration + 1
+
+    def may_fire(self, iteration: int, epoch_length: int) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class DueCheck:
+    """Consults a trigger only at the iterations its ``next_check`` announces.
+
+    For extensions that run every iteration (to accumulate values) but act on an inner
+    trigger: the trigger sees the same calls it would get from the manager, scheduled by
+    :func:`~ppe_core.training.triggers.next_due` as the manager schedules its own.
+
+    Args:
+        trigger: The inner trigger.
+
+    Attributes:
+        due: The first iteration at which the trigger must be consulted (-1: not known yet).
+            An extension on the per-step path may compare ``manager.iteration`` with it
+            before calling, to save the call on the other iterations.
+    """
+
+    def __init__(self, trigger: Trigger) -> None:
+        self.trigger = trigger
+        self.due = -1
+        self._last = -1
+
+    def __call__(self, manager: ManagerView) -> bool:
+        """Returns whether the trigger fires at ``manager.iteration``."""
+        iteration = manager.iteration
+        if iteration <= self._last:  # the iteration was reset (e.g. a loaded state)
+            self.due = -1
+        self._last = iteration
+        if iteration < self.due:
+            return False
+        trigger = self.trigger
+        if self.due < 0:
+            self.due = next_due(trigger, iteration - 1, manager.iters_per_epoch)
+            if iteration < self.due:
+                return False
+        fired = bool(trigger(manager))
+        self.due = next_due(trigger, iteration, manager.iters_per_epoch)
+        return fired
+
+    def reset(self) -> None:
+        """Forgets the schedule: the next call asks ``next_check`` again (after a load)."""
+        self.due = -1
+        self._last = -1
