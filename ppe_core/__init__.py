@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ppe_core import _not_provided
 from ppe_core._version import __version__
 from ppe_core.hookspecs import hookimpl, hookspec
+from ppe_core.runtime import _registry as _runtime_registry
 from ppe_core.runtime import to
 
 if TYPE_CHECKING:
@@ -95,6 +96,18 @@ __all__ = [
 
 # ``import ppe_core.cuda`` and other PPE modules ppe-core leaves out raise a clear error.
 _not_provided.install_finder()
+
+
+def _plugin_host_runtimes() -> Any:
+    # The face composes the layers: the runtime contract resolves with the plugin host's
+    # registry without importing the host, which loads on first use.
+    from ppe_core._plugins import get_plugin_host
+
+    return get_plugin_host().runtimes
+
+
+_runtime_registry.set_registry_source(_plugin_host_runtimes)
+del _plugin_host_runtimes, _runtime_registry  # not names of the package
 
 
 def __getattr__(name: str) -> Any:

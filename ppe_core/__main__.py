@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ppe_core._plugins import PluginHost, get_plugin_host
-from ppe_core._registry import Registry, _describe
+from ppe_core._registry import Registry, describe
 from ppe_core._version import __version__
 
 
@@ -18,7 +18,7 @@ def _registry_rows(registry: Registry[Any]) -> list[dict[str, Any]]:
     return [
         {
             "name": name,
-            "object": _describe(e.obj),
+            "object": describe(e.obj),
             "plugin": e.registrant.plugin,
             "distribution": e.registrant.distribution,
             "version": e.registrant.version,

@@ -11,10 +11,10 @@ import threading
 import traceback
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
-from importlib.metadata import EntryPoint, entry_points
-from typing import Any, Literal
+from importlib.metadata import EntryPoint, PackageNotFoundError, distribution, entry_points
+from typing import TYPE_CHECKING, Any, Literal
 
 import pluggy
 
@@ -29,10 +29,16 @@ from ppe_core.errors import (
     PluginLoadWarning,
     TeardownHookWarning,
 )
-from ppe_core.runtime._registry import FIRST_PARTY_PROVIDERS, RuntimeRegistry
+from ppe_core.runtime._registry import RuntimeRegistry
+
+if TYPE_CHECKING:
+    #: The first-party distributions, read from installed metadata on each access
+    #: (:func:`first_party_distributions`).
+    FIRST_PARTY_DISTRIBUTIONS: frozenset[str]
 
 __all__ = [
     "BUILTIN_PLUGINS",
+    "DEVICE_ENTRY_POINT_GROUP",
     "ENTRY_POINT_GROUP",
     "ENV_ALLOW_OVERRIDE",
     "ENV_DISABLED_PLUGINS",
@@ -44,12 +50,17 @@ __all__ = [
     "PluginHost",
     "PluginRecord",
     "PluginSettings",
+    "first_party_distributions",
     "get_plugin_host",
     "set_plugin_host",
 ]
 
 #: Entry-point group scanned for plugins.
 ENTRY_POINT_GROUP = hookspecs.PROJECT_NAME
+#: Entry-point group in which a distribution declares the device types its plugin serves
+#: (``cpu = "ppe_cpu.plugin"``), read in the same metadata scan: a device that finds no runtime
+#: because that plugin failed or is blocked names it.
+DEVICE_ENTRY_POINT_GROUP = f"{ENTRY_POINT_GROUP}.devices"
 #: ``1``: skip the entry-point scan (built-in plugins and ``PPE_PLUGINS`` still load).
 ENV_DISABLE_PLUGIN_AUTOLOAD = "PPE_DISABLE_PLUGIN_AUTOLOAD"
 #: Comma-separated modules or entry-point names to load explicitly.
@@ -64,11 +75,9 @@ ENV_TRACE_PLUGINS = "PPE_TRACE_PLUGINS"
 #: first-party plugin registered; without it such a registration is skipped with a warning.
 ENV_ALLOW_OVERRIDE = "PPE_ALLOW_OVERRIDE"
 
-#: Distributions whose plugins are first-party (PEP 503 names): the core's built-ins and the
-#: device plugins. Decided by the distribution that provides a plugin's entry point, never by a
-#: name the plugin chooses; a name one of them registers stays with it whatever the discovery
-#: order (see docs/plugins.md, "Plugin isolation").
-FIRST_PARTY_DISTRIBUTIONS: frozenset[str] = frozenset({"ppe-core", *FIRST_PARTY_PROVIDERS.values()})
+_CORE = "ppe-core"
+# A Requires-Dist line of an extra pinning one version: 'ppe-cpu==0.1.0; extra == "cpu"'.
+_PINNED_IN_EXTRA = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)\s*===?\s*[^,;*]+;\s*extra\s*==")
 
 #: The core's own plugins, registered exactly like external ones: (name, module).
 BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
@@ -97,8 +106,26 @@ def _distribution_key(name: str | None) -> str | None:
     return None if name is None else re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _is_first_party(distribution: str | None) -> bool:
-    return _distribution_key(distribution) in FIRST_PARTY_DISTRIBUTIONS
+def first_party_distributions() -> frozenset[str]:
+    """The distributions whose plugins are first-party (PEP 503 names), read from metadata.
+
+    ppe-core itself, and each distribution ppe-core's own installed metadata requires in an
+    extra at one exact version (``cpu = ["ppe-cpu==0.1.0"]``: released with ppe-core). Only
+    ppe-core's release writes that; nothing a plugin declares about itself adds to it. Without
+    installed ppe-core metadata (a source checkout) only the built-ins are first-party.
+    """
+    try:
+        requires = distribution(_CORE).requires or []
+    except PackageNotFoundError:
+        requires = []
+    pinned = (_PINNED_IN_EXTRA.match(req) for req in requires)
+    return frozenset({_CORE, *(_distribution_key(m.group(1)) or "" for m in pinned if m)})
+
+
+def __getattr__(name: str) -> Any:
+    if name == "FIRST_PARTY_DISTRIBUTIONS":  # the former constant, now read from metadata
+        return first_party_distributions()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _entry_point_distribution(ep: EntryPoint) -> tuple[str | None, str | None]:
@@ -153,17 +180,14 @@ class PluginRecord:
     version: str | None = None
     error: str | None = None
     exception: BaseException | None = field(default=None, repr=False, compare=False)
+    #: Whether a first-party distribution provides it (set by the host from installed
+    #: metadata; objects passed to ``register()`` never are).
+    first_party: bool = False
 
     @property
     def builtin(self) -> bool:
         """Whether the plugin ships inside ppe-core itself."""
         return self.source == "builtin"
-
-    @property
-    def first_party(self) -> bool:
-        """Whether a first-party distribution provides it (objects passed to ``register()``
-        never are: only installed metadata decides)."""
-        return self.source != "register()" and _is_first_party(self.distribution)
 
     @property
     def registrant(self) -> Registrant:
@@ -211,7 +235,12 @@ class PluginHost:
             self.pm.trace.root.setwriter(sys.stderr.write)
             self.pm.enable_tracing()
         self.records: dict[str, PluginRecord] = {}
-        self.runtimes = RuntimeRegistry(self._describe_failures, self._provider_failure)
+        self._first_party: frozenset[str] = frozenset({_CORE})
+        # Device type -> distributions that declare it (DEVICE_ENTRY_POINT_GROUP).
+        self._device_providers: dict[str, set[str]] = {}
+        self.runtimes = RuntimeRegistry(
+            self._describe_failures, self._provider_failure, self.default_device
+        )
         self.logics: Registry[Any] = Registry("logic", self._describe_failures)
         self.extensions: Registry[Any] = Registry("extension", self._describe_failures)
         self._registries: tuple[Registry[Any], ...] = (self.runtimes, self.logics, self.extensions)
@@ -231,14 +260,16 @@ class PluginHost:
         """
         if builtins:
             for name, module in BUILTIN_PLUGINS:
-                record = PluginRecord(name, module, "builtin", "loaded", "ppe-core", __version__)
+                record = PluginRecord(name, module, "builtin", "loaded", _CORE, __version__)
+                record.first_party = True
                 self._load(record, functools.partial(_import, module))
-        eps = _entry_points_by_name()
+        self._first_party = first_party_distributions()
+        eps = self._discover()
         if self.settings.autoload:
             for ep in eps.values():
                 self._load_entry_point(ep, "entry point")
         items = self.settings.plugins
-        first = [item for item in items if item in eps and _ep_first_party(eps[item])]
+        first = [item for item in items if item in eps and self._ep_first_party(eps[item])]
         for item in [*first, *(item for item in items if item not in first)]:
             if item in self.records:
                 continue
@@ -265,12 +296,46 @@ class PluginHost:
         if plugin is not None:
             self.pm.unregister(plugin)
         for registry in self._registries:
-            registry._remove_registrant(name)
+            registry.remove_registrant(name)
         self.records.pop(name, None)
+
+    def _ep_first_party(self, ep: EntryPoint) -> bool:
+        return _distribution_key(_entry_point_distribution(ep)[0]) in self._first_party
+
+    def _discover(self) -> dict[str, EntryPoint]:
+        """The plugins' entry points by name, first-party distributions first, and (from the
+        same metadata scan) which distributions declare which device types.
+
+        Entry-point names are chosen by each plugin, so one may claim a first-party plugin's
+        name: the first-party one keeps it and the other is skipped with a warning naming it.
+        """
+        found = entry_points()
+        for ep in found.select(group=DEVICE_ENTRY_POINT_GROUP):
+            dist = _entry_point_distribution(ep)[0]
+            if dist is not None:
+                self._device_providers.setdefault(ep.name, set()).add(dist)
+        plugins = found.select(group=ENTRY_POINT_GROUP)
+        eps: dict[str, EntryPoint] = {}
+        for ep in sorted(plugins, key=lambda ep: not self._ep_first_party(ep)):
+            kept = eps.setdefault(ep.name, ep)
+            if kept is not ep:
+                dist, version = _entry_point_distribution(ep)
+                kept_dist, kept_version = _entry_point_distribution(kept)
+                warnings.warn(
+                    PluginConflictWarning(
+                        f"ppe-core plugin entry point {ep.name!r} of {dist} {version} "
+                        f"({ep.value}) is skipped: {kept_dist} {kept_version} provides an entry "
+                        f"point of that name ({kept.value}). Rename one of them, or uninstall "
+                        "the one you do not want."
+                    ),
+                    stacklevel=4,
+                )
+        return eps
 
     def _load_entry_point(self, ep: EntryPoint, source: Source) -> None:
         dist_name, version = _entry_point_distribution(ep)
         record = PluginRecord(ep.name, ep.value.split(":")[0], source, "loaded", dist_name, version)
+        record.first_party = self._ep_first_party(ep)
         self._load(record, ep.load)
 
     def _load(
@@ -319,21 +384,17 @@ class PluginHost:
             # consent (ENV_ALLOW_OVERRIDE); objects passed to register() are the user's own.
             may = self.settings.may_override(record.distribution)
             registrant = replace(registrant, may_override=may)
-        previous = [r._current_registrant for r in self._registries]
-        for registry in self._registries:
-            registry._current_registrant = registrant
-        try:
+        with ExitStack() as stack:
+            for registry in self._registries:
+                stack.enter_context(registry.registering(registrant))
             yield
-        finally:
-            for registry, prev in zip(self._registries, previous, strict=True):
-                registry._current_registrant = prev
 
     def _rollback(self, record: PluginRecord) -> None:
         plugin = self.pm.get_plugin(record.name)
         if plugin is not None:
             self.pm.unregister(plugin)
         for registry in self._registries:
-            registry._remove_registrant(record.name)
+            registry.remove_registrant(record.name)
 
     # Queries ------------------------------------------------------------------------------
     @property
@@ -353,15 +414,10 @@ class PluginHost:
         return "Plugins that did not load and may have provided it:\n" + "\n".join(lines)
 
     def _provider_failure(self, device_type: str) -> str | None:
-        """Why the first-party plugin for ``device_type`` is unavailable, if it failed/blocked."""
-        provider = FIRST_PARTY_PROVIDERS.get(device_type)
-        if provider is None:
-            return None
+        """Why the plugin that declares ``device_type`` is unavailable, if it failed/blocked."""
+        providers = self._device_providers.get(device_type, set())
         for record in self.records.values():
-            if record.status != "loaded" and provider in {
-                record.distribution,
-                record.name.replace("_", "-"),
-            }:
+            if record.status != "loaded" and record.distribution in providers:
                 reason = record.error if record.status == "failed" else "it is blocked"
                 return f"Its plugin {record.describe()} did not load: {reason}"
         return None
@@ -485,35 +541,6 @@ class PluginHost:
 
 def _import(module: str) -> object:
     return importlib.import_module(module)
-
-
-def _ep_first_party(ep: EntryPoint) -> bool:
-    return _is_first_party(_entry_point_distribution(ep)[0])
-
-
-def _entry_points_by_name() -> dict[str, EntryPoint]:
-    """The group's entry points by name, first-party distributions first.
-
-    Entry-point names are chosen by each plugin, so one may claim a first-party plugin's name:
-    the first-party one keeps it and the other is skipped with a warning naming it.
-    """
-    found = sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: not _ep_first_party(ep))
-    eps: dict[str, EntryPoint] = {}
-    for ep in found:
-        kept = eps.setdefault(ep.name, ep)
-        if kept is not ep:
-            dist, version = _entry_point_distribution(ep)
-            kept_dist, kept_version = _entry_point_distribution(kept)
-            warnings.warn(
-                PluginConflictWarning(
-                    f"ppe-core plugin entry point {ep.name!r} of {dist} {version} "
-                    f"({ep.value}) is skipped: {kept_dist} {kept_version} provides an entry "
-                    f"point of that name ({kept.value}). Rename one of them, or uninstall the "
-                    "one you do not want."
-                ),
-                stacklevel=4,
-            )
-    return eps
 
 
 def _raising_impl(impls: list[pluggy.HookImpl], exc: BaseException) -> pluggy.HookImpl | None:

@@ -7,6 +7,7 @@ import importlib
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Generic, TypeVar, cast
@@ -19,7 +20,7 @@ from ppe_core.errors import (
     RegistryLookupError,
 )
 
-__all__ = ["LazyTarget", "Registrant", "Registry", "RegistryEntry"]
+__all__ = ["LazyTarget", "Registrant", "Registry", "RegistryEntry", "describe"]
 
 T = TypeVar("T")
 
@@ -39,6 +40,15 @@ class Registrant:
     version: str | None = None
     first_party: bool = False
     may_override: bool = True
+
+    @classmethod
+    def of_caller(cls, depth: int = 1) -> Registrant:
+        """User code outside any plugin: the module ``depth`` frames above the caller."""
+        try:
+            module = sys._getframe(depth + 1).f_globals.get("__name__", "?")
+        except ValueError:  # pragma: no cover - stack shallower than expected
+            module = "?"
+        return cls(plugin=f"<code in module {module}>")
 
     def __str__(self) -> str:
         if self.distribution is None:
@@ -86,15 +96,6 @@ class RegistryEntry(Generic[T]):
     replaced: RegistryEntry[T] | None = None
 
 
-def _caller_registrant(depth: int) -> Registrant:
-    """Attribute a registration made outside any plugin to the calling module."""
-    try:
-        module = sys._getframe(depth + 1).f_globals.get("__name__", "?")
-    except ValueError:  # pragma: no cover - stack shallower than expected
-        module = "?"
-    return Registrant(plugin=f"<code in module {module}>")
-
-
 class Registry(Generic[T]):
     """A name -> object mapping where duplicates raise and each entry keeps its registrant.
 
@@ -127,7 +128,7 @@ class Registry(Generic[T]):
         """
         self._check_name(name, "register('mydev', obj)")
         self._validate(name, obj)
-        admitted = self._admit(name, _describe(obj), replace)
+        admitted = self._admit(name, describe(obj), replace)
         if admitted is not None:
             registrant, previous = admitted
             self._entries[name] = RegistryEntry(name, obj, registrant, previous)
@@ -163,7 +164,7 @@ class Registry(Generic[T]):
         """The registrant of a new entry ``name`` and the entry it replaces; raises on a
         duplicate unless ``replace``; ``None`` when a plugin's registration over a first-party
         entry is skipped. Called directly by the public register methods."""
-        registrant = self._current_registrant or _caller_registrant(2)
+        registrant = self._current_registrant or Registrant.of_caller(2)
         previous = self._entries.get(name)
         if previous is None:
             return registrant, None
@@ -181,7 +182,7 @@ class Registry(Generic[T]):
         if not replace:
             raise DuplicateRegistrationError(
                 f"{self.kind} {name!r} is already registered by {previous.registrant} "
-                f"as {_describe(previous.obj)}; {registrant} tried to register "
+                f"as {describe(previous.obj)}; {registrant} tried to register "
                 f"{described} under the same name. Use another name, or pass "
                 f"replace=True to override it on purpose."
             )
@@ -282,8 +283,23 @@ class Registry(Generic[T]):
     def __repr__(self) -> str:
         return f"<{type(self).__name__} of {self.kind}s: {', '.join(self.names()) or 'empty'}>"
 
-    def _remove_registrant(self, plugin: str) -> None:
-        """Undo every registration ``plugin`` made (used when a plugin fails half-way)."""
+    @property
+    def registrant(self) -> Registrant | None:
+        """Who registrations are attributed to now (``None``: user code, not a plugin hook)."""
+        return self._current_registrant
+
+    @contextmanager
+    def registering(self, registrant: Registrant) -> Iterator[None]:
+        """Attribute the registrations made inside the block to ``registrant`` (the plugin
+        host wraps each plugin's loading in it)."""
+        previous, self._current_registrant = self._current_registrant, registrant
+        try:
+            yield
+        finally:
+            self._current_registrant = previous
+
+    def remove_registrant(self, plugin: str) -> None:
+        """Undo every registration ``plugin`` made (unregistering it, or a half-loaded one)."""
         for name in [n for n, e in self._entries.items() if e.registrant.plugin == plugin]:
             self.unregister(name)
 
@@ -312,7 +328,8 @@ class Registry(Generic[T]):
         return "\n".join(lines)
 
 
-def _describe(obj: object) -> str:
+def describe(obj: object) -> str:
+    """``module.QualName`` of a class or function, else its ``repr`` (for messages)."""
     qualname = getattr(obj, "__qualname__", None)
     module = getattr(obj, "__module__", None)
     if qualname and module:

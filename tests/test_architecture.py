@@ -10,8 +10,11 @@ or done). Cycles through such edges are what fails when a module is imported fir
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 import subprocess
 import sys
+import textwrap
 from functools import cache
 from pathlib import Path
 
@@ -150,8 +153,9 @@ def test_the_graph_reader_sees_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": set()}) == []
     # The reader itself: ppe_core.plugins imports ppe_core._plugins at import time.
     assert "ppe_core._plugins" in _imports("ppe_core.plugins", at_import_time=True)
-    assert "ppe_core._plugins" in _imports("ppe_core._resolve", at_import_time=False)
-    assert "ppe_core._plugins" not in _imports("ppe_core._resolve", at_import_time=True)
+    assert "ppe_core._plugins" in _imports("ppe_core.engine._factories", at_import_time=False)
+    assert "ppe_core._plugins" not in _imports("ppe_core.engine._factories", at_import_time=True)
+    assert "ppe_core._plugins" in _function_imports("ppe_core.engine._factories")
 
 
 def test_no_import_time_cycles() -> None:
@@ -163,30 +167,62 @@ def test_no_import_time_cycles() -> None:
     assert not cycles, "import cycles:\n" + "\n".join(described)
 
 
-# The runtime contract is the bottom layer: what a runtime is. Resolving one for a device needs
-# the plugin host, which sits above it; the handler and the engine sit above both.
-_ABOVE_THE_RUNTIME = ("ppe_core._plugins", "ppe_core._resolve", "ppe_core.plugins")
-_ABOVE_THE_RUNTIME_PACKAGES = ("ppe_core.handler", "ppe_core.engine", "ppe_core.training")
-# Re-exports at PPE's paths: the package's lazy __getattr__ and the ``ppe.runtime._to`` shim.
-_PPE_PATH_SHIMS = {"ppe_core.runtime", "ppe_core.runtime._to"}
+# The runtime contract is the bottom layer: what a runtime is, and resolving one with a
+# registry passed in. Anywhere in its modules (functions and TYPE_CHECKING blocks included) it
+# imports only itself, the errors and the generic registry; the plugin host hands it the active
+# registry (``set_registry_source``), so it never reaches up for it.
+_RUNTIME_MAY_IMPORT = ("ppe_core.runtime", "ppe_core.errors", "ppe_core._registry")
+# ``ppe.runtime._map`` only keeps PPE's path of ``ppe.map`` (which builds a code block with the
+# handler): a compatibility shim, exempt because it defines nothing.
+_PPE_PATH_SHIMS = {"ppe_core.runtime._map"}
 
 
-def test_runtime_contract_does_not_import_the_layers_above() -> None:
-    offending = {}
-    for module in _modules():
-        if not (module.startswith("ppe_core.runtime.") or module == "ppe_core.runtime"):
+def _runtime_modules() -> list[str]:
+    return [m for m in _modules() if m == "ppe_core.runtime" or m.startswith("ppe_core.runtime.")]
+
+
+def _function_imports(module: str) -> list[str]:
+    """The ppe_core modules ``module`` imports inside functions, by statement or by name
+    (``importlib.import_module("ppe_core....")``), one entry per import."""
+    found: list[str] = []
+    for func in ast.walk(ast.parse(_modules()[module].read_text())):
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             continue
+        for node in ast.walk(func):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found.extend(sorted(_targets(module, node)))
+            elif (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and node.value.split(":")[0] in _modules()
+            ):
+                found.append(node.value.split(":")[0])  # a module named by a string
+    return found
+
+
+def test_runtime_contract_imports_no_higher_layer() -> None:
+    offending = {}
+    for module in _runtime_modules():
         if module in _PPE_PATH_SHIMS:
             continue
         above = {
             target
             for target in _imports(module, at_import_time=False)
-            if target in _ABOVE_THE_RUNTIME
-            or any(target == p or target.startswith(p + ".") for p in _ABOVE_THE_RUNTIME_PACKAGES)
+            if not any(target == p or target.startswith(p + ".") for p in _RUNTIME_MAY_IMPORT)
         }
         if above:
             offending[module] = sorted(above)
     assert not offending, f"the runtime contract imports layers above it: {offending}"
+
+
+def test_runtime_package_imports_nothing_inside_functions() -> None:
+    # Lazy imports inside functions are how a layer hides a reach upwards (and an import
+    # circle): the runtime package has none outside itself, counted statement by statement.
+    counted = {
+        module: [t for t in _function_imports(module) if not t.startswith("ppe_core.runtime")]
+        for module in _runtime_modules()
+    }
+    assert sum(map(len, counted.values())) == 0, {m: t for m, t in counted.items() if t}
 
 
 def test_ppe_path_shims_only_re_export() -> None:
@@ -195,20 +231,108 @@ def test_ppe_path_shims_only_re_export() -> None:
     for module in _PPE_PATH_SHIMS:
         tree = ast.parse(_modules()[module].read_text())
         defined = [
-            node.name
-            for node in tree.body
-            if isinstance(node, (ast.FunctionDef, ast.ClassDef))
-            and node.name not in {"__getattr__", "__dir__"}
+            node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))
         ]
         assert defined == [], f"{module} defines {defined}; move them out of the shim"
 
 
 def test_ppe_paths_of_to_are_one_function() -> None:
     import ppe_core._resolve
+    import ppe_core.plugins
     import ppe_core.runtime._to
 
     assert ppe_core.to is ppe_core.runtime.to is ppe_core.runtime._to.to is ppe_core._resolve.to
     assert "to" in dir(ppe_core.runtime) and "runtime_registry" in dir(ppe_core.runtime)
+    assert ppe_core.runtime.runtime_registry is ppe_core.plugins.get_plugin_host().runtimes
+
+
+# Device plugins are written against the public contract only ------------------------------
+_PLUGIN_SOURCES = (
+    ROOT.parent / "plugins" / "ppe_cpu" / "ppe_cpu",
+    ROOT.parent / "plugins" / "ppe_cuda" / "ppe_cuda",
+    ROOT.parent / "examples" / "ppe_example_device" / "ppe_example_device",
+)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _core_private_attributes(cls: type) -> set[str]:
+    """Underscore attributes the ppe_core classes in ``cls``'s MRO define or assign."""
+    names: set[str] = set()
+    for base in cls.__mro__:
+        if base.__module__.partition(".")[0] != "ppe_core":
+            continue
+        for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(base)))):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+    return {n for n in names if _private(n)}
+
+
+def _private_core_uses(path: Path, package: str) -> list[str]:
+    """``ppe_core`` names with an underscore segment that ``path`` imports or reads: module
+    paths, imported names, attributes of imported core objects, and attributes of the core base
+    classes its classes inherit."""
+    tree = ast.parse(path.read_text())
+    module = importlib.import_module(
+        package if path.stem == "__init__" else f"{package}.{path.stem}"
+    )
+    found: list[str] = []
+    core_names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ppe_core"):
+            for alias in node.names:
+                core_names.add(alias.asname or alias.name)
+                dotted = f"{node.module}.{alias.name}"
+                if any(_private(part) for part in dotted.split(".")):
+                    found.append(f"line {node.lineno}: from {node.module} import {alias.name}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("ppe_core"):
+                    core_names.add((alias.asname or alias.name).split(".")[0])
+                    if any(_private(part) for part in alias.name.split(".")):
+                        found.append(f"line {node.lineno}: import {alias.name}")
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and _private(node.attr)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in core_names
+        ):
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+        if isinstance(node, ast.ClassDef) and isinstance(getattr(module, node.name, None), type):
+            inherited = _core_private_attributes(getattr(module, node.name))
+            found.extend(
+                f"line {sub.lineno}: {ast.unparse(sub)} (of a ppe_core base class)"
+                for sub in ast.walk(node)
+                if isinstance(sub, ast.Attribute) and sub.attr in inherited
+            )
+    return found
+
+
+def test_the_private_name_check_sees_a_reach_in() -> None:
+    import ppe_cpu._runtime
+
+    source = Path(ppe_cpu._runtime.__file__)
+    assert _private_core_uses(source, "ppe_cpu") == []
+    assert "_grad_scaler" in _core_private_attributes(ppe_cpu._runtime.CPURuntime)
+    assert "_private" not in _core_private_attributes(ppe_cpu._runtime.CPURuntime)
+
+
+@pytest.mark.parametrize("source", _PLUGIN_SOURCES, ids=lambda p: p.name)
+def test_device_plugins_use_public_core_names_only(source: Path) -> None:
+    importlib.import_module(source.name)
+    offending = {
+        path.name: uses
+        for path in sorted(source.glob("*.py"))
+        if (uses := _private_core_uses(path, source.name))
+    }
+    assert not offending, f"{source.name} uses private ppe_core names: {offending}"
 
 
 @pytest.mark.slow  # a fresh interpreter imports torch

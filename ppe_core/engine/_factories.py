@@ -212,9 +212,12 @@ def _build_handler(
     handler_class: type[Handler] | None,
     remaining: dict[str, Any],
     runtime_options: Mapping[str, Any],
+    models: Mapping[str, torch.nn.Module],
 ) -> Handler:
     _check_handler_class(handler_class)
-    runtime = resolve_runtime(device, runtime_options)
+    # The runtime the models were moved with, when it serves the device: one per model and
+    # device, with the options given to ppe.to.
+    runtime = resolve_runtime(device, runtime_options, modules=models.values())
     resolved = _resolve_logic(logic)
     handler = (handler_class or Handler)(resolved, runtime, remaining)
     # PPE's Handler accepts and ignores "async" (its asynchronous mode was removed).
@@ -273,7 +276,9 @@ def create_trainer(
             and ``options['async']`` is accepted and ignored. Objects with state in them
             (a GradScaler, ...) are saved in the trainer's ``state_dict`` under
             ``'state_objects'``, with PPE's key names.
-        runtime_options: Options for the device runtime.
+        runtime_options: Options for the device runtime. Without them the runtime the model
+            was moved with (``ppe.to``) serves ``device`` when it can, so options given to
+            ``ppe.to`` are given once.
         profile: A ``torch.profiler.profile``, entered around training and stepped after
             every iteration.
         **kwargs: Further :class:`~ppe_core.training.ExtensionsManager` arguments, as in
@@ -301,7 +306,7 @@ def create_trainer(
         transform_model = identity_transform_model
     remaining, runtime_dict = _split_runtime_options(options, runtime_options)
     state_objects = _collect_state_objects(remaining, runtime_dict)
-    handler = _build_handler(logic, device, handler_class, remaining, runtime_dict)
+    handler = _build_handler(logic, device, handler_class, remaining, runtime_dict, model_dict)
     if state_objects:
         kwargs["state_objects"] = state_objects
     return Trainer(
@@ -354,7 +359,7 @@ def create_evaluator(
     _check_profile(profile)
     model_dict = named_models(models)
     remaining, runtime_dict = _split_runtime_options(options, runtime_options)
-    handler = _build_handler(logic, device, handler_class, remaining, runtime_dict)
+    handler = _build_handler(logic, device, handler_class, remaining, runtime_dict, model_dict)
     evaluator_class = DistributedEvaluator if distributed else Evaluator
     return evaluator_class(
         handler,

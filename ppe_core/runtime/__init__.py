@@ -1,8 +1,8 @@
 """Runtimes: how a device executes models. Device code lives only in runtimes.
 
-This package is the runtime contract and depends on nothing above it. ``to`` and
-``runtime_registry`` need the plugin host; they are re-exported here at PPE's paths from the
-plugin layer (``ppe_core._resolve``, ``ppe_core._plugins``) on first access.
+This package is the runtime contract and imports nothing above it. ``to`` resolves with the
+active registry (``runtime_registry``), which the plugin host provides through
+:func:`~ppe_core.runtime._registry.set_registry_source` (set by ``ppe_core``'s ``__init__``).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ppe_core.errors import RuntimeOptionError, RuntimeReplacedWarning
+from ppe_core.runtime._device import DeviceRuntime
 from ppe_core.runtime._options import (
-    DeviceRuntime,
     OptionSpec,
     RuntimeOptions,
     RuntimeOptionTypeError,
@@ -20,6 +20,7 @@ from ppe_core.runtime._options import (
 from ppe_core.runtime._registry import (
     RuntimeRegistry,
     _RuntimeRegistry,  # noqa: F401  (PPE's name, reachable as ppe.runtime._RuntimeRegistry)
+    active_registry,
     device_type_of,
 )
 from ppe_core.runtime._runtime import (
@@ -32,10 +33,9 @@ from ppe_core.runtime._runtime import (
     named_runtime_modules,
     tag_module,
 )
+from ppe_core.runtime._to import to
 
 if TYPE_CHECKING:
-    from ppe_core._resolve import to
-
     #: The active plugin host's runtime registry (plugins load on first use).
     runtime_registry: RuntimeRegistry
 
@@ -63,16 +63,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name == "to":
-        from ppe_core._resolve import to
-
-        globals()["to"] = to  # a plain attribute from now on
-        return to
     if name == "runtime_registry":
         # Resolved on every access so tests that swap the plugin host see its registry.
-        from ppe_core._plugins import get_plugin_host
-
-        return get_plugin_host().runtimes
+        return active_registry()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

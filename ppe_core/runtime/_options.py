@@ -2,25 +2,22 @@
 
 Device runtimes declare their options once with :class:`OptionSpec` and validate what a user
 passes with :class:`RuntimeOptions`, so every runtime gives the same errors: an unknown option
-lists the accepted ones, a wrong type names the type wanted. The private helpers at the end
-implement the device-independent options (``autocast``, ``channels_last``, ``compile``) that
-both first-party device plugins offer.
+lists the accepted ones, a wrong type names the type wanted. The helpers at the end implement
+the device-independent options (``autocast``, ``channels_last``, ``compile``) that
+:class:`~ppe_core.runtime.DeviceRuntime` gives every device plugin.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
-from ppe_core.errors import ArgumentTypeError, ConfigurationError, RuntimeOptionError
-from ppe_core.runtime._registry import device_type_of
-from ppe_core.runtime._runtime import BaseRuntime, DeviceLike, PyTorchRuntime
+from ppe_core.errors import ArgumentTypeError, RuntimeOptionError
 
 __all__ = [
-    "DeviceRuntime",
     "OptionSpec",
     "RuntimeOptionTypeError",
     "RuntimeOptions",
@@ -295,68 +292,3 @@ def move_module(
     if compile is not None:
         compile_in_place(module, compile, owner)
     return module
-
-
-class DeviceRuntime(PyTorchRuntime):
-    """A :class:`PyTorchRuntime` with the options every device plugin shares, declared once.
-
-    A device plugin subclasses it with :attr:`device_type`, :attr:`option_spec` (which must
-    declare ``autocast``, ``channels_last`` and ``compile``, plus ``non_blocking`` where the
-    device has asynchronous copies) and :attr:`default_autocast_dtype`; this class validates the
-    options, normalises ``autocast`` into ``torch.autocast`` arguments, and applies the module
-    options when ``ppe.to`` moves a module and the batch options where batches are converted.
-    ``resolved_options`` holds every declared option's value for the subclass's own options.
-    """
-
-    #: The device type this runtime serves (``"cpu"``, ``"cuda"``, ...).
-    device_type: ClassVar[str]
-    #: What ``autocast=True`` means on this device.
-    default_autocast_dtype: ClassVar[torch.dtype]
-    #: The declarative spec the options are validated against.
-    option_spec: ClassVar[RuntimeOptions]
-
-    def __init__(self, device_spec: DeviceLike, options: Mapping[str, Any] | None = None) -> None:
-        name = type(self).__name__
-        if device_type_of(device_spec) != self.device_type:
-            raise ConfigurationError(
-                f"{name} serves {self.device_type!r} devices, got {device_spec!r}; pass "
-                f"device={self.device_type!r} (or '{self.device_type}:N'), or leave "
-                "runtime_class unset so the device's own runtime is looked up"
-            )
-        resolved = self.option_spec.validate(options)
-        autocast = autocast_kwargs(
-            resolved["autocast"], self.device_type, self.default_autocast_dtype, name
-        )
-        given = {k: v for k, v in (options or {}).items() if v is not None}
-        if autocast is not None:
-            given["autocast"] = autocast  # the normalised form the core's handler reads
-        else:
-            given.pop("autocast", None)
-        super().__init__(device_spec, given)
-        #: Every declared option, defaults filled in.
-        self.resolved_options: dict[str, Any] = resolved
-        #: ``torch.autocast`` arguments the module's forward runs under (``None``: off).
-        self.autocast: dict[str, Any] | None = autocast
-        self.channels_last: bool = bool(resolved["channels_last"])
-        self.non_blocking: bool = bool(resolved.get("non_blocking", False))
-        self.compile: dict[str, Any] | None = compile_kwargs(resolved["compile"])
-        if self.channels_last or self.non_blocking:
-            # Bound per instance so the default runtime keeps the inline batch conversion.
-            self.move_tensor = BatchMover(  # type: ignore[method-assign]
-                self.device, self.non_blocking, self.channels_last
-            )
-            self.convert_batch = self._convert_each  # type: ignore[method-assign]
-
-    def _convert_each(self, args: Any) -> Any:
-        return BaseRuntime.convert_batch(self, args)
-
-    def move_module(self, module: torch.nn.Module) -> torch.nn.Module:
-        """Move ``module`` and apply the module options (channels-last, autocast, compile)."""
-        return move_module(
-            module,
-            self.device,
-            channels_last=self.channels_last,
-            autocast=self.autocast,
-            compile=self.compile,
-            owner=type(self).__name__,
-        )

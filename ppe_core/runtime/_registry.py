@@ -1,4 +1,9 @@
-"""The runtime registry: device type -> runtime class, with torch-native fallback."""
+"""The runtime registry: device type -> runtime class, with torch-native fallback.
+
+The registry that ``ppe.to`` and ``ppe.runtime.runtime_registry`` use is the active plugin
+host's; this package never imports the host: whoever composes the layers (``ppe_core``'s
+``__init__``) hands it a source with :func:`set_registry_source`.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from ppe_core._registry import Registry, _caller_registrant, _describe
+from ppe_core._registry import Registrant, Registry, describe
 from ppe_core.errors import (
     ArgumentTypeError,
     ConfigurationError,
@@ -17,11 +22,29 @@ from ppe_core.errors import (
 )
 from ppe_core.runtime._runtime import BaseRuntime, DeviceLike, PyTorchRuntime
 
-__all__ = ["RuntimeRegistry", "RuntimeReplacedWarning", "device_type_of"]
+__all__ = [
+    "RuntimeRegistry",
+    "RuntimeReplacedWarning",
+    "active_registry",
+    "device_type_of",
+    "set_registry_source",
+]
+
+_source: Callable[[], RuntimeRegistry] | None = None
 
 
-#: Device types whose runtime ships as a first-party plugin, for install hints.
-FIRST_PARTY_PROVIDERS = {"cpu": "ppe-cpu", "cuda": "ppe-cuda"}
+def set_registry_source(source: Callable[[], RuntimeRegistry]) -> None:
+    """Make ``source()`` the registry :func:`active_registry` returns (set once, at import of
+    ``ppe_core``, to the active plugin host's registry)."""
+    global _source
+    _source = source
+
+
+def active_registry() -> RuntimeRegistry:
+    """The registry ``ppe.to`` resolves with (``ppe.runtime.runtime_registry``)."""
+    if _source is None:  # pragma: no cover - ppe_core's __init__ always sets it
+        raise ConfigurationError("no runtime registry is active; import ppe_core first")
+    return _source()
 
 
 def device_type_of(device: DeviceLike) -> str:
@@ -62,16 +85,38 @@ class RuntimeRegistry(Registry[type[BaseRuntime]]):
     installed plugins claiming one device is a conflict to resolve, not to guess. A device type
     a first-party plugin serves is never taken by another plugin's hook without the user's
     consent (see :class:`~ppe_core._registry.Registry` and docs/plugins.md).
+
+    Args:
+        describe_failures: As for :class:`~ppe_core._registry.Registry`.
+        provider_failure: Returns why the plugin that declares a device type is unavailable
+            (failed or blocked), or ``None``.
+        default_device: Answers ``device="auto"`` (the ``ppe_default_device`` hook).
     """
 
     def __init__(
         self,
         describe_failures: Callable[[], str] | None = None,
         provider_failure: Callable[[str], str | None] | None = None,
+        default_device: Callable[[], str] | None = None,
     ) -> None:
         super().__init__("runtime", describe_failures)
-        # Returns why a device type's known provider is unavailable (failed or blocked).
         self._provider_failure = provider_failure
+        self._default_device = default_device
+
+    def resolve_device(self, device: DeviceLike) -> DeviceLike:
+        """``device`` itself, or for ``"auto"`` the ``ppe_default_device`` hook's answer.
+
+        Raises:
+            ConfigurationError: ``"auto"`` and no plugin names a default device.
+        """
+        if not (isinstance(device, str) and device == "auto"):
+            return device
+        if self._default_device is None:
+            raise ConfigurationError(
+                "device='auto' needs a plugin that names a default device; pass an explicit "
+                "device such as 'cpu'"
+            )
+        return self._default_device()
 
     def register(
         self, name: str, obj: type[BaseRuntime], *, replace: bool = False
@@ -84,7 +129,7 @@ class RuntimeRegistry(Registry[type[BaseRuntime]]):
             ArgumentTypeError: ``obj`` is not a runtime class, or ``name`` not a string.
             ConfigurationError: ``name`` is a device (``"cuda:1"``), not a device type.
         """
-        if self._current_registrant is not None:  # inside a plugin's hook
+        if self.registrant is not None:  # inside a plugin's hook
             return super().register(name, obj, replace=replace)
         previous = self._entries.get(name) if isinstance(name, str) else None
         if previous is not None and previous.obj is obj and not replace:
@@ -93,20 +138,16 @@ class RuntimeRegistry(Registry[type[BaseRuntime]]):
             self._validate(name, obj)  # a bad object raises before anything is replaced
             warnings.warn(
                 RuntimeReplacedWarning(
-                    f"runtime for device type {name!r} replaced: {_describe(obj)} now serves "
-                    f"{name!r} instead of {_describe(previous.obj)} (registered by "
+                    f"runtime for device type {name!r} replaced: {describe(obj)} now serves "
+                    f"{name!r} instead of {describe(previous.obj)} (registered by "
                     f"{previous.registrant}). Pass replace=True to replace it without this "
                     f"warning; unregister({name!r}) restores the previous runtime."
                 ),
                 stacklevel=2,
             )
             replace = True
-        # Attribute the entry to our caller, not to this override.
-        self._current_registrant = _caller_registrant(1)
-        try:
+        with self.registering(Registrant.of_caller(1)):  # our caller, not this override
             return super().register(name, obj, replace=replace)
-        finally:
-            self._current_registrant = None
 
     def _validate(self, name: str, obj: object) -> None:
         if not (isinstance(obj, type) and issubclass(obj, BaseRuntime)):
@@ -135,23 +176,17 @@ class RuntimeRegistry(Registry[type[BaseRuntime]]):
                 runtimes, plugins that failed to load and what to install.
         """
         device_type = device_type_of(device)
-        if device_type in self._entries:
+        if device_type in self:
             return self.get(device_type)  # get() imports a lazily registered runtime
-        provider = FIRST_PARTY_PROVIDERS.get(device_type)
         problem = self._provider_failure(device_type) if self._provider_failure else None
         if problem is None and _is_torch_device_type(device_type):
             return PyTorchRuntime
-        if problem is not None:
-            hint = problem
-        elif provider is not None:
-            hint = f"Install its plugin: pip install {provider}"
-        else:
-            hint = (
-                f"{device_type!r} is not a PyTorch device type either. Install the plugin that "
-                "provides it (first-party plugins: pip install ppe-cpu / pip install ppe-cuda), "
-                "or register one with ppe_core.runtime.runtime_registry.register"
-                f"({device_type!r}, MyRuntime)."
-            )
+        hint = problem or (
+            f"{device_type!r} is not a PyTorch device type either. Install the plugin that "
+            "provides it (first-party plugins: pip install ppe-cpu / pip install ppe-cuda), "
+            "or register one with ppe_core.runtime.runtime_registry.register"
+            f"({device_type!r}, MyRuntime)."
+        )
         raise RuntimeNotFoundError(self._not_found_message(device_type, hint))
 
 
@@ -169,4 +204,4 @@ class _RuntimeRegistry(RuntimeRegistry):
     def get_runtime_class_for_device_spec(self, device: DeviceLike) -> type[BaseRuntime]:
         """The class registered for ``device``'s type, else the fallback class."""
         device_type = device_type_of(device)
-        return self.get(device_type) if device_type in self._entries else self._fallback_class
+        return self.get(device_type) if device_type in self else self._fallback_class

@@ -15,21 +15,7 @@ __all__ = ["CPU_OPTIONS", "CPURuntime"]
 #: The options ``CPURuntime`` accepts (also rendered in docs/runtimes.md).
 CPU_OPTIONS = RuntimeOptions(
     "CPURuntime",
-    OptionSpec(
-        "autocast",
-        (bool, torch.dtype, Mapping),
-        False,
-        "Run the model's forward under `torch.autocast('cpu')`: `True` is bfloat16, or a "
-        "dtype, or a dict of `torch.autocast` arguments.",
-        "torch.bfloat16",
-    ),
-    OptionSpec(
-        "grad_scaler",
-        (torch.amp.GradScaler,),
-        None,
-        "A `torch.amp.GradScaler` for code blocks (as `PyTorchRuntime`); saved in snapshots.",
-        "torch.amp.GradScaler('cpu')",
-    ),
+    *DeviceRuntime.shared_options("cpu", torch.bfloat16),
     OptionSpec(
         "num_threads",
         (int,),
@@ -37,20 +23,6 @@ CPU_OPTIONS = RuntimeOptions(
         "`torch.set_num_threads(n)` when the runtime is created (default: leave torch's).",
         "4",
         positive_int,
-    ),
-    OptionSpec(
-        "channels_last",
-        (bool,),
-        False,
-        "Module and 4-D batch tensors in channels-last memory format (faster CNNs).",
-    ),
-    OptionSpec(
-        "compile",
-        (bool, Mapping),
-        False,
-        "`torch.compile` the module in place: `True`, or a dict of `torch.compile` "
-        "arguments. `state_dict` keys are unchanged.",
-        "{'backend': 'inductor'}",
     ),
 )
 
@@ -69,12 +41,11 @@ class CPURuntime(DeviceRuntime):
             when moved, so its ``state_dict`` keys do not change.
 
     Module options act on the module ``ppe.to`` moves; batch options act where this runtime
-    converts batches (``create_trainer(runtime_options=...)``). Pass the same dict to both.
+    converts batches: ``create_trainer`` uses the runtime the model was moved with, so options
+    given to ``ppe.to`` reach both.
     """
 
-    #: The option names of :data:`CPU_OPTIONS`; any other key is rejected.
-    accepted_options: ClassVar[frozenset[str] | None] = CPU_OPTIONS.names
-    #: The declarative spec the options are validated against.
+    #: The declarative spec the options are validated against (any other key is rejected).
     option_spec: ClassVar[RuntimeOptions] = CPU_OPTIONS
     device_type: ClassVar[str] = "cpu"
     #: ``autocast=True`` on the CPU: bfloat16, the type CPUs compute fast.

@@ -25,35 +25,7 @@ DEFAULT_MEMORY_EVERY = 100
 #: The options ``CUDARuntime`` accepts (also rendered in docs/runtimes.md).
 CUDA_OPTIONS = RuntimeOptions(
     "CUDARuntime",
-    OptionSpec(
-        "autocast",
-        (bool, torch.dtype, Mapping),
-        False,
-        "Run the model's forward under `torch.autocast('cuda')`: `True` is float16, or a "
-        "dtype, or a dict of `torch.autocast` arguments. float16 without `grad_scaler` "
-        "creates a `torch.amp.GradScaler('cuda')` (`runtime.grad_scaler`).",
-        "torch.bfloat16",
-    ),
-    OptionSpec(
-        "grad_scaler",
-        (torch.amp.GradScaler,),
-        None,
-        "A `torch.amp.GradScaler` for code blocks (as `PyTorchRuntime`); saved in snapshots.",
-        "torch.amp.GradScaler('cuda')",
-    ),
-    OptionSpec(
-        "channels_last",
-        (bool,),
-        False,
-        "Module and 4-D batch tensors in channels-last memory format (faster CNNs).",
-    ),
-    OptionSpec(
-        "non_blocking",
-        (bool,),
-        False,
-        "Host-to-device batch copies with `non_blocking=True` (asynchronous from pinned "
-        "memory: `DataLoader(pin_memory=True)`).",
-    ),
+    *DeviceRuntime.shared_options("cuda", torch.float16, non_blocking=True),
     OptionSpec(
         "cudnn_benchmark",
         (bool,),
@@ -66,14 +38,6 @@ CUDA_OPTIONS = RuntimeOptions(
         None,
         "Allow TF32 in matmuls and cuDNN convolutions when the runtime is created "
         "(default: leave torch's settings).",
-    ),
-    OptionSpec(
-        "compile",
-        (bool, Mapping),
-        False,
-        "`torch.compile` the module in place: `True`, or a dict of `torch.compile` "
-        "arguments. `state_dict` keys are unchanged.",
-        "{'mode': 'max-autotune'}",
     ),
     OptionSpec(
         "report_memory",
@@ -98,13 +62,12 @@ class CUDARuntime(DeviceRuntime):
     Options (``ppe.to(model, "cuda", options=...)``; see :data:`CUDA_OPTIONS`): ``autocast``,
     ``grad_scaler``, ``channels_last``, ``non_blocking``, ``cudnn_benchmark``, ``tf32``,
     ``compile``, ``report_memory``. Module options act on the module ``ppe.to`` moves; batch
-    options (``non_blocking``, ``channels_last``) act where this runtime converts batches
-    (``create_trainer(runtime_options=...)``). Pass the same dict to both.
+    options (``non_blocking``, ``channels_last``) act where this runtime converts batches:
+    ``create_trainer`` uses the runtime the model was moved with. float16 autocast without a
+    ``grad_scaler`` creates a ``torch.amp.GradScaler("cuda")`` (``runtime.grad_scaler``).
     """
 
-    #: The option names of :data:`CUDA_OPTIONS`; any other key is rejected.
-    accepted_options: ClassVar[frozenset[str] | None] = CUDA_OPTIONS.names
-    #: The declarative spec the options are validated against.
+    #: The declarative spec the options are validated against (any other key is rejected).
     option_spec: ClassVar[RuntimeOptions] = CUDA_OPTIONS
     device_type: ClassVar[str] = "cuda"
     #: ``autocast=True`` on a GPU: float16 (with a GradScaler); pass torch.bfloat16 for bf16.
@@ -114,10 +77,10 @@ class CUDARuntime(DeviceRuntime):
         super().__init__(device_spec, options)  # validates spec and options; touches no driver
         _require_cuda(device_spec)
         fp16 = self.autocast is not None and self.autocast["dtype"] == torch.float16
-        if fp16 and self._grad_scaler is None:
-            # fp16 gradients underflow without loss scaling; in options so that the Handler
-            # saves its state in snapshots and offers it to the Logic, and code blocks use it.
-            self._grad_scaler = self.options["grad_scaler"] = torch.amp.GradScaler("cuda")
+        if fp16 and self.grad_scaler is None:
+            # fp16 gradients underflow without loss scaling; the Handler saves the scaler's
+            # state in snapshots and offers it to the Logic, and code blocks use it.
+            self.grad_scaler = torch.amp.GradScaler("cuda")
         resolved = self.resolved_options
         every = resolved["report_memory"]
         #: Report memory every this many training steps (``0``: off).
@@ -130,12 +93,6 @@ class CUDARuntime(DeviceRuntime):
             torch.backends.cuda.matmul.allow_tf32 = resolved["tf32"]
             torch.backends.cudnn.allow_tf32 = resolved["tf32"]
         self._memory_hooks: list[Any] = []
-
-    @property
-    def grad_scaler(self) -> torch.amp.GradScaler | None:
-        """The grad scaler (given, or created for float16 autocast); the Handler offers it to the
-        Logic, which scales its loss with it unless the trainer's options name another."""
-        return self._grad_scaler
 
     def initialize_module(
         self,

@@ -1,0 +1,159 @@
+"""``DeviceRuntime``: the base of device plugins' runtimes, owning the options they share."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+
+from ppe_core.errors import ConfigurationError
+from ppe_core.runtime._options import (
+    BatchMover,
+    OptionSpec,
+    RuntimeOptions,
+    autocast_kwargs,
+    compile_kwargs,
+    move_module,
+)
+from ppe_core.runtime._registry import device_type_of
+from ppe_core.runtime._runtime import BaseRuntime, DeviceLike, PyTorchRuntime
+
+__all__ = ["DeviceRuntime"]
+
+
+class DeviceRuntime(PyTorchRuntime):
+    """A :class:`PyTorchRuntime` with the options every device plugin shares, declared once.
+
+    A device plugin subclasses it with :attr:`device_type`, :attr:`default_autocast_dtype` and
+    :attr:`option_spec`, built from :meth:`shared_options` plus the device's own options
+    (``accepted_options`` follows from it). This class validates the options, normalises
+    ``autocast`` into ``torch.autocast`` arguments, and applies the module options when
+    ``ppe.to`` moves a module and the batch options where batches are converted.
+    ``resolved_options`` holds every declared option's value for the subclass's own options.
+    """
+
+    #: The device type this runtime serves (``"cpu"``, ``"cuda"``, ...).
+    device_type: ClassVar[str]
+    #: What ``autocast=True`` means on this device.
+    default_autocast_dtype: ClassVar[torch.dtype]
+    #: The declarative spec the options are validated against.
+    option_spec: ClassVar[RuntimeOptions]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        spec = cls.__dict__.get("option_spec")
+        if spec is not None and "accepted_options" not in cls.__dict__:
+            cls.accepted_options = spec.names  # any other key is rejected by name
+
+    @staticmethod
+    def shared_options(
+        device_type: str, autocast_dtype: torch.dtype, *, non_blocking: bool = False
+    ) -> tuple[OptionSpec, ...]:
+        """The specs of ``autocast``, ``grad_scaler``, ``channels_last`` and ``compile`` (and
+        ``non_blocking`` for devices with asynchronous copies), worded for ``device_type``."""
+        dtype = str(autocast_dtype).removeprefix("torch.")
+        specs = [
+            OptionSpec(
+                "autocast",
+                (bool, torch.dtype, Mapping),
+                False,
+                f"Run the model's forward under `torch.autocast('{device_type}')`: `True` is "
+                f"{dtype}, or a dtype, or a dict of `torch.autocast` arguments.",
+                "torch.bfloat16",
+            ),
+            OptionSpec(
+                "grad_scaler",
+                (torch.amp.GradScaler,),
+                None,
+                "A `torch.amp.GradScaler` for code blocks (as `PyTorchRuntime`); saved in "
+                "snapshots.",
+                f"torch.amp.GradScaler({device_type!r})",
+            ),
+            OptionSpec(
+                "channels_last",
+                (bool,),
+                False,
+                "Module and 4-D batch tensors in channels-last memory format (faster CNNs).",
+            ),
+            OptionSpec(
+                "compile",
+                (bool, Mapping),
+                False,
+                "`torch.compile` the module in place: `True`, or a dict of `torch.compile` "
+                "arguments. `state_dict` keys are unchanged.",
+                "{'backend': 'inductor'}",
+            ),
+        ]
+        if non_blocking:
+            specs.append(
+                OptionSpec(
+                    "non_blocking",
+                    (bool,),
+                    False,
+                    "Host-to-device batch copies with `non_blocking=True` (asynchronous from "
+                    "pinned memory: `DataLoader(pin_memory=True)`).",
+                )
+            )
+        return tuple(specs)
+
+    def __init__(self, device_spec: DeviceLike, options: Mapping[str, Any] | None = None) -> None:
+        name = type(self).__name__
+        if device_type_of(device_spec) != self.device_type:
+            raise ConfigurationError(
+                f"{name} serves {self.device_type!r} devices, got {device_spec!r}; pass "
+                f"device={self.device_type!r} (or '{self.device_type}:N'), or leave "
+                "runtime_class unset so the device's own runtime is looked up"
+            )
+        resolved = self.option_spec.validate(options)
+        autocast = autocast_kwargs(
+            resolved["autocast"], self.device_type, self.default_autocast_dtype, name
+        )
+        given = {k: v for k, v in (options or {}).items() if v is not None}
+        if autocast is not None:
+            given["autocast"] = autocast  # the normalised form the core's handler reads
+        else:
+            given.pop("autocast", None)
+        super().__init__(device_spec, given)
+        #: Every declared option, defaults filled in.
+        self.resolved_options: dict[str, Any] = resolved
+        #: ``torch.autocast`` arguments the module's forward runs under (``None``: off).
+        self.autocast: dict[str, Any] | None = autocast
+        self.channels_last: bool = bool(resolved["channels_last"])
+        self.non_blocking: bool = bool(resolved.get("non_blocking", False))
+        self.compile: dict[str, Any] | None = compile_kwargs(resolved["compile"])
+        if self.channels_last or self.non_blocking:
+            # Bound per instance so the default runtime keeps the inline batch conversion.
+            self.move_tensor = BatchMover(  # type: ignore[method-assign]
+                self.device, self.non_blocking, self.channels_last
+            )
+            self.convert_batch = self._convert_each  # type: ignore[method-assign]
+
+    @property
+    def grad_scaler(self) -> torch.amp.GradScaler | None:
+        """The scaler code blocks use and the Handler offers to the Logic (whose state is
+        saved in snapshots). A device plugin may set one it creates (e.g. for float16
+        autocast): it becomes the ``grad_scaler`` option too."""
+        return self._grad_scaler
+
+    @grad_scaler.setter
+    def grad_scaler(self, scaler: torch.amp.GradScaler | None) -> None:
+        self._grad_scaler = scaler
+        if scaler is None:
+            self.options.pop("grad_scaler", None)
+        else:
+            self.options["grad_scaler"] = scaler
+
+    def _convert_each(self, args: Any) -> Any:
+        return BaseRuntime.convert_batch(self, args)
+
+    def move_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Move ``module`` and apply the module options (channels-last, autocast, compile)."""
+        return move_module(
+            module,
+            self.device,
+            channels_last=self.channels_last,
+            autocast=self.autocast,
+            compile=self.compile,
+            owner=type(self).__name__,
+        )
