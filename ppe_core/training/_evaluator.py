@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ppe_core.distributed._env import run_collective, timeout_error
+from ppe_core.distributed import run_collective, timeout_error
 from ppe_core.errors import ArgumentTypeError, ConfigurationError, DistributedNotInitializedError
 from ppe_core.handler._handler import step_function
 from ppe_core.reporting import DictSummary, Reporter, report

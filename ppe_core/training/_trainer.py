@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ppe_core.distributed._env import timeout_error
+from ppe_core.distributed import timeout_error
 from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError, PPEWarning
 from ppe_core.training._evaluator import Evaluator, loader_length
 from ppe_core.training._extension import PRIORITY_WRITER, Extension, ExtensionEntry

@@ -554,8 +554,8 @@ class _Snapshot(Extension):
 
         That is when the serializer is torch.save, the files are local, and the writer saves
         the standard way: ppe-core's background writers (whose :meth:`Writer.save` the
-        snapshot's job calls in their worker) or a plain :class:`SimpleWriter`. Otherwise None: the writer
-        is called with the state and ``savefun``, as in PPE (see :meth:`_commit`).
+        snapshot's job calls in their worker) or a plain :class:`SimpleWriter`. Otherwise
+        None: the writer is called with the state and ``savefun``, as in PPE (see :meth:`_commit`).
         """
         if self._savefun is not torch.save or not isinstance(writer, Writer):
             return None
@@ -753,12 +753,12 @@ def snapshot(
     With a background writer (``ThreadWriter``, ``ProcessWriter``, the queue writers) training
     pauses only to copy the state to host memory, into buffers kept from one snapshot to the
     next (one host copy of the state stays allocated); the file is written by the writer's
-    worker (:meth:`Writer.submit`). With the default ``torch.save`` and local files, torch writes the file itself
-    (without holding the GIL) and the SHA-256 is read back from it. Otherwise the writer is
-    called as PPE calls it, ``writer(filename, out_dir, state, savefun=savefun)``: the
-    standard writers call ``savefun(state, file)`` with the open temporary file (written
-    atomically), a custom writer may pass it the final path; the file is read back for the
-    manifest.
+    worker (:meth:`Writer.submit`). With the default ``torch.save`` and local files, torch
+    writes the file itself (without holding the GIL) and the SHA-256 is read back from it.
+    Otherwise the writer is called as PPE calls it,
+    ``writer(filename, out_dir, state, savefun=savefun)``: the standard writers call
+    ``savefun(state, file)`` with the open temporary file (written atomically), a custom writer
+    may pass it the final path; the file is read back for the manifest.
 
     Args:
         savefun: Serializer ``savefun(obj, file)``, given to the writer as in PPE;
