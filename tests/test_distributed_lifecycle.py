@@ -63,6 +63,31 @@ def test_twenty_consecutive_torchrun_runs_exit_0() -> None:
 
 
 @pytest.mark.slow
+def test_reruns_of_the_example_on_a_finished_directory_exit_0(tmp_path: Path) -> None:
+    # The scenario: the README's torchrun command run again on its finished output
+    # directory (it resumes, trains nothing, evaluates with an all-reduce and exits). Before
+    # ppe-core's collectives kept their work handles until exit, about 1 such run in 10 aborted
+    # on a loaded machine: a gloo worker freed a collective's tensors after the interpreter had
+    # begun finalizing ("terminate called without an active exception", torchrun returned 1).
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc_per_node=2", str(EXAMPLE), "--epochs", "1"]
+    for run in range(21):  # one that trains, then 20 reruns
+        result = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env=_env(),
+            cwd=tmp_path,
+            check=False,
+        )
+        output = result.stdout + result.stderr
+        assert result.returncode == 0, f"run {run + 1}: {output[-4000:]}"
+        assert "terminate called" not in output, f"run {run + 1}: {output[-4000:]}"
+        assert "(2 processes)" in result.stdout
+
+
+@pytest.mark.slow
 def test_the_example_writes_into_a_directory_per_world_size(tmp_path: Path) -> None:
     # A one-process run and a torchrun run with the default --out must not resume each other.
     result = subprocess.run(
