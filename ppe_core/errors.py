@@ -67,7 +67,8 @@ Defined beside the code that raises them, and loaded from there on first access 
 * Configuration (``ppe_core.config``): ``ConfigKeyError``, ``ConfigCycleError``.
 * Runtimes and distributed: ``RuntimeOptionTypeError``, ``ProcessGroupNotInitializedError``,
   ``DistributedEnvironmentError``, ``CollectiveTimeoutError``; ``ConformanceError``
-  (``ppe_core.testing``'s runtime conformance kit).
+  (``ppe_core.testing``'s runtime conformance kit); ``EmulatedDeviceError``
+  (``DeviceUnavailableError``: ``ppe_core.testing``'s emulated device cannot be set up).
 
 Those live beside their code because that code imports this module; loading them lazily keeps
 ``import ppe_core.errors`` free of the training stack and of import cycles. Inside ppe-core,
@@ -93,7 +94,7 @@ if TYPE_CHECKING:
         ProcessGroupNotInitializedError,
     )
     from ppe_core.runtime._options import RuntimeOptionTypeError
-    from ppe_core.testing import ConformanceError
+    from ppe_core.testing import ConformanceError, EmulatedDeviceError
     from ppe_core.training._resume import WorldSizeMismatchWarning
     from ppe_core.training._run_lock import OutputDirectoryInUseError, RunLockWarning
     from ppe_core.training._state import EpochLengthChangedWarning
@@ -144,6 +145,7 @@ _ELSEWHERE: dict[str, str] = {
     "DistributedEnvironmentError": "ppe_core.distributed",
     "DuplicateExtensionError": "ppe_core.training.extension",
     "EmptySummaryError": "ppe_core._reporting",
+    "EmulatedDeviceError": "ppe_core.testing",
     "EpochLengthChangedWarning": "ppe_core.training._state",
     "ExtensionErrorHandlerWarning": "ppe_core.training.manager",
     "ExtensionNameError": "ppe_core.training.extension",
@@ -206,6 +208,7 @@ __all__ = [
     "DuplicateExtensionError",
     "DuplicateRegistrationError",
     "EmptySummaryError",
+    "EmulatedDeviceError",
     "EpochLengthChangedWarning",
     "ExtensionErrorHandlerWarning",
     "ExtensionNameError",

@@ -4,6 +4,8 @@
 (:class:`RuntimeConformance`, :func:`run_checks` and the ``check_*`` functions) checks a
 runtime against the runtime contract; it loads on first use, so ``import ppe_core.testing``
 stays cheap, and it never needs pytest except to run as a test class.
+:func:`enable_emulated_device` (opt-in, once per process) creates the emulated device ``ppe_emu``,
+a non-CPU device type backed by host memory, so the kit can check a runtime off the CPU.
 """
 
 from __future__ import annotations
@@ -33,11 +35,23 @@ if TYPE_CHECKING:
         check_training_matches_reference,
         run_checks,
     )
+    from ppe_core.testing._emulated import (
+        EMULATED_DEVICE,
+        EmulatedDeviceError,
+        EmulatedDeviceRuntime,
+        EmulatedTensor,
+        emulated_device_type,
+        enable_emulated_device,
+    )
 
 __all__ = [
     "CHECKS",
+    "EMULATED_DEVICE",
     "CheckResult",
     "ConformanceError",
+    "EmulatedDeviceError",
+    "EmulatedDeviceRuntime",
+    "EmulatedTensor",
     "Pair",
     "RuntimeConformance",
     "RuntimeTarget",
@@ -51,17 +65,31 @@ __all__ = [
     "check_tagging",
     "check_tensor_move",
     "check_training_matches_reference",
+    "emulated_device_type",
+    "enable_emulated_device",
     "plugin_host",
     "run_checks",
 ]
 
+#: The emulated device's names: loaded from ``_emulated`` on first access.
+_EMULATED = frozenset(
+    {
+        "EMULATED_DEVICE",
+        "EmulatedDeviceError",
+        "EmulatedDeviceRuntime",
+        "EmulatedTensor",
+        "emulated_device_type",
+        "enable_emulated_device",
+    }
+)
 #: The kit's names: loaded from ``_conformance`` on first access (``plugin_host`` is light).
-_CONFORMANCE = frozenset(__all__) - {"plugin_host"}
+_CONFORMANCE = frozenset(__all__) - {"plugin_host"} - _EMULATED
 
 
 def __getattr__(name: str) -> Any:
-    if name in _CONFORMANCE:
-        module = importlib.import_module("ppe_core.testing._conformance")
+    if name in _CONFORMANCE or name in _EMULATED:
+        where = "_conformance" if name in _CONFORMANCE else "_emulated"
+        module = importlib.import_module(f"ppe_core.testing.{where}")
         value = getattr(module, name)
         globals()[name] = value
         return value

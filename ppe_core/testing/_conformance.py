@@ -238,7 +238,16 @@ def _doing(what: str) -> Iterator[None]:
     except ConformanceError:
         raise
     except Exception as exc:
-        raise ConformanceError(f"{what} raised {type(exc).__name__}: {exc}") from exc
+        hint = ""
+        if "Expected all tensors to be on the same device" in str(exc):
+            # The words of a real device (and of the emulated one) on a tensor left behind.
+            hint = (
+                "\nA tensor was left on another device: move_module must move every parameter "
+                "and buffer, convert_batch/move_tensor every batch tensor (namedtuple fields "
+                "too), and optimizer state must stay on the parameters' device (after a "
+                "snapshot or state_dict load too)."
+            )
+        raise ConformanceError(f"{what} raised {type(exc).__name__}: {exc}{hint}") from exc
 
 
 # Comparisons ---------------------------------------------------------------------------------

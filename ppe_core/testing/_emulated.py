@@ -1,0 +1,315 @@
+"""The emulated device: a PyTorch device type whose tensors keep their data in host memory.
+
+:func:`enable_emulated_device` registers torch's ``PrivateUse1`` backend under a name
+(``ppe_emu`` by default) from Python: a tensor on it is an :class:`EmulatedTensor`, a wrapper
+that reports the emulated device and holds a CPU tensor; every operation runs on the CPU data,
+so results are bit-equal to the CPU. What makes it worth having is what it refuses: an
+operation that mixes it with a CPU tensor fails as on a real accelerator, so a runtime that
+forgets to move a buffer, a batch field or optimizer state is caught on a machine without one.
+
+It uses torch's experimental, private PrivateUse1 Python hooks, so it is opt-in, set up at most
+once per process (torch renames PrivateUse1 only once) and guarded: where the hooks are missing,
+:class:`EmulatedDeviceError` says so. Nothing changes for a process that never enables it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import torch
+from torch.utils._pytree import tree_leaves, tree_map
+
+from ppe_core.errors import DeviceUnavailableError
+from ppe_core.runtime import DeviceLike, DeviceRuntime, RuntimeOptions
+
+__all__ = [
+    "EMULATED_DEVICE",
+    "EmulatedDeviceError",
+    "EmulatedDeviceRuntime",
+    "EmulatedTensor",
+    "emulated_device_type",
+    "enable_emulated_device",
+]
+
+#: The default name of the emulated device type.
+EMULATED_DEVICE = "ppe_emu"
+
+#: Torch versions whose PrivateUse1 Python hooks the emulation was written and tested against.
+_MIN_TORCH = (2, 9)
+
+_aten = torch.ops.aten
+_lock = threading.Lock()
+_state: dict[str, Any] = {"name": None, "count": 1, "library": None}
+
+# Ops that copy between devices: the one place a CPU tensor may meet an emulated one.
+_COPY_OPS = frozenset(
+    {_aten.copy_.default, _aten._to_copy.default, _aten._copy_from.default}
+    | {_aten._copy_from_and_resize.default}
+)
+
+
+class EmulatedDeviceError(DeviceUnavailableError):
+    """The emulated device cannot be set up in this process: torch lacks the PrivateUse1
+    Python hooks, or PrivateUse1 already serves another backend name."""
+
+
+def _torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+def emulated_device_type() -> str | None:
+    """The emulated device type's name if this process enabled it, else ``None``."""
+    return _state["name"]  # type: ignore[no-any-return]
+
+
+class EmulatedTensor(torch.Tensor):
+    """A tensor on the emulated device: reports that device, stores its data on the CPU.
+
+    Created by moving a tensor (``t.to("ppe_emu")``) or by a factory with
+    ``device="ppe_emu"``; ``.data_on_host`` is the CPU tensor holding the values.
+    """
+
+    data_on_host: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor, index: int = 0) -> EmulatedTensor:
+        # A wrapper without storage of its own: the sizes, strides and dtype mirror the CPU data.
+        name = _state["name"]
+        tensor = torch.Tensor._make_wrapper_subclass(
+            cls,
+            data.size(),
+            strides=data.stride(),
+            storage_offset=data.storage_offset(),
+            dtype=data.dtype,
+            layout=data.layout,
+            device=torch.device(name, index),
+            requires_grad=False,
+        )
+        tensor.data_on_host = data
+        return tensor
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
+        return f"{self.data_on_host!r} on {self.device}"
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # The path torch takes for storage-less device tensors (XLA, MTIA): the data travels
+        # as a CPU tensor tagged with the device, and torch.load(map_location=...) applies.
+        return (
+            torch._utils._rebuild_device_tensor_from_cpu_tensor,
+            (self.data_on_host, self.dtype, str(self.device), self.requires_grad),
+        )
+
+    @classmethod
+    def __torch_dispatch__(  # type: ignore[override]
+        cls,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        return _run(func, args, kwargs or {})
+
+    __torch_function__: ClassVar[Callable[..., Any]] = torch._C._disabled_torch_function_impl
+
+
+def _index_of(device: Any) -> int | None:
+    """The emulated index ``device`` names, or ``None`` when it is not the emulated device."""
+    if device is None:
+        return None
+    device = torch.device(device)
+    if device.type != _state["name"]:
+        return None
+    index = 0 if device.index is None else device.index
+    if index >= _state["count"]:
+        raise RuntimeError(
+            f"{device} is out of range: the emulated device has {_state['count']} device(s); "
+            "pass device_count= to enable_emulated_device for more"
+        )
+    return index
+
+
+def _check_devices(func: Any, tensors: list[torch.Tensor]) -> int | None:
+    """The emulated index of the operation; raises like a real device on mixed inputs."""
+    index: int | None = None
+    host: torch.Tensor | None = None
+    for tensor in tensors:
+        if isinstance(tensor, EmulatedTensor):
+            this = tensor.device.index or 0
+            if index is not None and this != index:
+                raise RuntimeError(
+                    f"Expected all tensors to be on the same device, but found at least two "
+                    f"devices, {_state['name']}:{index} and {_state['name']}:{this}! "
+                    f"(when running {func})"
+                )
+            index = this
+        elif tensor.dim() > 0 and tensor.device.type == "cpu":
+            # Zero-dimensional CPU tensors act as scalars, as they do beside CUDA tensors.
+            host = tensor
+    if index is not None and host is not None and func not in _COPY_OPS:
+        raise RuntimeError(
+            f"Expected all tensors to be on the same device, but found at least two devices, "
+            f"{_state['name']}:{index} and cpu! (when running {func}: a tensor was not moved "
+            "to the device)"
+        )
+    return index
+
+
+def _run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run one operation on the host data and wrap its tensor results."""
+    tensors = [leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
+    index = _check_devices(func, tensors)
+    target = kwargs.get("device")
+    target_index = _index_of(target) if target is not None else None
+    if target is not None:
+        kwargs = {**kwargs, "device": torch.device("cpu")}
+    if func is _aten.copy_.default:
+        destination = args[0]
+        _unwrap(destination).copy_(_unwrap(args[1]), **kwargs)
+        return destination
+    by_id = {id(t.data_on_host): t for t in tensors if isinstance(t, EmulatedTensor)}
+    out = func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs))
+    if func is _aten._to_copy.default:
+        if target is not None and target_index is None:
+            return out  # to another device type (the CPU)
+        source = args[0]
+        if isinstance(source, EmulatedTensor) and out is source.data_on_host:
+            out = out.clone()  # torch's copy must not alias the source
+        return EmulatedTensor(out, target_index if target_index is not None else index or 0)
+    wrap_index = target_index if target_index is not None else index
+    if wrap_index is None:
+        return out
+
+    def wrap(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor) or isinstance(value, EmulatedTensor):
+            return value
+        # An in-place op returns its input: hand back the same wrapper, as torch would.
+        same = by_id.get(id(value))
+        return same if same is not None else EmulatedTensor(value, wrap_index)
+
+    return tree_map(wrap, out)
+
+
+def _unwrap(value: Any) -> Any:
+    return value.data_on_host if isinstance(value, EmulatedTensor) else value
+
+
+def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
+    # Reached for operations with no emulated tensor argument that still target the device:
+    # factories (torch.zeros(..., device="ppe_emu")) and the allocation inside cpu -> device.
+    return _run(op, args, kwargs)
+
+
+class _BackendModule:
+    """``torch.<name>``: what torch asks of a device module (availability, count, AMP, RNG)."""
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def _is_in_bad_fork(self) -> bool:
+        return False
+
+    def device_count(self) -> int:
+        return int(_state["count"])
+
+    def current_device(self) -> int:
+        return 0
+
+    def get_amp_supported_dtype(self) -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16]
+
+    def is_bf16_supported(self) -> bool:
+        return True
+
+    # The data lives on the CPU, so the CPU generator is the device's generator (seeded
+    # directly: torch.manual_seed itself calls manual_seed_all here).
+    def manual_seed(self, seed: int) -> None:
+        torch.default_generator.manual_seed(seed)
+
+    def manual_seed_all(self, seed: int) -> None:
+        torch.default_generator.manual_seed(seed)
+
+    def get_rng_state(self, device: Any = None) -> torch.Tensor:
+        return torch.get_rng_state()
+
+    def set_rng_state(self, new_state: torch.Tensor, device: Any = None) -> None:
+        torch.set_rng_state(new_state)
+
+    def synchronize(self, device: Any = None) -> None:
+        """Nothing to wait for: every operation ran when it was called."""
+
+
+def enable_emulated_device(name: str = EMULATED_DEVICE, *, device_count: int = 1) -> str:
+    """Make ``name`` a PyTorch device type backed by host memory; returns ``name``.
+
+    Idempotent for the same name. Call it once per process before anything moves to the
+    device (a test suite: in a session-scoped fixture or a subprocess).
+
+    Args:
+        name: The device type to create (``torch.device(name)``, ``tensor.to(name)``).
+        device_count: How many devices (``name:0`` .. ``name:N-1``) to emulate.
+
+    Raises:
+        EmulatedDeviceError: torch is older than the hooks the emulation relies on, or
+            PrivateUse1 already serves another name in this process.
+    """
+    with _lock:
+        if _state["name"] is not None:
+            if _state["name"] != name:
+                raise EmulatedDeviceError(
+                    f"the emulated device is already enabled as {_state['name']!r} in this "
+                    f"process and cannot also be {name!r} (torch names PrivateUse1 once per "
+                    f"process); use {_state['name']!r}, or enable {name!r} in a fresh process"
+                )
+            _state["count"] = max(_state["count"], device_count)
+            return name
+        version = _torch_version()
+        from torch.utils import backend_registration
+
+        setup = getattr(backend_registration, "_setup_privateuseone_for_python_backend", None)
+        if version < _MIN_TORCH or setup is None or not hasattr(torch._C, "_acc"):
+            raise EmulatedDeviceError(
+                f"the emulated device needs torch >= {_MIN_TORCH[0]}.{_MIN_TORCH[1]} with the "
+                f"PrivateUse1 Python hooks, this is torch {torch.__version__}; upgrade torch "
+                "(pip install -U torch) or run these checks with tensor_device='cpu'"
+            )
+        current = torch._C._get_privateuse1_backend_name()
+        if current != "privateuseone":
+            raise EmulatedDeviceError(
+                f"PrivateUse1 already serves the device type {current!r} in this process (an "
+                f"out-of-tree backend was imported), so {name!r} cannot be emulated here; run "
+                "the emulated device in a process that does not load that backend"
+            )
+        _state["name"] = name
+        _state["count"] = device_count
+        setup(rename=name, backend_module=_BackendModule())
+        library = torch.library.Library("_", "IMPL")  # type: ignore[no-untyped-call]
+        library.fallback(_fallback, "PrivateUse1")  # type: ignore[no-untyped-call]
+        _state["library"] = library  # the registration lives as long as the library object
+        return name
+
+
+class EmulatedDeviceRuntime(DeviceRuntime):
+    """The runtime for the emulated device (``device="ppe_emu"``): the shared device options
+    (``autocast``, ``grad_scaler``, ``channels_last``, ``compile``) on a device whose tensors
+    are not CPU tensors. Creating it enables the emulated device under the default name.
+
+    Not registered by any plugin: pass it as ``runtime_class`` (``ppe.to(model, "ppe_emu",
+    runtime_class=EmulatedDeviceRuntime)``, the kit's ``RuntimeTarget``), or register it for
+    ``"ppe_emu"`` in a test's plugin host.
+    """
+
+    option_spec: ClassVar[RuntimeOptions] = RuntimeOptions(
+        "EmulatedDeviceRuntime", *DeviceRuntime.shared_options(EMULATED_DEVICE, torch.bfloat16)
+    )
+    device_type: ClassVar[str] = EMULATED_DEVICE
+    default_autocast_dtype: ClassVar[torch.dtype] = torch.bfloat16
+
+    def __init__(self, device_spec: DeviceLike, options: Mapping[str, Any] | None = None) -> None:
+        enable_emulated_device()
+        super().__init__(device_spec, options)

@@ -1,0 +1,215 @@
+"""The emulated device ``ppe_emu``: a real non-CPU device type to PyTorch, bit-equal to the CPU.
+
+The backend can be named once per process, so one session-scoped fixture enables it for this
+file; what must hold in a process that never enables it runs in a subprocess. The broken
+runtimes below pass on the CPU (where a forgotten move is invisible) and fail on the emulated
+device, with the kit's messages in runtime-author terms.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from ppe_cpu import CPURuntime
+
+from ppe_core.errors import DeviceUnavailableError, EmulatedDeviceError
+from ppe_core.testing import (
+    EMULATED_DEVICE,
+    ConformanceError,
+    EmulatedDeviceRuntime,
+    EmulatedTensor,
+    RuntimeConformance,
+    RuntimeTarget,
+    check_convert_batch,
+    check_module_move,
+    check_snapshot_resume,
+    check_training_matches_reference,
+    enable_emulated_device,
+)
+
+EMU = EMULATED_DEVICE
+
+
+@pytest.fixture(autouse=True, scope="session")
+def emulated() -> Iterator[str]:
+    """The emulated device, enabled once for the whole test run."""
+    yield enable_emulated_device()
+
+
+def _net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 2)
+    )
+
+
+def test_tensors_report_the_device_and_mixing_with_cpu_fails() -> None:
+    host = torch.randn(3, 4)
+    moved = host.to(EMU)
+    assert isinstance(moved, EmulatedTensor) and moved.device == torch.device(EMU, 0)
+    assert (moved * 2 + moved).device.type == EMU and torch.equal((moved * 3).cpu(), host * 3)
+    assert torch.zeros(2, device=EMU).device.type == EMU  # factories
+    assert (moved * torch.tensor(2.0)).device.type == EMU  # a 0-dim CPU tensor is a scalar
+    with pytest.raises(RuntimeError, match=f"at least two devices, {EMU}:0 and cpu"):
+        moved + host
+    with pytest.raises(RuntimeError, match="at least two devices"):
+        torch.nn.Linear(4, 2)(moved)  # a module that was not moved
+
+
+@pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.AdamW])
+def test_training_on_the_device_is_bit_equal_to_the_cpu(optimizer: Any) -> None:
+    cpu_model = _net()
+    emu_model = copy.deepcopy(cpu_model).to(EMU)
+    assert {p.device.type for p in emu_model.parameters()} == {EMU}
+    assert emu_model[1].running_mean.device.type == EMU
+    kwargs = {"momentum": 0.9} if optimizer is torch.optim.SGD else {}
+    cpu_opt = optimizer(cpu_model.parameters(), lr=0.1, **kwargs)
+    emu_opt = optimizer(emu_model.parameters(), lr=0.1, **kwargs)
+    for step in range(3):
+        x = torch.randn(5, 4, generator=torch.Generator().manual_seed(step))
+        for model, opt, batch in ((cpu_model, cpu_opt, x), (emu_model, emu_opt, x.to(EMU))):
+            opt.zero_grad()
+            model(batch).pow(2).mean().backward()
+            opt.step()
+    expected = cpu_model.state_dict()
+    for name, got in emu_model.state_dict().items():
+        want = expected[name]
+        assert got.device.type == EMU and torch.equal(got.cpu(), want), name
+    state = next(iter(emu_opt.state.values()))
+    assert {v.device.type for v in state.values() if v.dim() > 0} == {EMU}
+
+
+def test_save_and_load_honour_map_location() -> None:
+    model = _net().to(EMU)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(3, 4).to(EMU)).sum().backward()
+    opt.step()
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buffer)
+    for where, expected in ((None, EMU), ("cpu", "cpu"), ({f"{EMU}:0": "cpu"}, "cpu")):
+        buffer.seek(0)
+        loaded = torch.load(buffer, map_location=where, weights_only=True)
+        assert loaded["model"]["0.weight"].device.type == expected
+        assert loaded["opt"]["state"][0]["exp_avg"].device.type == expected
+    fresh = _net().to(EMU)
+    fresh.load_state_dict(loaded["model"])  # a CPU state_dict loads into the device model
+    assert torch.equal(fresh[0].weight.cpu(), model[0].weight.cpu())
+    assert fresh[0].weight.device.type == EMU
+
+
+def test_a_second_name_in_the_same_process_is_refused() -> None:
+    assert enable_emulated_device() == EMU  # idempotent
+    with pytest.raises(EmulatedDeviceError, match=f"already enabled as '{EMU}'") as info:
+        enable_emulated_device("otherdev")
+    assert isinstance(info.value, DeviceUnavailableError)
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_nothing_changes_in_a_process_that_does_not_enable_it() -> None:
+    result = _python(
+        "import torch, ppe_core, ppe_core.testing\n"
+        "assert torch._C._get_privateuse1_backend_name() == 'privateuseone'\n"
+        "try:\n    torch.device('ppe_emu')\nexcept RuntimeError:\n    print('unknown')\n"
+    )
+    assert result.stdout.strip() == "unknown", result.stderr
+
+
+def test_a_torch_without_the_hooks_gets_a_clear_error() -> None:
+    result = _python(
+        "import torch\ntorch.__version__ = '2.1.0'\n"
+        "from ppe_core.testing import enable_emulated_device\nenable_emulated_device()\n"
+    )
+    assert "EmulatedDeviceError: the emulated device needs torch >= 2.9" in result.stderr
+    assert "upgrade torch" in result.stderr
+
+
+# The kit on the emulated device ------------------------------------------------------------
+class TestEmulatedDeviceRuntimeConformance(RuntimeConformance):
+    """Every check, with tensors on ppe_emu (no tensor_device='cpu')."""
+
+    device = EMU
+    runtime_class = EmulatedDeviceRuntime
+
+
+class MovesOnlyParameters(EmulatedDeviceRuntime):
+    """Moves parameters but leaves buffers (BatchNorm statistics, registered buffers) behind."""
+
+    def move_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        for sub in module.modules():
+            for name, param in list(sub.named_parameters(recurse=False)):
+                setattr(sub, name, torch.nn.Parameter(param.detach().to(self.device)))
+        return module
+
+
+class ForgetsNamedtuples(EmulatedDeviceRuntime):
+    """Rebuilds dicts, lists and tuples, but returns namedtuples as they came."""
+
+    def convert_batch(self, args: Any) -> Any:
+        if isinstance(args, tuple) and hasattr(args, "_fields"):
+            return args
+        if isinstance(args, dict):
+            return {k: self.convert_batch(v) for k, v in args.items()}
+        if isinstance(args, (list, tuple)):
+            return type(args)(self.convert_batch(v) for v in args)
+        return self.move_tensor(args) if isinstance(args, torch.Tensor) else args
+
+
+class OffloadsOptimizerState(EmulatedDeviceRuntime):
+    """Keeps optimizer state in host memory between steps and forgets to bring it back."""
+
+    def train_pre_step(
+        self, trainer: Any, module: torch.nn.Module, batch_idx: int, batch: Any
+    ) -> None:
+        for optimizer in trainer.optimizers.values():
+            for state in optimizer.state.values():
+                for key, value in state.items():
+                    if isinstance(value, torch.Tensor) and value.dim() > 0:
+                        state[key] = value.cpu()
+
+
+class CPUOffloadsOptimizerState(CPURuntime):
+    """The same mistake on the CPU, where it is invisible."""
+
+    train_pre_step = OffloadsOptimizerState.train_pre_step
+
+
+def _fails(check: Any, runtime: type[Any], tmp_path: Path) -> str:
+    with pytest.raises(ConformanceError) as info:
+        check(RuntimeTarget(EMU, runtime), tmp_path)
+    return str(info.value)
+
+
+def test_buffers_left_behind_fail_module_move_on_the_device(tmp_path: Path) -> None:
+    message = _fails(check_module_move, MovesOnlyParameters, tmp_path)
+    assert message.startswith(f"move_module left buffer 'scale' on cpu; expected {EMU}")
+    assert "move every parameter AND buffer" in message
+
+
+def test_a_forgotten_namedtuple_field_fails_convert_batch_on_the_device(tmp_path: Path) -> None:
+    message = _fails(check_convert_batch, ForgetsNamedtuples, tmp_path)
+    assert message.startswith(
+        "convert_batch left tensor at batch['pair'].first (a namedtuple field) in a dict batch "
+        f"on cpu; expected {EMU}"
+    )
+
+
+def test_optimizer_state_left_on_the_host_fails_training_and_resume(tmp_path: Path) -> None:
+    # Invisible on the CPU: the same runtime passes there.
+    check_training_matches_reference(RuntimeTarget("cpu", CPUOffloadsOptimizerState), tmp_path)
+    for check in (check_training_matches_reference, check_snapshot_resume):
+        message = _fails(check, OffloadsOptimizerState, tmp_path / check.__name__)
+        assert f"at least two devices, {EMU}:0 and cpu" in message
+        assert "optimizer state must stay on the parameters' device" in message
