@@ -93,7 +93,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="CPU threads for torch (layers this small run fastest on one)",
     )
     parser.add_argument(
-        "--device", default=os.environ.get("PPE_DEVICE", "cpu"), help='e.g. "cpu", "cuda"'
+        "--device",
+        default=os.environ.get("PPE_DEVICE", "cpu"),
+        help='e.g. "cpu", "cuda", or "exampledev" (the example plugin: ppe-core\'s emulated '
+        "device, a non-CPU device type in host memory)",
     )
     return parser.parse_args(argv)
 

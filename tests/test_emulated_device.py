@@ -12,9 +12,9 @@ import copy
 import io
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -142,6 +142,35 @@ class TestEmulatedDeviceRuntimeConformance(RuntimeConformance):
 
     device = EMU
     runtime_class = EmulatedDeviceRuntime
+
+
+class TestEmulatedDeviceRuntimeBF16AutocastConformance(RuntimeConformance):
+    """bf16 autocast on the device: the tolerances of CPU autocast's conformance class."""
+
+    device = EMU
+    runtime_class = EmulatedDeviceRuntime
+    options: ClassVar[Mapping[str, Any]] = {"autocast": True}
+    atol = rtol = 5e-2
+
+
+def test_bf16_autocast_is_bit_equal_to_cpu_autocast() -> None:
+    torch.manual_seed(0)
+    cpu_model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(64, 5)
+    )
+    emu_model = copy.deepcopy(cpu_model).to(EMU)
+    x, t = torch.randn(2, 3, 6, 6), torch.tensor([1, 3])
+    losses = []
+    for model, device in ((emu_model, EMU), (cpu_model, "cpu")):
+        with torch.autocast(device, dtype=torch.bfloat16):
+            out = model(x.to(device))
+            loss = torch.nn.functional.cross_entropy(out, t.to(device))
+        assert (out.dtype, loss.dtype) == (torch.bfloat16, torch.float32)  # lists as on the CPU
+        loss.backward()
+        losses.append(loss.item())
+    assert losses[0] == losses[1]
+    for got, want in zip(emu_model.parameters(), cpu_model.parameters(), strict=True):
+        assert torch.equal(got.grad.cpu(), want.grad)
 
 
 class MovesOnlyParameters(EmulatedDeviceRuntime):

@@ -27,6 +27,7 @@ import torch
 import ppe_core
 from ppe_core.errors import PPEError
 from ppe_core.runtime import BaseRuntime, PyTorchRuntime, device_type_of
+from ppe_core.testing._emulated import EMULATED_DEVICE, enable_emulated_device
 from ppe_core.testing._host import plugin_host
 
 __all__ = [
@@ -122,6 +123,8 @@ class RuntimeTarget:
     def expected_device(self) -> torch.device:
         """The torch device a moved tensor must be on."""
         spec = self.tensor_device if self.tensor_device is not None else self.device
+        if device_type_of(spec) == EMULATED_DEVICE:
+            enable_emulated_device()  # a runtime may create it only when first constructed
         try:
             return torch.device(spec)
         except (RuntimeError, TypeError, ValueError) as exc:

@@ -94,6 +94,19 @@ class EmulatedTensor(torch.Tensor):
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         return f"{self.data_on_host!r} on {self.device}"
 
+    def tolist(self) -> Any:
+        """The values as (nested) Python numbers, as ``tolist`` gives for any device."""
+        return self.data_on_host.tolist()
+
+    def numpy(self, *, force: bool = False) -> Any:
+        """Refused without ``force``, as for any non-CPU tensor: call ``.cpu()`` first."""
+        if not force:
+            raise TypeError(
+                f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to "
+                "copy the tensor to host memory first."
+            )
+        return self.data_on_host.detach().numpy()
+
     def __reduce_ex__(self, protocol: Any) -> Any:
         # The path torch takes for storage-less device tensors (XLA, MTIA): the data travels
         # as a CPU tensor tagged with the device, and torch.load(map_location=...) applies.
@@ -202,6 +215,56 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     return _run(op, args, kwargs)
 
 
+# Autocast on the device follows CPU autocast's op lists for the ops training commonly meets,
+# so a forward under torch.autocast("ppe_emu") is bit-equal to one under torch.autocast("cpu").
+# Other ops fall through and run in their inputs' dtype (CPU autocast does the same for them).
+_AUTOCAST_LOWER = (
+    "addbmm", "addmm", "baddbmm", "bmm", "conv1d", "conv2d", "conv3d", "conv_tbc",
+    "conv_transpose1d", "linalg_vecdot", "linear", "matmul", "mm", "prelu", "_convolution",
+)  # fmt: skip
+_AUTOCAST_FP32 = (
+    "adaptive_avg_pool3d", "avg_pool3d", "binary_cross_entropy",
+    "binary_cross_entropy_with_logits", "cdist", "cosine_embedding_loss", "cross_entropy_loss",
+    "hinge_embedding_loss", "huber_loss", "kl_div", "l1_loss", "margin_ranking_loss",
+    "max_pool3d", "mse_loss", "nll_loss", "nll_loss2d", "poisson_nll_loss", "prod",
+    "smooth_l1_loss", "soft_margin_loss", "trace",
+)  # fmt: skip
+
+
+def _autocast_kernel(op: Any, lower: bool) -> Callable[..., Any]:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        name = _state["name"]
+        dtype = torch.get_autocast_dtype(name) if lower else torch.float32
+
+        def cast(value: Any) -> Any:
+            # float64 stays float64 as under CPU autocast; other floats take the op's dtype.
+            if (
+                isinstance(value, torch.Tensor)
+                and value.is_floating_point()
+                and value.dtype != torch.float64
+                and (lower or value.dtype != torch.float32)
+            ):
+                return value.to(dtype)
+            return value
+
+        keys = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)  # type: ignore[attr-defined]
+        with torch._C._ExcludeDispatchKeyGuard(keys):
+            return op(*tree_map(cast, args), **tree_map(cast, kwargs))
+
+    return kernel
+
+
+def _register_autocast(everything: Any, aten: Any) -> None:
+    everything.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
+    for names, lower in ((_AUTOCAST_LOWER, True), (_AUTOCAST_FP32, False)):
+        for name in names:
+            packet = getattr(_aten, name)
+            for overload in packet.overloads():
+                op = getattr(packet, overload)
+                qualified = name if overload == "default" else f"{name}.{overload}"
+                aten.impl(qualified, _autocast_kernel(op, lower), "AutocastPrivateUse1")
+
+
 class _BackendModule:
     """``torch.<name>``: what torch asks of a device module (availability, count, AMP, RNG)."""
 
@@ -290,7 +353,10 @@ def enable_emulated_device(name: str = EMULATED_DEVICE, *, device_count: int = 1
         setup(rename=name, backend_module=_BackendModule())
         library = torch.library.Library("_", "IMPL")  # type: ignore[no-untyped-call]
         library.fallback(_fallback, "PrivateUse1")  # type: ignore[no-untyped-call]
-        _state["library"] = library  # the registration lives as long as the library object
+        aten = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
+        _register_autocast(library, aten)
+        # Registrations live as long as their library objects.
+        _state["library"] = (library, aten)
         return name
 
 

@@ -9,6 +9,7 @@ import torch
 
 from ppe_core.errors import ConfigurationError
 from ppe_core.runtime import BaseRuntime, DeviceLike, device_type_of
+from ppe_core.testing import enable_emulated_device
 from ppe_example_device import _device
 
 __all__ = ["ExampleDeviceRuntime"]
@@ -17,8 +18,10 @@ __all__ = ["ExampleDeviceRuntime"]
 class ExampleDeviceRuntime(BaseRuntime):
     """Runs models on the simulated device ``exampledev`` (or ``exampledev:N``).
 
-    Data lives in host memory, so a move is a ``.to("cpu")``; a real device would copy to its
-    own memory in :meth:`move_tensor` and :meth:`move_module` instead.
+    Its tensors live on ppe-core's emulated device ``ppe_emu``: a device type PyTorch treats
+    as a real accelerator (an operation mixing it with a CPU tensor fails) whose memory is the
+    host's. A real plugin moves to its own torch device (``torch.device("mydev", index)``)
+    exactly where this one moves to :attr:`torch_device`.
 
     Options:
         count_copies: Count the bytes every batch copies onto the device (default ``True``);
@@ -48,14 +51,18 @@ class ExampleDeviceRuntime(BaseRuntime):
                 "runtime_options={'count_copies': False}"
             )
         self._count = count
+        # The emulated device is set up once per process, on the first runtime created.
+        emulated = enable_emulated_device(device_count=self.index + 1)
+        #: Where this runtime's tensors live (``ppe_emu:N`` for ``exampledev:N``).
+        self.torch_device = torch.device(emulated, self.index)
 
     def move_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """Move parameters and buffers (``module.to`` moves both)."""
-        return module.to("cpu")
+        return module.to(self.torch_device)
 
     def move_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
         """Move one tensor; BaseRuntime's ``convert_batch`` calls this for every tensor of a
         batch, inside dicts, lists, tuples and namedtuples."""
         if self._count:
             _device.record_copy(self.index, tensor.numel() * tensor.element_size())
-        return tensor.to("cpu")
+        return tensor.to(self.torch_device)

@@ -24,7 +24,7 @@ class TestExampleDeviceConformance(RuntimeConformance):
     """Every check of the kit, on the runtime the entry point registers for ``exampledev``."""
 
     device = "exampledev"
-    tensor_device = "cpu"  # the simulated device keeps data in host memory
+    tensor_device = "ppe_emu"  # the emulated device ppe-core's testing module provides
     options: ClassVar[Mapping[str, Any]] = {"count_copies": True}
 
 
@@ -64,6 +64,16 @@ def test_copy_stats_reports_the_bytes_each_epoch_copied(tmp_path: Path) -> None:
     per_epoch = 3 * (8 * 4 + 8 * 1) * 4  # three float32 batches of x and t
     assert [entry["exampledev/bytes_copied"] for entry in log.log] == [per_epoch, per_epoch]
     assert bytes_copied() == 2 * per_epoch
+
+
+def test_tensors_live_on_the_emulated_device_and_a_missed_move_fails() -> None:
+    runtime = ExampleDeviceRuntime("exampledev", {"count_copies": False})
+    model = runtime.move_module(torch.nn.Linear(4, 1))
+    batch = runtime.convert_batch({"x": torch.ones(2, 4)})
+    assert model.weight.device.type == batch["x"].device.type == "ppe_emu"
+    assert model(batch["x"]).device.type == "ppe_emu"
+    with pytest.raises(RuntimeError, match="at least two devices, ppe_emu:0 and cpu"):
+        model(torch.ones(2, 4))  # a batch the runtime did not convert
 
 
 def test_counting_can_be_switched_off() -> None:
