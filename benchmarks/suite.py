@@ -9,7 +9,8 @@ Sections: ``step`` (per-step overhead over a raw loop, peers when installed), ``
 (per-batch evaluation overhead over a raw ``no_grad`` loop), ``import`` (import + plugin
 discovery over ``import torch``), ``snapshot`` (stall of a ~50 MB snapshot with a background
 writer), ``rss`` (memory growth with the standard extensions), ``instructions`` (valgrind
-instruction counts per step), ``gpu`` (transfer options; a stub without CUDA).
+instruction counts per step), ``gpu`` (transfer options; a stub without CUDA), ``emulated``
+(per-step cost on ppe-core's emulated device ``ppe_emu`` beside the CPU runtime).
 
 Method, chosen to be robust on a shared machine: one torch thread; process CPU time (wall
 time only where background work is the point, as for snapshots); per-step costs are marginal
@@ -40,7 +41,7 @@ import torch
 import ppe_core as ppe
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SECTIONS = ("step", "eval", "import", "snapshot", "rss", "instructions", "gpu")
+SECTIONS = ("step", "eval", "import", "snapshot", "rss", "instructions", "gpu", "emulated")
 
 Batch = dict[str, torch.Tensor]
 #: A timed workload: (batches, epochs) -> (seconds, trained model).
@@ -718,6 +719,60 @@ def section_gpu(report: Report, args: argparse.Namespace) -> None:
             report.add("gpu", name, "n/a", f"{type(exc).__name__}: {exc}"[:120])
 
 
+def emulated_trainer(data: list[Batch], epochs: int) -> tuple[float, torch.nn.Module]:
+    """``create_trainer`` bare on the emulated device (``EmulatedDeviceRuntime``)."""
+    from ppe_core.testing import EMULATED_DEVICE, EmulatedDeviceRuntime
+
+    torch.manual_seed(0)
+    model = ppe.to(Tiny(), EMULATED_DEVICE, runtime_class=EmulatedDeviceRuntime)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with tempfile.TemporaryDirectory() as tmp:
+        t = ppe.engine.create_trainer(model, opt, epochs, device=EMULATED_DEVICE, out_dir=tmp)
+        start = time.process_time()
+        t.run(data)
+        return time.process_time() - start, model
+
+
+def section_emulated(report: Report, args: argparse.Namespace) -> None:
+    """Per-step cost on the emulated device beside the CPU runtime (what the kit's checks and
+    the example plugin pay for leaving the CPU: a Python dispatch per operation)."""
+    from ppe_core.testing import enable_emulated_device
+
+    enable_emulated_device()
+    steps, short, long = (100, 1, 3) if args.quick else (200, 1, 4)
+    extra = (long - short) * steps
+    data = batches(steps)
+    variants: dict[str, Workload] = {
+        "cpu runtime": trainer(ppe, extensions=False),
+        "emulated device": emulated_trainer,
+    }
+    per_step: dict[str, list[float]] = {n: [] for n in variants}
+    for fn in variants.values():
+        fn(data, short)  # warm-up
+    models: dict[str, torch.nn.Module] = {}
+    for _ in range(args.repeats):
+        for name, fn in variants.items():
+            v_short, _ = fn(data, short)
+            v_long, models[name] = fn(data, long)
+            per_step[name].append((v_long - v_short) / extra)
+    cpu_weights = {k: v.cpu() for k, v in models["cpu runtime"].state_dict().items()}
+    emu_weights = {k: v.cpu() for k, v in models["emulated device"].state_dict().items()}
+    same = all(torch.equal(emu_weights[k], cpu_weights[k]) for k in cpu_weights)
+    for name, values in per_step.items():
+        ratio = [v / c for v, c in zip(values, per_step["cpu runtime"], strict=True)]
+        report.add(
+            "emulated",
+            name,
+            f"{med_range(values, 1e6)} us/step",
+            f"ratio to cpu {med_range(ratio, fmt='{:.2f}')}"
+            + (
+                ""
+                if name == "cpu runtime"
+                else "; weights " + ("bit-identical to cpu" if same else "DIFFER from cpu")
+            ),
+        )
+
+
 RUNNERS: dict[str, Callable[[Report, argparse.Namespace], None]] = {
     "step": section_step,
     "eval": section_eval,
@@ -726,6 +781,7 @@ RUNNERS: dict[str, Callable[[Report, argparse.Namespace], None]] = {
     "rss": section_rss,
     "instructions": section_instructions,
     "gpu": section_gpu,
+    "emulated": section_emulated,
 }
 
 
