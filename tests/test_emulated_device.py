@@ -132,8 +132,23 @@ def test_a_torch_without_the_hooks_gets_a_clear_error() -> None:
         "import torch\ntorch.__version__ = '2.1.0'\n"
         "from ppe_core.testing import enable_emulated_device\nenable_emulated_device()\n"
     )
-    assert "EmulatedDeviceError: the emulated device needs torch >= 2.9" in result.stderr
+    assert "EmulatedDeviceError: the emulated device needs torch >= 2.13" in result.stderr
     assert "upgrade torch" in result.stderr
+
+
+def test_the_benchmark_workload_trains_like_the_cpu_runtime() -> None:
+    """The suite's ``emulated`` section compares equal work (nothing here is timed)."""
+    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+    try:
+        import suite
+    finally:
+        sys.path.pop(0)
+    data = suite.batches(6)
+    _, on_cpu = suite.trainer(suite.ppe, extensions=False)(data, 2)
+    _, on_device = suite.emulated_trainer(data, 2)
+    assert {p.device.type for p in on_device.parameters()} == {EMU}
+    for name, value in on_cpu.state_dict().items():
+        assert torch.equal(on_device.state_dict()[name].cpu(), value), name
 
 
 # The kit on the emulated device ------------------------------------------------------------

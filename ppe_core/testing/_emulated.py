@@ -36,8 +36,9 @@ __all__ = [
 #: The default name of the emulated device type.
 EMULATED_DEVICE = "ppe_emu"
 
-#: Torch versions whose PrivateUse1 Python hooks the emulation was written and tested against.
-_MIN_TORCH = (2, 9)
+#: The oldest torch the emulation is tested with: the PrivateUse1 Python hooks it uses are
+#: private and experimental, so older versions are refused rather than half-working.
+_MIN_TORCH = (2, 13)
 
 _aten = torch.ops.aten
 _lock = threading.Lock()
