@@ -303,10 +303,14 @@ def test_a_class_without_device_says_to_set_it() -> None:
 
 def test_the_package_re_exports_exactly_the_kit_and_a_method_per_check() -> None:
     import ppe_core.testing
-    from ppe_core.testing import _conformance
+    from ppe_core.testing import _conformance, _emulated
 
     # ppe_core.testing spells the kit's names out for its lazy re-export: keep them in sync.
-    assert set(ppe_core.testing.__all__) == {*_conformance.__all__, "plugin_host"}
+    assert set(ppe_core.testing.__all__) == {
+        *_conformance.__all__,
+        *_emulated.__all__,
+        "plugin_host",
+    }
     for name in _conformance.__all__:
         assert getattr(ppe_core.testing, name) is getattr(_conformance, name)
     # RuntimeConformance spells out one test method per check, so every check is collected.

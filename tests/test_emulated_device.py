@@ -1,7 +1,8 @@
 """The emulated device ``ppe_emu``: a real non-CPU device type to PyTorch, bit-equal to the CPU.
 
-The backend can be named once per process, so one session-scoped fixture enables it for this
-file; what must hold in a process that never enables it runs in a subprocess. The broken
+The backend can be named once per process and must exist before the process's first backward
+pass, so this file enables it when it is collected, for the whole session; what must hold in a
+process that never enables it (or enables it too late) runs in a subprocess. The broken
 runtimes below pass on the CPU (where a forgotten move is invisible) and fail on the emulated
 device, with the kit's messages in runtime-author terms.
 """
@@ -12,7 +13,7 @@ import copy
 import io
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -22,26 +23,22 @@ from ppe_cpu import CPURuntime
 
 from ppe_core.errors import DeviceUnavailableError, EmulatedDeviceError
 from ppe_core.testing import (
-    EMULATED_DEVICE,
     ConformanceError,
     EmulatedDeviceRuntime,
     EmulatedTensor,
     RuntimeConformance,
     RuntimeTarget,
     check_convert_batch,
+    check_grad_scaler_state,
     check_module_move,
     check_snapshot_resume,
     check_training_matches_reference,
     enable_emulated_device,
 )
 
-EMU = EMULATED_DEVICE
-
-
-@pytest.fixture(autouse=True, scope="session")
-def emulated() -> Iterator[str]:
-    """The emulated device, enabled once for the whole test run."""
-    yield enable_emulated_device()
+# Enabled when pytest collects this file, before any test of the session runs a backward pass
+# (torch's autograd engine takes no new device type after its first backward).
+EMU = enable_emulated_device()
 
 
 def _net() -> torch.nn.Module:
@@ -58,6 +55,8 @@ def test_tensors_report_the_device_and_mixing_with_cpu_fails() -> None:
     assert (moved * 2 + moved).device.type == EMU and torch.equal((moved * 3).cpu(), host * 3)
     assert torch.zeros(2, device=EMU).device.type == EMU  # factories
     assert (moved * torch.tensor(2.0)).device.type == EMU  # a 0-dim CPU tensor is a scalar
+    assert torch.zeros_like(moved, device="cpu").device.type == "cpu"
+    assert torch.equal(moved.to(torch.float64).cpu(), host.double())
     with pytest.raises(RuntimeError, match=f"at least two devices, {EMU}:0 and cpu"):
         moved + host
     with pytest.raises(RuntimeError, match="at least two devices"):
@@ -125,6 +124,15 @@ def test_nothing_changes_in_a_process_that_does_not_enable_it() -> None:
         "try:\n    torch.device('ppe_emu')\nexcept RuntimeError:\n    print('unknown')\n"
     )
     assert result.stdout.strip() == "unknown", result.stderr
+
+
+def test_enabling_it_after_a_backward_pass_gets_a_clear_error() -> None:
+    result = _python(
+        "import torch\nx = torch.ones(1, requires_grad=True)\n(x * 2).sum().backward()\n"
+        "from ppe_core.testing import enable_emulated_device\nenable_emulated_device()\n"
+    )
+    assert "EmulatedDeviceError: the emulated device 'ppe_emu' was enabled after" in result.stderr
+    assert "def pytest_configure(config): enable_emulated_device()" in result.stderr
 
 
 def test_a_torch_without_the_hooks_gets_a_clear_error() -> None:
@@ -257,3 +265,39 @@ def test_optimizer_state_left_on_the_host_fails_training_and_resume(tmp_path: Pa
         message = _fails(check, OffloadsOptimizerState, tmp_path / check.__name__)
         assert f"at least two devices, {EMU}:0 and cpu" in message
         assert "optimizer state must stay on the parameters' device" in message
+
+
+class KeepsItsScalerPrivate(EmulatedDeviceRuntime):
+    """Takes the grad_scaler option for itself: ppe-core never sees, uses or saves it."""
+
+    def __init__(self, device_spec: Any, options: Mapping[str, Any] | None = None) -> None:
+        options = dict(options or {})
+        self.private_scaler = options.pop("grad_scaler", None)
+        super().__init__(device_spec, options)
+
+
+class ResetsItsScalerWhenARunStarts(EmulatedDeviceRuntime):
+    """Puts the scaler back to the state it was created with at a run's first step, so the
+    state a snapshot restored is lost."""
+
+    def __init__(self, device_spec: Any, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(device_spec, options)
+        scaler = self.grad_scaler
+        self.initial_state = None if scaler is None else scaler.state_dict()
+
+    def train_pre_step(
+        self, trainer: Any, module: torch.nn.Module, batch_idx: int, batch: Any
+    ) -> None:
+        if self.grad_scaler is not None and self.initial_state is not None:
+            self.grad_scaler.load_state_dict(self.initial_state)
+            self.initial_state = None
+
+
+def test_an_unused_or_reset_grad_scaler_fails_the_kit_on_the_device(tmp_path: Path) -> None:
+    check_grad_scaler_state(RuntimeTarget(EMU, EmulatedDeviceRuntime), tmp_path / "ok")
+    message = _fails(check_grad_scaler_state, KeepsItsScalerPrivate, tmp_path / "private")
+    assert message.startswith("the grad_scaler option was never used")
+    assert "runtime.options['grad_scaler']" in message
+    message = _fails(check_grad_scaler_state, ResetsItsScalerWhenARunStarts, tmp_path / "reset")
+    assert message.startswith("after resuming from a snapshot the GradScaler state is")
+    assert "do not replace or reset it" in message

@@ -21,6 +21,9 @@ from ppe_core.testing import EMULATED_DEVICE, enable_emulated_device
 
 DIGITS = Path(__file__).parent.parent / "examples" / "train_digits.py"
 
+# Before any test of the session runs a backward pass (see tests/test_emulated_device.py).
+enable_emulated_device()
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
@@ -70,7 +73,7 @@ def test_digits_on_the_emulated_device_resumes_bit_exactly_and_equals_the_cpu_ru
     _train(tmp_path / "resumed", "exampledev", 1)
     resumed = _train(tmp_path / "resumed", "exampledev", 2)  # continues from epoch 1
     assert "resumed from" in resumed
-    enable_emulated_device()  # the snapshot's tensors were saved from the device
+    # The snapshot's tensors were saved from the device (enabled at collection, see below).
     weights = _last_snapshot(tmp_path / "emu", map_location=None)["models"]["main"]
     assert {t.device.type for t in weights.values()} == {EMULATED_DEVICE}
     want = _last_snapshot(tmp_path / "cpu")

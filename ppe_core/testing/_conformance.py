@@ -40,6 +40,7 @@ __all__ = [
     "check_callback_order",
     "check_convert_batch",
     "check_eval_no_grad",
+    "check_grad_scaler_state",
     "check_module_move",
     "check_options_validation",
     "check_snapshot_resume",
@@ -848,6 +849,58 @@ def check_snapshot_resume(target: RuntimeTarget, workdir: Path | None = None) ->
         )
 
 
+#: The grad scaler check's scaler: grows every step, so a lost or unused state shows.
+_SCALER_INIT = 2.0**8
+
+
+def _scaler(device_type: str) -> torch.amp.GradScaler:
+    return torch.amp.GradScaler(device_type, init_scale=_SCALER_INIT, growth_interval=1)
+
+
+def check_grad_scaler_state(target: RuntimeTarget, workdir: Path | None = None) -> None:
+    """A ``grad_scaler`` runtime option scales every step, and its state resumes from snapshots.
+
+    Trains with a fresh ``torch.amp.GradScaler`` (growing every step) for four epochs, and for
+    two plus two through a snapshot; both scalers must have grown, to the same state. A
+    runtime whose ``accepted_options`` leave out ``grad_scaler`` passes (it offers none).
+    """
+    with _workdir(workdir) as work:
+        cls, expected = target.resolve(), target.expected_device()
+        accepted = cls.accepted_options
+        if accepted is not None and "grad_scaler" not in accepted:
+            return
+        snapshot = ppe_core.training.extensions.snapshot
+        scalers = {name: _scaler(expected.type) for name in ("whole", "first", "resumed")}
+
+        def train(name: str, epochs: int, out: str, seed: int, ext: list[Any]) -> None:
+            options = {**target.options, "grad_scaler": scalers[name]}
+            _train(
+                target.device, options, epochs=epochs, out_dir=work / out, seed=seed, extensions=ext
+            )
+
+        doing = f"training with a GradScaler on {target.device!r}"
+        with _host_with(target.device, cls), _doing(doing):
+            train("whole", 2 * _EPOCHS, "whole", 0, [])
+            train("first", _EPOCHS, "resume", 0, [snapshot()])
+            train("resumed", 2 * _EPOCHS, "resume", 1, [snapshot(autoload=True)])
+        whole, resumed = scalers["whole"].state_dict(), scalers["resumed"].state_dict()
+        if whole["scale"] == _SCALER_INIT:
+            raise ConformanceError(
+                "the grad_scaler option was never used: four epochs with a "
+                "torch.amp.GradScaler(growth_interval=1) left its scale at the initial "
+                f"{_SCALER_INIT:g} -- keep the scaler in runtime.options['grad_scaler'] (the "
+                "DeviceRuntime/PyTorchRuntime grad_scaler setter does), where the handler "
+                "offers it to the step and saves its state in snapshots"
+            )
+        if resumed != whole:
+            raise ConformanceError(
+                f"after resuming from a snapshot the GradScaler state is {resumed}, but an "
+                f"uninterrupted run's is {whole} -- the scaler in runtime.options['grad_scaler'] "
+                "is the one snapshots save and restore: use it for the whole run, do not "
+                "replace or reset it (in initialize_module, train_epoch_begin, ...)"
+            )
+
+
 _CALLBACKS = (
     "initialize_module",
     "convert_batch",
@@ -1017,6 +1070,7 @@ CHECKS: Mapping[str, Callable[[RuntimeTarget, Path | None], None]] = MappingProx
         "eval_no_grad": check_eval_no_grad,
         "state_dict_round_trip": check_state_dict_round_trip,
         "snapshot_resume": check_snapshot_resume,
+        "grad_scaler_state": check_grad_scaler_state,
         "callback_order": check_callback_order,
         "options_validation": check_options_validation,
     }
@@ -1139,6 +1193,9 @@ class RuntimeConformance:
 
     def test_snapshot_resume(self, tmp_path: Path) -> None:
         self._check("snapshot_resume", tmp_path)
+
+    def test_grad_scaler_state(self, tmp_path: Path) -> None:
+        self._check("grad_scaler_state", tmp_path)
 
     def test_callback_order(self, tmp_path: Path) -> None:
         self._check("callback_order", tmp_path)

@@ -42,7 +42,7 @@ _MIN_TORCH = (2, 13)
 
 _aten = torch.ops.aten
 _lock = threading.Lock()
-_state: dict[str, Any] = {"name": None, "count": 1, "library": None}
+_state: dict[str, Any] = {"name": None, "count": 1, "library": None, "failed": ""}
 
 # Ops that copy between devices: the one place a CPU tensor may meet an emulated one.
 _COPY_OPS = frozenset(
@@ -185,9 +185,9 @@ def _run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return destination
     by_id = {id(t.data_on_host): t for t in tensors if isinstance(t, EmulatedTensor)}
     out = func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs))
+    if target is not None and target_index is None:
+        return out  # asked for another device type (the CPU): e.g. .cpu(), zeros_like(device=)
     if func is _aten._to_copy.default:
-        if target is not None and target_index is None:
-            return out  # to another device type (the CPU)
         source = args[0]
         if isinstance(source, EmulatedTensor) and out is source.data_on_host:
             out = out.clone()  # torch's copy must not alias the source
@@ -323,6 +323,8 @@ def enable_emulated_device(name: str = EMULATED_DEVICE, *, device_count: int = 1
             PrivateUse1 already serves another name in this process.
     """
     with _lock:
+        if _state["failed"]:
+            raise EmulatedDeviceError(_state["failed"])
         if _state["name"] is not None:
             if _state["name"] != name:
                 raise EmulatedDeviceError(
@@ -358,7 +360,31 @@ def enable_emulated_device(name: str = EMULATED_DEVICE, *, device_count: int = 1
         _register_autocast(library, aten)
         # Registrations live as long as their library objects.
         _state["library"] = (library, aten)
+        _probe_autograd(name)
         return name
+
+
+def _probe_autograd(name: str) -> None:
+    """Fail clearly if autograd cannot reach the device in this process.
+
+    torch's autograd engine sizes its per-device worker queues once, at the process's first
+    backward; a device type registered after that has no queue, and every later backward on
+    it fails with an internal assertion. One tiny backward tells.
+    """
+    probe = torch.ones(1, device=name, requires_grad=True)
+    try:
+        (probe * 2).sum().backward()
+    except RuntimeError as exc:
+        if "device_ready_queues_" not in str(exc):
+            raise
+        _state["failed"] = (
+            f"the emulated device {name!r} was enabled after this process had already run a "
+            "backward pass, and torch's autograd engine cannot take a new device type then; "
+            "enable it before the first backward: at the top of the script, in a pytest "
+            "conftest.py (def pytest_configure(config): enable_emulated_device()), or in a "
+            "fresh process"
+        )
+        raise EmulatedDeviceError(_state["failed"]) from exc
 
 
 class EmulatedDeviceRuntime(DeviceRuntime):

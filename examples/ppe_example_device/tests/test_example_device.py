@@ -17,7 +17,12 @@ from ppe_example_device import ExampleDeviceRuntime, bytes_copied, reset_stats
 
 import ppe_core as ppe
 from ppe_core.errors import ConfigurationError
-from ppe_core.testing import RuntimeConformance
+from ppe_core.testing import RuntimeConformance, enable_emulated_device
+
+# The runtime's tensors live on ppe-core's emulated device, which must exist before the test
+# process's first backward pass (torch's autograd engine takes no new device type later), so
+# it is enabled when pytest collects this file, not when the first runtime is created.
+enable_emulated_device()
 
 
 class TestExampleDeviceConformance(RuntimeConformance):
