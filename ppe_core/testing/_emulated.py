@@ -373,7 +373,7 @@ def _probe_autograd(name: str) -> None:
     """
     probe = torch.ones(1, device=name, requires_grad=True)
     try:
-        (probe * 2).sum().backward()
+        (probe * 2).sum().backward()  # type: ignore[no-untyped-call]
     except RuntimeError as exc:
         if "device_ready_queues_" not in str(exc):
             raise
