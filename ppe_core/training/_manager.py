@@ -13,7 +13,19 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError, PPEWarning
+from ppe_core.errors import (
+    ArgumentTypeError,
+    ConfigurationError,
+    ExtensionErrorHandlerWarning,
+    IgniteNotInstalledError,
+    IgnoredArgumentWarning,
+    ManagerStateError,
+    MissingExtensionStateWarning,
+    ModelStateUnavailableError,
+    StateDictKeyError,
+    StateDictMismatchError,
+    StateVersionWarning,
+)
 from ppe_core.reporting import Observation, Reporter
 from ppe_core.training._extension import (
     Extension,
@@ -29,10 +41,6 @@ from ppe_core.training._state import (
     PPE_CORE_STATE_KEY,
     EpochLength,
     ManagerState,
-    MissingExtensionStateWarning,
-    StateDictKeyError,
-    StateDictMismatchError,
-    StateVersionWarning,
     TransformModel,
     warn_missing_extension_states,
 )
@@ -60,34 +68,6 @@ __all__ = [
     "default_transform_model",
     "identity_transform_model",
 ]
-
-
-class ManagerStateError(PPEError, RuntimeError):
-    """The manager was used in a state that does not allow it (finalized, nested iteration)."""
-
-
-class ModelStateUnavailableError(PPEError, RuntimeError):
-    """An extension read ``manager.models`` in an iteration where model state is not current.
-
-    Only extensions declaring ``needs_model_state = True`` may read models while extensions run,
-    because runtimes that defer work only make the model state current for them.
-    """
-
-
-class ExtensionErrorHandlerWarning(PPEWarning):
-    """An ``on_error`` or ``finalize`` handler raised while training was failing.
-
-    The handler's exception is reported by this warning so that the original training error,
-    which is re-raised, is not masked.
-    """
-
-
-class IgnoredArgumentWarning(PPEWarning):
-    """A keyword argument PPE accepts for compatibility was passed and has no effect."""
-
-
-class IgniteNotInstalledError(PPEError, ImportError):
-    """``IgniteExtensionsManager`` was created without pytorch-ignite installed."""
 
 
 class _Writer(Protocol):

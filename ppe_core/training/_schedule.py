@@ -6,7 +6,8 @@ import difflib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ppe_core.training._extension import ExtensionEntry, ExtensionNameError
+from ppe_core.errors import ExtensionNameError
+from ppe_core.training._extension import ExtensionEntry
 from ppe_core.training.triggers import NEVER, next_due
 
 if TYPE_CHECKING:
