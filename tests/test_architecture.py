@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import os
 import re
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from pathlib import Path
 import pytest
 
 import ppe_core
+from ppe_core import _compat
 
 ROOT = Path(ppe_core.__file__).resolve().parent
 
@@ -292,8 +294,8 @@ def test_errors_imports_no_ppe_core_module() -> None:
 # registry (``set_registry_source``), so it never reaches up for it.
 _RUNTIME_MAY_IMPORT = ("ppe_core.runtime", "ppe_core.errors", "ppe_core._registry")
 # ``ppe.runtime._map`` only keeps PPE's path of ``ppe.map`` (which builds a code block with the
-# handler): a compatibility shim, exempt because it defines nothing.
-_PPE_PATH_SHIMS = {"ppe_core.runtime._map"}
+# handler): a compatibility shim (ppe_core/_compat.py), exempt because it defines nothing.
+_PPE_PATH_SHIMS = {m for m in _compat.SHIMS if m.startswith("ppe_core.runtime.")}
 
 
 def _runtime_modules() -> list[str]:
@@ -344,15 +346,88 @@ def test_runtime_package_imports_nothing_inside_functions() -> None:
     assert sum(map(len, counted.values())) == 0, {m: t for m, t in counted.items() if t}
 
 
-def test_ppe_path_shims_only_re_export() -> None:
-    # Exempt from the layer rule only because they define nothing: no code of the contract
-    # may hide in them.
-    for module in _PPE_PATH_SHIMS:
-        tree = ast.parse(_modules()[module].read_text())
-        defined = [
-            node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))
-        ]
-        assert defined == [], f"{module} defines {defined}; move them out of the shim"
+def _compat_layer() -> set[str]:
+    return {"ppe_core._compat", *_compat.SHIMS, *_compat.ADAPTERS}
+
+
+def _shim_problems(module: str, sources: tuple[str, ...]) -> list[str]:
+    """How the shim ``module`` departs from its row: it may import its row's modules (and the
+    not-provided helper), list exactly the names it imports in ``__all__``, and define nothing."""
+    problems: list[str] = []
+    imported: set[str] = set()
+    exported: list[str] | None = None
+    tree = ast.parse(_modules()[module].read_text())
+    for index, node in enumerate(tree.body):
+        if index == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # the docstring
+        if isinstance(node, ast.ImportFrom) and node.module in ("__future__", "typing"):
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module == "ppe_core._not_provided":
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module in sources:
+            imported.update(alias.asname or alias.name for alias in node.names)
+        elif (
+            isinstance(node, ast.Assign)
+            and [ast.unparse(t) for t in node.targets] == ["__all__"]
+            and isinstance(node.value, ast.List)
+        ):
+            exported = [ast.literal_eval(e) for e in node.value.elts]
+        elif isinstance(node, ast.If) and ast.unparse(node).startswith(
+            "if not TYPE_CHECKING:\n    __getattr__ = module_getattr(__name__)"
+        ):
+            continue  # PPE names left out here say what to use instead
+        else:
+            problems.append(f"line {node.lineno}: {ast.unparse(node).splitlines()[0]}")
+    if exported is None or set(exported) != imported:
+        problems.append(f"__all__ {exported} is not what it imports {sorted(imported)}")
+    return problems
+
+
+def test_the_shim_check_sees_a_definition() -> None:
+    assert (
+        _shim_problems(
+            "ppe_core.training.extensions.log_report",
+            _compat.SHIMS["ppe_core.training.extensions.log_report"],
+        )
+        == []
+    )
+    problems = _shim_problems("ppe_core.training._manager", ("ppe_core.errors",))
+    assert any("class ExtensionsManager" in p for p in problems)
+
+
+@pytest.mark.parametrize("module", sorted(_compat.SHIMS))
+def test_ppe_path_shims_only_re_export_what_the_table_says(module: str) -> None:
+    assert module in _modules(), f"{module} is in ppe_core/_compat.py but has no file"
+    assert not _shim_problems(module, _compat.SHIMS[module])
+    importlib.import_module(module)  # and it imports
+
+
+def test_every_module_that_only_re_exports_is_in_the_compat_table() -> None:
+    # A new PPE path is added to the table, so the layer stays visible in one place. Package
+    # ``__init__`` files are public namespaces (faces), not shims.
+    unlisted = [
+        module
+        for module, path in _modules().items()
+        if path.name != "__init__.py"
+        and module not in _compat.SHIMS
+        and module not in ("ppe_core.profiler", "ppe_core.reporting")  # public faces
+        and any(_shim_problems(module, (m,)) == [] for m in _edges(module))
+    ]
+    assert unlisted == [], f"add these PPE-path shims to ppe_core/_compat.py: {unlisted}"
+
+
+def test_the_compat_layer_is_an_edge() -> None:
+    # It imports the core, never the reverse: only a package's ``__init__`` (its public
+    # namespace at PPE's path) names a compat module, lazily; no implementation module does.
+    layer = _compat_layer()
+    assert layer <= set(_modules())
+    reverse = {
+        module: sorted(_edges(module) & layer)
+        for module, path in _modules().items()
+        if module not in layer and path.name != "__init__.py" and _edges(module) & layer
+    }
+    assert not reverse, f"core modules import the compatibility layer: {reverse}"
+    assert not any("ppe_core._compat" in _edges(m) for m in _modules()), "run-time import"
 
 
 def test_ppe_paths_of_to_are_one_function() -> None:
@@ -464,3 +539,33 @@ def test_import_ppe_core_loads_neither_the_plugin_host_nor_the_engine() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["ppe_core.errors"]
+
+
+@pytest.mark.slow  # mypy reads torch's stubs once (about a minute)
+def test_mypy_sees_the_classes_behind_ppe_paths(tmp_path: Path) -> None:
+    # Why the shims stay files: a type checker resolves a PPE path to the core's class (not to
+    # Any), so user scripts keep their types. Each line below is a type error only then.
+    pytest.importorskip("mypy")
+    script = tmp_path / "user.py"
+    script.write_text(
+        "from ppe_core.training.extensions.log_report import LogReport\n"
+        "from ppe_core.training.manager import IgniteExtensionsManager\n"
+        "from ppe_core.training.triggers.interval_trigger import IntervalTrigger\n"
+        "a: int = LogReport()\n"
+        "b: int = IntervalTrigger(1, 'epoch')\n"
+        "c: type[int] = IgniteExtensionsManager\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "cache"), str(script)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "MYPYPATH": str(ROOT.parent)},
+    )
+    for line, found in ((4, "LogReport"), (5, "IntervalTrigger"), (6, "IgniteExtensionsManager")):
+        assert (
+            f'user.py:{line}: error: Incompatible types in assignment (expression has type "'
+            in out.stdout
+            and found in out.stdout
+        ), out.stdout + out.stderr
+    assert "Found 3 errors in 1 file" in out.stdout, out.stdout + out.stderr

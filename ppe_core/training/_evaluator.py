@@ -59,7 +59,7 @@ def _observing_reporter(models: Mapping[str, torch.nn.Module]) -> Reporter:
     same ``main/...`` keys as in training. A data-parallel wrapper's inner module gets the
     wrapper's name, as ``default_transform_model`` gives it in the trainer.
     """
-    from ppe_core.training.manager import default_transform_model
+    from ppe_core.training._manager import default_transform_model
 
     reporter = Reporter()
     for name, model in models.items():

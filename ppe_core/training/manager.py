@@ -16,9 +16,9 @@ from ppe_core.errors import (
     StateDictMismatchError,
     StateVersionWarning,
 )
+from ppe_core.training._ignite import IgniteExtensionsManager
 from ppe_core.training._manager import (
     ExtensionsManager,
-    IgniteExtensionsManager,
     StopReason,
     TransformModel,
     default_transform_model,
