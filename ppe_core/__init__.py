@@ -104,6 +104,7 @@ def _plugin_host() -> _plugins.PluginHost:
     # plugin host without importing it (it names their modules), and it loads on first use.
     from ppe_core._plugins import get_plugin_host
 
+    _active_host.set_host_source(get_plugin_host)  # later calls go straight to it
     return get_plugin_host()
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ppe_core._active_host import active_host
+from ppe_core._record import record
 from ppe_core.distributed import timeout_error
 from ppe_core.errors import (
     AmbiguousEvaluatorError,
@@ -376,8 +377,6 @@ class Trainer:
         step = step_function(self.handler, "train")
         if not (self._enable_profile or self._enable_trace):
             return step
-        from ppe_core._record import record
-
         tag, enable, trace = (
             "ppe.training.Trainer:train_step",
             self._enable_profile,
@@ -516,8 +515,6 @@ class _StepScopes:
     """
 
     def __init__(self, time: bool, trace: bool) -> None:
-        from ppe_core._record import record  # see Schedule: reaches the plugin host
-
         self._record = record
         self._time = time
         self._trace = trace
