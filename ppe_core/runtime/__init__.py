@@ -9,14 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ppe_core.errors import RuntimeOptionError, RuntimeReplacedWarning
+from ppe_core.errors import RuntimeOptionError, RuntimeOptionTypeError, RuntimeReplacedWarning
 from ppe_core.runtime._device import DeviceRuntime
-from ppe_core.runtime._options import (
-    OptionSpec,
-    RuntimeOptions,
-    RuntimeOptionTypeError,
-    positive_int,
-)
+from ppe_core.runtime._options import OptionSpec, RuntimeOptions, positive_int
 from ppe_core.runtime._registry import (
     RuntimeRegistry,
     _RuntimeRegistry,  # noqa: F401  (PPE's name, reachable as ppe.runtime._RuntimeRegistry)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ppe_core.errors import ArgumentTypeError, RuntimeOptionError
+from ppe_core.errors import RuntimeOptionError, RuntimeOptionTypeError
 
 __all__ = [
     "OptionSpec",
@@ -23,10 +23,6 @@ __all__ = [
     "RuntimeOptions",
     "positive_int",
 ]
-
-
-class RuntimeOptionTypeError(RuntimeOptionError, ArgumentTypeError):
-    """A runtime option has the wrong type (a ``TypeError`` and a ``ValueError``)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 from ppe_core.testing._host import plugin_host
 
 if TYPE_CHECKING:
+    from ppe_core.errors import ConformanceError
     from ppe_core.testing._conformance import (
         CHECKS,
         CheckResult,
-        ConformanceError,
         Pair,
         RuntimeConformance,
         RuntimeTarget,

@@ -25,7 +25,7 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 
 import ppe_core
-from ppe_core.errors import PPEError
+from ppe_core.errors import ConformanceError
 from ppe_core.runtime import BaseRuntime, PyTorchRuntime, device_type_of
 from ppe_core.testing._host import plugin_host
 
@@ -56,13 +56,6 @@ UNKNOWN_OPTION = "ppe_conformance_unknown_option"
 _EPOCHS = 2
 _ITERS = 3
 _VAL_BATCHES = 2
-
-
-class ConformanceError(PPEError, AssertionError):
-    """A runtime broke the runtime contract; the message says what is wrong and how to fix it.
-
-    Also an ``AssertionError``, so pytest reports it as a test failure, not an error.
-    """
 
 
 @dataclass(frozen=True)
