@@ -16,7 +16,17 @@ import pytest
 import torch
 from ppe_cpu import CPURuntime
 
-from ppe_core.runtime import BaseRuntime, DeviceLike, OptionSpec, PyTorchRuntime, RuntimeOptions
+import ppe_core as ppe
+from ppe_core.errors import AMPOptionError, ConfigurationError, RuntimeOptionError
+from ppe_core.runtime import (
+    BaseRuntime,
+    DeviceLike,
+    DeviceRuntime,
+    OptionSpec,
+    PyTorchRuntime,
+    RuntimeOptions,
+    device_type_of,
+)
 from ppe_core.testing import (
     ConformanceError,
     RuntimeTarget,
@@ -24,6 +34,8 @@ from ppe_core.testing import (
     check_options_validation,
     check_step_hooks,
     check_training_matches_reference,
+    plugin_host,
+    run_checks,
 )
 
 
@@ -208,3 +220,128 @@ def test_a_spec_validated_after_super_init_fails_options_validation(tmp_path: Pa
     assert "SpecValidatedTooLate declares option_spec, but an unknown option raised " in message
     assert "ConfigurationError" in message
     assert "call self.option_spec.validate(options) before super().__init__" in message
+
+
+# A device type PyTorch does not know, and the device type autocast runs on --------------------
+class SimDevRuntime(DeviceRuntime):
+    """``simdev``: unknown to PyTorch, data in host memory, autocast on the CPU's kernels."""
+
+    device_type = "simdev"
+    default_autocast_dtype = torch.bfloat16
+    option_spec = RuntimeOptions(
+        "SimDevRuntime", *DeviceRuntime.shared_options("simdev", torch.bfloat16)
+    )
+    torch_device_type = "cpu"
+
+
+class _Regression(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(4, 1)
+        self.dtypes: list[torch.dtype] = []
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
+        y = self.net(x)
+        self.dtypes.append(y.dtype)
+        return {"loss": torch.nn.functional.mse_loss(y.float(), t)}
+
+
+def _train_on(
+    device: str, runtime_class: type[BaseRuntime], **kwargs: Any
+) -> tuple[_Regression, list[torch.Tensor]]:
+    with plugin_host(_Registers(device_type_of(device), runtime_class)):
+        torch.manual_seed(0)
+        net = _Regression()
+        model = ppe.to(net, device, options=kwargs.pop("runtime_options", None))
+        trainer = ppe.engine.create_trainer(
+            model, torch.optim.SGD(model.parameters(), lr=0.1), 1, device=device, **kwargs
+        )
+        gen = torch.Generator().manual_seed(1)
+        trainer.run(
+            [
+                {"x": torch.randn(8, 4, generator=gen), "t": torch.randn(8, 1, generator=gen)}
+                for _ in range(3)
+            ]
+        )
+    return net, [p.detach().clone() for p in net.parameters()]
+
+
+class _Registers:
+    def __init__(self, device_type: str, runtime_class: type[BaseRuntime]) -> None:
+        self.device_type, self.runtime_class = device_type, runtime_class
+
+    @ppe.hookimpl
+    def ppe_register_runtimes(self, registry: Any) -> None:
+        registry.register(self.device_type, self.runtime_class)
+
+
+def test_a_device_runtime_serves_a_device_type_pytorch_does_not_know() -> None:
+    runtime = SimDevRuntime("simdev:1")
+    assert runtime.device == torch.device("cpu") and runtime.device_spec == "simdev:1"
+    assert runtime.autocast_device_type == "cpu"
+    # bf16 autocast through the runtime option runs on the CPU's kernels, exactly as CPURuntime.
+    net, weights = _train_on("simdev", SimDevRuntime, runtime_options={"autocast": True})
+    ref_net, ref = _train_on("cpu", CPURuntime, runtime_options={"autocast": True})
+    assert net.dtypes == ref_net.dtypes == [torch.bfloat16] * 3
+    assert all(torch.equal(a, b) for a, b in zip(weights, ref, strict=True))
+
+
+def test_the_kit_passes_a_device_runtime_for_an_unknown_device_type(tmp_path: Path) -> None:
+    target = RuntimeTarget(
+        "simdev",
+        SimDevRuntime,
+        options={"autocast": True},
+        tensor_device="cpu",
+        atol=5e-2,
+        rtol=5e-2,
+    )
+    names = ["module_move", "convert_batch", "training_matches_reference", "options_validation"]
+    results = run_checks(target, names, workdir=tmp_path)
+    assert [(r.name, r.message) for r in results if not r.passed] == []
+
+
+def test_an_unknown_device_type_without_torch_device_type_says_to_declare_it() -> None:
+    class NoTorchType(SimDevRuntime):
+        torch_device_type = None
+
+    with pytest.raises(ConfigurationError) as info:
+        NoTorchType("simdev")
+    message = str(info.value)
+    assert "NoTorchType serves 'simdev', a device type PyTorch does not know" in message
+    assert "declare torch_device_type = 'cpu' in the body of NoTorchType" in message
+
+
+def test_autocast_on_a_type_torch_cannot_autocast_fails_at_construction() -> None:
+    class AutocastOnSimdev(SimDevRuntime):
+        autocast_device_type = "simdev"
+
+    AutocastOnSimdev("simdev")  # autocast off: nothing to check
+    with pytest.raises(RuntimeOptionError) as info:
+        AutocastOnSimdev("simdev", {"autocast": True})
+    message = str(info.value)
+    assert "AutocastOnSimdev option 'autocast' asks for autocast on device type 'simdev'" in message
+    assert "autocast_device_type = 'cpu'" in message
+
+
+class HostRuntime(BaseRuntime):
+    """A PPE-style runtime for ``hostdev``: data in host memory."""
+
+    def move_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        return module.to("cpu")
+
+    def move_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to("cpu")
+
+
+class HostRuntimeNamingAutocast(HostRuntime):
+    autocast_device_type = "cpu"
+
+
+def test_the_logics_autocast_uses_the_runtimes_autocast_device_type() -> None:
+    net, _ = _train_on("hostdev", HostRuntimeNamingAutocast, options={"autocast": True})
+    assert net.dtypes == [torch.bfloat16] * 3
+    with pytest.raises(AMPOptionError) as info:
+        _train_on("hostdev", HostRuntime, options={"autocast": True})
+    message = str(info.value)
+    assert "asks for autocast on the model's device type 'hostdev'" in message
+    assert "autocast_device_type attribute" in message

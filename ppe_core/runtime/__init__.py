@@ -15,12 +15,14 @@ from ppe_core.runtime._options import (
     OptionSpec,
     RuntimeOptions,
     RuntimeOptionTypeError,
+    autocast_available,
     positive_int,
 )
 from ppe_core.runtime._registry import (
     RuntimeRegistry,
     _RuntimeRegistry,  # noqa: F401  (PPE's name, reachable as ppe.runtime._RuntimeRegistry)
     active_registry,
+    autocast_device_type_of,
     device_type_of,
 )
 from ppe_core.runtime._runtime import (
@@ -50,6 +52,8 @@ __all__ = [
     "RuntimeOptions",
     "RuntimeRegistry",
     "RuntimeReplacedWarning",
+    "autocast_available",
+    "autocast_device_type_of",
     "device_type_of",
     "get_runtime",
     "iter_runtime_modules",
