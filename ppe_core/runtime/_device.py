@@ -118,7 +118,7 @@ class DeviceRuntime(PyTorchRuntime):
             )
         resolved = self.option_spec.validate(options)
         torch_device = self._torch_device(device_spec)
-        autocast_type = type(self).autocast_device_type or torch_device.type
+        autocast_type = type(self).autocast_device_type or device_type_of(torch_device)
         autocast = autocast_kwargs(
             resolved["autocast"], autocast_type, self.default_autocast_dtype, name
         )
@@ -146,14 +146,22 @@ class DeviceRuntime(PyTorchRuntime):
             )
             self.convert_batch = self._convert_each  # type: ignore[method-assign]
 
-    def _torch_device(self, device_spec: DeviceLike) -> torch.device:
-        """The torch device for ``device_spec``, through :attr:`torch_device_type` if set."""
+    def _torch_device(self, device_spec: DeviceLike) -> DeviceLike:
+        """The torch device for ``device_spec``, through :attr:`torch_device_type` if set (a
+        malformed spec of a type PyTorch knows is returned as is: ``PyTorchRuntime`` explains
+        it)."""
         name = type(self).__name__
         target = self.torch_device_type
         if target is None:
             try:
                 return torch.device(device_spec)
             except (RuntimeError, TypeError, ValueError) as exc:
+                try:
+                    torch.device(self.device_type)
+                except (RuntimeError, TypeError, ValueError):
+                    pass
+                else:
+                    return device_spec
                 raise ConfigurationError(
                     f"{name} serves {self.device_type!r}, a device type PyTorch does not know "
                     f"(torch.device({str(device_spec)!r}) failed: {exc}); declare "
