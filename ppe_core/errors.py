@@ -14,6 +14,8 @@ Defined here (used across the framework):
 * ``RuntimeNotFoundError`` (``RegistryLookupError``): no runtime serves a device type.
 * ``PluginLoadError`` (``RuntimeError``) / ``PluginLoadWarning``: a plugin failed to load
   (an error only with ``PPE_STRICT_PLUGINS=1``).
+* ``PluginAPIVersionError`` (``PluginLoadError``): a plugin declares a hook API version
+  (``PPE_CORE_HOOK_API``) this ppe-core does not provide; reported like any load failure.
 * ``TeardownHookWarning``: a teardown hook raised while the run was already failing.
 * ``NotProvidedError`` (``AttributeError``) / ``NotProvidedModuleError``
   (``ModuleNotFoundError``): a PPE 0.9 name or module ppe-core leaves out on purpose, accessed
@@ -125,6 +127,7 @@ __all__ = [
     "OutputDirectoryInUseError",
     "PPEError",
     "PPEWarning",
+    "PluginAPIVersionError",
     "PluginConflictWarning",
     "PluginHookError",
     "PluginLoadError",
@@ -203,6 +206,10 @@ class RuntimeNotFoundError(RegistryLookupError):
 
 class PluginLoadError(PPEError, RuntimeError):
     """A plugin failed to import or register (raised only in strict mode)."""
+
+
+class PluginAPIVersionError(PluginLoadError):
+    """A plugin was written for a hook API version (``PPE_CORE_HOOK_API``) this ppe-core lacks."""
 
 
 class PluginLoadWarning(PPEWarning):
