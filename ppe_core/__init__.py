@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ppe_core import _not_provided
+from ppe_core import _active_host, _not_provided
 from ppe_core._version import __version__
 from ppe_core.hookspecs import hookimpl, hookspec
 from ppe_core.runtime import _registry as _runtime_registry
@@ -18,6 +18,7 @@ from ppe_core.runtime import to
 
 if TYPE_CHECKING:
     from ppe_core import (
+        _plugins,
         config,
         dataloaders,
         distributed,
@@ -98,16 +99,18 @@ __all__ = [
 _not_provided.install_finder()
 
 
-def _plugin_host_runtimes() -> Any:
-    # The face composes the layers: the runtime contract resolves with the plugin host's
-    # registry without importing the host, which loads on first use.
+def _plugin_host() -> _plugins.PluginHost:
+    # The face composes the layers: the runtime contract and the training stack reach the
+    # plugin host without importing it (it names their modules), and it loads on first use.
     from ppe_core._plugins import get_plugin_host
 
-    return get_plugin_host().runtimes
+    _active_host.set_host_source(get_plugin_host)  # later calls go straight to it
+    return get_plugin_host()
 
 
-_runtime_registry.set_registry_source(_plugin_host_runtimes)
-del _plugin_host_runtimes, _runtime_registry  # not names of the package
+_active_host.set_host_source(_plugin_host)
+_runtime_registry.set_registry_source(lambda: _active_host.active_host().runtimes)
+del _plugin_host, _runtime_registry  # not names of the package
 
 
 def __getattr__(name: str) -> Any:

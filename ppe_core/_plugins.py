@@ -23,6 +23,7 @@ from ppe_core._registry import Registrant, Registry
 from ppe_core._version import __version__
 from ppe_core.errors import (
     ConfigurationError,
+    PluginAPIVersionError,
     PluginConflictWarning,
     PluginHookError,
     PluginLoadError,
@@ -356,6 +357,7 @@ class PluginHost:
         try:
             with self._registering(record):
                 plugin = obtain()
+                _check_hook_api(plugin, record)  # before its historic hooks run
                 self.pm.register(plugin, name=record.name)
                 _check_hook_names(self.pm, plugin, record)
         except (Exception, SystemExit) as exc:
@@ -561,6 +563,48 @@ def _raising_impl(impls: list[pluggy.HookImpl], exc: BaseException) -> pluggy.Ho
         found = codes.get(tb.tb_frame.f_code, found)
         tb = tb.tb_next
     return found
+
+
+def _check_hook_api(plugin: object, record: PluginRecord) -> None:
+    """Refuse a plugin that declares a hook API version this ppe-core does not provide.
+
+    Undeclared means "any version" (every plugin written before versions existed). The same
+    major version with a minor version up to ours is compatible: minor versions only add.
+    """
+    declared = getattr(plugin, "PPE_CORE_HOOK_API", None)
+    if declared is None:
+        return
+    ours = hookspecs.PPE_CORE_HOOK_API
+    ours_text = f"{ours[0]}.{ours[1]}"
+    if not (
+        isinstance(declared, tuple)
+        and len(declared) == 2
+        and all(isinstance(n, int) and not isinstance(n, bool) for n in declared)
+    ):
+        raise PluginAPIVersionError(
+            f"{record.describe()} declares PPE_CORE_HOOK_API = {declared!r}, which is not a "
+            f"(major, minor) tuple of ints; declare the ppe-core hook API it was written for, "
+            f"e.g. PPE_CORE_HOOK_API = {ours!r} for this ppe-core (hook API {ours_text})"
+        )
+    major, minor = declared
+    if major == ours[0] and minor <= ours[1]:
+        return
+    dist = record.distribution or record.module or record.name
+    if (major, minor) > ours:
+        fix = (
+            f"upgrade ppe-core to a release that provides hook API {major}.{minor} "
+            f"(pip install -U ppe-core), or install a release of {dist} written for hook API "
+            f"{ours[0]}.x"
+        )
+    else:
+        fix = (
+            f"upgrade {dist} to a release written for hook API {ours[0]}.x, or install a "
+            f"ppe-core release that provides hook API {major}.{minor}"
+        )
+    raise PluginAPIVersionError(
+        f"{record.describe()} was written for ppe-core hook API {major}.{minor}, but this "
+        f"ppe-core {__version__} provides hook API {ours_text}; {fix}"
+    )
 
 
 def _check_hook_names(pm: pluggy.PluginManager, plugin: object, record: PluginRecord) -> None:

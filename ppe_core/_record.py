@@ -15,8 +15,9 @@ from typing import Any, TypeVar
 import torch
 
 from ppe_core import _tracing
-from ppe_core._plugins import get_plugin_host
+from ppe_core._time_summary import get_time_summary
 from ppe_core.runtime import BaseRuntime, PyTorchRuntime, device_type_of
+from ppe_core.runtime._registry import active_registry
 
 __all__ = ["record", "record_function", "record_iterable"]
 
@@ -75,8 +76,6 @@ class _Record(_Notification):
         if self._event is not None:
             self._event.__enter__()
         if self._metric is not None:
-            from ppe_core.training.extensions._profile_report import get_time_summary
-
             self._summary = get_time_summary()
         self._begin = time.perf_counter()
         return self
@@ -112,7 +111,7 @@ def _device_range(device: Any, tag: str) -> AbstractContextManager[Any]:
     A runtime registered for the device type that overrides ``BaseRuntime.trace`` labels it
     (as in PPE); otherwise, and for the generic runtimes, it is a ``torch.profiler`` range.
     """
-    registry = get_plugin_host().runtimes
+    registry = active_registry()
     # The common spelling ("cpu") needs no parsing.
     plain = type(device) is str and ":" not in device
     device_type = device if plain else device_type_of(device)

@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING, Any, SupportsFloat, TypeAlias
 
 import torch
 
-from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError, RegistryLookupError
+from ppe_core.errors import (
+    ArgumentTypeError,
+    ConfigurationError,
+    EmptySummaryError,
+    NoCurrentReporterError,
+    UnknownObserverError,
+)
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -59,21 +65,6 @@ _MIN_SUM_DTYPE = torch.float32
 
 # Bound once: the per-step paths below test every reported value against it.
 _Tensor = torch.Tensor
-
-
-class NoCurrentReporterError(PPEError, IndexError):
-    """An operation needed the current reporter but no :class:`Reporter` is active.
-
-    Subclasses ``IndexError`` because that is what PPE raises in the same situation.
-    """
-
-
-class UnknownObserverError(RegistryLookupError):
-    """A value was reported with an observer that was never registered with the reporter."""
-
-
-class EmptySummaryError(PPEError, ZeroDivisionError):
-    """A mean was requested from a summary that has accumulated no weight yet."""
 
 
 class _ReporterStack(threading.local):

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from ppe_core._plugins import get_plugin_host
 from ppe_core.runtime import BaseRuntime, DeviceLike, to
+from ppe_core.runtime._registry import active_registry
 from ppe_core.runtime._to import runtime_for
 
 __all__ = ["resolve_device", "resolve_runtime", "resolve_runtime_class", "to"]
@@ -20,12 +20,12 @@ __all__ = ["resolve_device", "resolve_runtime", "resolve_runtime_class", "to"]
 
 def resolve_device(device: DeviceLike) -> DeviceLike:
     """``device`` itself, or for ``"auto"`` the ``ppe_default_device`` hook's answer."""
-    return get_plugin_host().runtimes.resolve_device(device)
+    return active_registry().resolve_device(device)
 
 
 def resolve_runtime_class(device: DeviceLike) -> type[BaseRuntime]:
     """The runtime class the active registry has for ``device`` (or ``"auto"``)."""
-    runtimes = get_plugin_host().runtimes
+    runtimes = active_registry()
     return runtimes.get_runtime_class_for_device_spec(runtimes.resolve_device(device))
 
 
@@ -38,4 +38,4 @@ def resolve_runtime(
     """:func:`~ppe_core.runtime._to.runtime_for` with the active plugin host's registry: the
     runtime ``modules`` were moved with when it serves ``device`` (and ``options`` are empty or
     its own), else a new one."""
-    return runtime_for(get_plugin_host().runtimes, device, options, runtime_class, modules)
+    return runtime_for(active_registry(), device, options, runtime_class, modules)

@@ -14,6 +14,8 @@ Defined here (used across the framework):
 * ``RuntimeNotFoundError`` (``RegistryLookupError``): no runtime serves a device type.
 * ``PluginLoadError`` (``RuntimeError``) / ``PluginLoadWarning``: a plugin failed to load
   (an error only with ``PPE_STRICT_PLUGINS=1``).
+* ``PluginAPIVersionError`` (``PluginLoadError``): a plugin declares a hook API version
+  (``PPE_CORE_HOOK_API``) this ppe-core does not provide; reported like any load failure.
 * ``TeardownHookWarning``: a teardown hook raised while the run was already failing.
 * ``NotProvidedError`` (``AttributeError``) / ``NotProvidedModuleError``
   (``ModuleNotFoundError``): a PPE 0.9 name or module ppe-core leaves out on purpose, accessed
@@ -45,7 +47,7 @@ Defined here (used across the framework):
 * ``ResetParametersWarning``: ``ExtendedSequential.repeat(mode="init")`` cannot re-initialize a
   module.
 
-Defined beside the code that raises them, and loaded from there on first access here:
+Raised by one part of the framework (each class's docstring says when):
 
 * Training: ``AmbiguousEvaluatorError``, ``UnknownOptimizerError``,
   ``ValLoaderIgnoredWarning`` (the Trainer); ``ManagerStateError``,
@@ -70,122 +72,13 @@ Defined beside the code that raises them, and loaded from there on first access 
   (``ppe_core.testing``'s runtime conformance kit); ``EmulatedDeviceError``
   (``DeviceUnavailableError``: ``ppe_core.testing``'s emulated device cannot be set up).
 
-Those live beside their code because that code imports this module; loading them lazily keeps
-``import ppe_core.errors`` free of the training stack and of import cycles. Inside ppe-core,
-import such a class from the module that defines it, not from here: a module that is itself
-still importing would otherwise be asked for it half-built.
+Every class is defined here and this module imports nothing of ppe_core: it is the bottom
+layer, so any module can import its errors at import time without an import circle. The
+modules that raise a class also re-export it at their old path
+(``ppe_core.training.manager.ManagerStateError`` is this module's class).
 """
 
 from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from ppe_core._reporting import (
-        EmptySummaryError,
-        NoCurrentReporterError,
-        UnknownObserverError,
-    )
-    from ppe_core.config import ConfigCycleError, ConfigKeyError
-    from ppe_core.distributed import (
-        CollectiveTimeoutError,
-        DistributedEnvironmentError,
-        ProcessGroupNotInitializedError,
-    )
-    from ppe_core.runtime._options import RuntimeOptionTypeError
-    from ppe_core.testing import ConformanceError, EmulatedDeviceError
-    from ppe_core.training._resume import WorldSizeMismatchWarning
-    from ppe_core.training._run_lock import OutputDirectoryInUseError, RunLockWarning
-    from ppe_core.training._state import EpochLengthChangedWarning
-    from ppe_core.training._trainer import (
-        AmbiguousEvaluatorError,
-        UnknownOptimizerError,
-        ValLoaderIgnoredWarning,
-    )
-    from ppe_core.training.extension import DuplicateExtensionError, ExtensionNameError
-    from ppe_core.training.extensions._best_value import BestValueKeyError, NoBestValueError
-    from ppe_core.training.extensions._fail_on_non_number import NonFiniteParameterError
-    from ppe_core.training.extensions._plot_report import NoPlotDataWarning
-    from ppe_core.training.extensions._slack import SlackPostWarning, SlackTokenError
-    from ppe_core.training.extensions._snapshot import (
-        SnapshotError,
-        SnapshotRanksError,
-        SnapshotRanksWarning,
-        SnapshotStateError,
-        SnapshotVerificationWarning,
-        UnsafeSnapshotError,
-    )
-    from ppe_core.training.extensions._util import OptionalDependencyError
-    from ppe_core.training.extensions.evaluator import MissingEvalTargetError
-    from ppe_core.training.manager import (
-        ExtensionErrorHandlerWarning,
-        IgniteNotInstalledError,
-        IgnoredArgumentWarning,
-        ManagerStateError,
-        MissingExtensionStateWarning,
-        ModelStateUnavailableError,
-        StateDictKeyError,
-        StateDictMismatchError,
-        StateVersionWarning,
-    )
-    from ppe_core.training.metrics import MetricInputError, MetricKeyError
-    from ppe_core.training.triggers import MissingObservationWarning, TriggerTypeError
-    from ppe_core.writing import DiskFullError, WriterError, WriterFinalizedError
-
-#: Classes defined beside the code that raises them: name -> the module that provides it.
-_ELSEWHERE: dict[str, str] = {
-    "AmbiguousEvaluatorError": "ppe_core.training._trainer",
-    "BestValueKeyError": "ppe_core.training.extensions._best_value",
-    "CollectiveTimeoutError": "ppe_core.distributed",
-    "ConfigCycleError": "ppe_core.config",
-    "ConfigKeyError": "ppe_core.config",
-    "ConformanceError": "ppe_core.testing",
-    "DiskFullError": "ppe_core.writing",
-    "DistributedEnvironmentError": "ppe_core.distributed",
-    "DuplicateExtensionError": "ppe_core.training.extension",
-    "EmptySummaryError": "ppe_core._reporting",
-    "EmulatedDeviceError": "ppe_core.testing",
-    "EpochLengthChangedWarning": "ppe_core.training._state",
-    "ExtensionErrorHandlerWarning": "ppe_core.training.manager",
-    "ExtensionNameError": "ppe_core.training.extension",
-    "IgniteNotInstalledError": "ppe_core.training.manager",
-    "IgnoredArgumentWarning": "ppe_core.training.manager",
-    "ManagerStateError": "ppe_core.training.manager",
-    "MetricInputError": "ppe_core.training.metrics",
-    "MetricKeyError": "ppe_core.training.metrics",
-    "MissingEvalTargetError": "ppe_core.training.extensions.evaluator",
-    "MissingExtensionStateWarning": "ppe_core.training.manager",
-    "MissingObservationWarning": "ppe_core.training.triggers",
-    "ModelStateUnavailableError": "ppe_core.training.manager",
-    "NoBestValueError": "ppe_core.training.extensions._best_value",
-    "NoCurrentReporterError": "ppe_core._reporting",
-    "NoPlotDataWarning": "ppe_core.training.extensions._plot_report",
-    "NonFiniteParameterError": "ppe_core.training.extensions._fail_on_non_number",
-    "OptionalDependencyError": "ppe_core.training.extensions._util",
-    "OutputDirectoryInUseError": "ppe_core.training._run_lock",
-    "ProcessGroupNotInitializedError": "ppe_core.distributed",
-    "RunLockWarning": "ppe_core.training._run_lock",
-    "RuntimeOptionTypeError": "ppe_core.runtime._options",
-    "SlackPostWarning": "ppe_core.training.extensions._slack",
-    "SlackTokenError": "ppe_core.training.extensions._slack",
-    "SnapshotError": "ppe_core.training.extensions._snapshot",
-    "SnapshotStateError": "ppe_core.training.extensions._snapshot",
-    "SnapshotRanksError": "ppe_core.training.extensions._snapshot",
-    "SnapshotRanksWarning": "ppe_core.training.extensions._snapshot",
-    "SnapshotVerificationWarning": "ppe_core.training.extensions._snapshot",
-    "StateDictKeyError": "ppe_core.training.manager",
-    "StateDictMismatchError": "ppe_core.training.manager",
-    "StateVersionWarning": "ppe_core.training.manager",
-    "TriggerTypeError": "ppe_core.training.triggers",
-    "UnknownObserverError": "ppe_core._reporting",
-    "UnknownOptimizerError": "ppe_core.training._trainer",
-    "UnsafeSnapshotError": "ppe_core.training.extensions._snapshot",
-    "ValLoaderIgnoredWarning": "ppe_core.training._trainer",
-    "WriterError": "ppe_core.writing",
-    "WorldSizeMismatchWarning": "ppe_core.training._resume",
-    "WriterFinalizedError": "ppe_core.writing",
-}
 
 __all__ = [
     "AMPOptionError",
@@ -236,6 +129,7 @@ __all__ = [
     "OutputDirectoryInUseError",
     "PPEError",
     "PPEWarning",
+    "PluginAPIVersionError",
     "PluginConflictWarning",
     "PluginHookError",
     "PluginLoadError",
@@ -269,19 +163,6 @@ __all__ = [
     "WriterError",
     "WriterFinalizedError",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    module = _ELSEWHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups are plain module attributes
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
 
 
 # Bases ------------------------------------------------------------------------------------
@@ -327,6 +208,10 @@ class RuntimeNotFoundError(RegistryLookupError):
 
 class PluginLoadError(PPEError, RuntimeError):
     """A plugin failed to import or register (raised only in strict mode)."""
+
+
+class PluginAPIVersionError(PluginLoadError):
+    """A plugin was written for a hook API version (``PPE_CORE_HOOK_API``) this ppe-core lacks."""
 
 
 class PluginLoadWarning(PPEWarning):
@@ -440,3 +325,300 @@ class LazyStateError(PPEError, RuntimeError):
 class ResetParametersWarning(PPEWarning):
     """``ExtendedSequential.repeat(mode="init")`` met a module with parameters or buffers but no
     ``reset_parameters``; its copies keep the original values (a ``UserWarning``, as in PPE)."""
+
+
+# Runtimes and options ----------------------------------------------------------------------------
+class RuntimeOptionTypeError(RuntimeOptionError, ArgumentTypeError):
+    """A runtime option has the wrong type (a ``TypeError`` and a ``ValueError``)."""
+
+
+# Distributed -------------------------------------------------------------------------------------
+class DistributedEnvironmentError(ConfigurationError):
+    """The launcher's environment variables cannot start a process group (a ``ValueError``)."""
+
+
+class CollectiveTimeoutError(PPEError, RuntimeError):
+    """A collective waited longer than the process group's timeout: a peer rank stopped
+    responding (frozen, deadlocked, crashed without closing its connections, or far slower)."""
+
+
+class ProcessGroupNotInitializedError(PPEError, RuntimeError):
+    """``num_replicas``/``rank`` were left out but no ``torch.distributed`` group exists."""
+
+
+# Configuration (ppe_core.config) -----------------------------------------------------------------
+class ConfigKeyError(PPEError, KeyError, IndexError, TypeError):
+    """A config key, list index, attribute or ``type`` name that does not resolve.
+
+    Catchable as what PPE lets through for the same lookup: ``KeyError`` (a missing dict key or
+    type name), ``IndexError`` (a list index out of range) or ``TypeError`` (indexing a value
+    that has no items).
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""  # unquoted, unlike KeyError
+
+
+class ConfigCycleError(PPEError, RuntimeError):
+    """Config keys that refer to each other in a circle, or files that import each other.
+
+    A ``RuntimeError``, as PPE raises for both.
+    """
+
+
+# Reporting ---------------------------------------------------------------------------------------
+class NoCurrentReporterError(PPEError, IndexError):
+    """An operation needed the current reporter but no :class:`Reporter` is active.
+
+    Subclasses ``IndexError`` because that is what PPE raises in the same situation.
+    """
+
+
+class UnknownObserverError(RegistryLookupError):
+    """A value was reported with an observer that was never registered with the reporter."""
+
+
+class EmptySummaryError(PPEError, ZeroDivisionError):
+    """A mean was requested from a summary that has accumulated no weight yet."""
+
+
+# Writing -----------------------------------------------------------------------------------------
+class WriterError(PPEError, RuntimeError):
+    """Saving a file failed in a writer's background thread or process."""
+
+
+class WriterFinalizedError(PPEError, RuntimeError):
+    """A writer was asked to save after :meth:`Writer.finalize` shut it down."""
+
+
+class DiskFullError(PPEError, OSError):
+    """A save failed because the file system holding the file is full (or over quota).
+
+    An ``OSError`` with ``errno.ENOSPC`` whose message names the file, raised instead of the
+    serializer's own error (torch's is an ``inline_container.cc`` message that does not say
+    why the write failed).
+    """
+
+
+# Triggers ----------------------------------------------------------------------------------------
+class TriggerTypeError(ArgumentTypeError):
+    """A trigger or trigger argument has the wrong type.
+
+    Subclasses both ``ValueError`` (through :class:`ConfigurationError`) and ``TypeError``, so
+    code catching either keeps working.
+    """
+
+
+class MissingObservationWarning(PPEWarning):
+    """A value trigger reached a check but the monitored key was not in the observation."""
+
+
+# Extensions and their names ----------------------------------------------------------------------
+class ExtensionNameError(ConfigurationError):
+    """An extension name is invalid or no extension is registered under the requested name."""
+
+
+class DuplicateExtensionError(ExtensionNameError, DuplicateRegistrationError):
+    """An extension was registered under an explicit name that is already taken."""
+
+
+# The manager, its state and resuming -------------------------------------------------------------
+class ManagerStateError(PPEError, RuntimeError):
+    """The manager was used in a state that does not allow it (finalized, nested iteration)."""
+
+
+class ModelStateUnavailableError(PPEError, RuntimeError):
+    """An extension read ``manager.models`` in an iteration where model state is not current.
+
+    Only extensions declaring ``needs_model_state = True`` may read models while extensions run,
+    because runtimes that defer work only make the model state current for them.
+    """
+
+
+class ExtensionErrorHandlerWarning(PPEWarning):
+    """An ``on_error`` or ``finalize`` handler raised while training was failing.
+
+    The handler's exception is reported by this warning so that the original training error,
+    which is re-raised, is not masked.
+    """
+
+
+class IgnoredArgumentWarning(PPEWarning):
+    """A keyword argument PPE accepts for compatibility was passed and has no effect."""
+
+
+class IgniteNotInstalledError(PPEError, ImportError):
+    """``IgniteExtensionsManager`` was created without pytorch-ignite installed."""
+
+
+class StateDictKeyError(PPEError, KeyError):
+    """A state dictionary passed to ``load_state_dict`` lacks a required entry."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class StateDictMismatchError(ConfigurationError, RuntimeError):
+    """A loaded model or optimizer state does not fit the registered model or optimizer.
+
+    Subclasses ``RuntimeError`` (what ``Module.load_state_dict`` raises) and ``ValueError``
+    (through :class:`ConfigurationError`, what ``Optimizer.load_state_dict`` raises).
+    """
+
+
+class MissingExtensionStateWarning(PPEWarning):
+    """A loaded state holds nothing for a registered extension, which keeps its current state."""
+
+
+class StateVersionWarning(PPEWarning):
+    """A loaded state was written by another (or an unknown) version.
+
+    A ``UserWarning`` mentioning "version", as PPE's. States written by ppe-core itself and by
+    the PPE release ppe-core is compatible with load without it.
+    """
+
+
+class EpochLengthChangedWarning(PPEWarning):
+    """A resumed state was saved with another number of iterations per epoch than this run has.
+
+    The dataset length or the batch size changed: epoch boundaries fall at other iterations, so
+    epoch-based triggers fire at other iterations than in the saved run.
+    """
+
+
+class WorldSizeMismatchWarning(PPEWarning):
+    """A state saved by a run of another world size was loaded.
+
+    Weights, optimizer states and iteration counts resume exactly; each rank's RNG states and
+    loader position do not (every rank restores the saving rank's), and the data is split
+    differently across ranks, so the run is not the one the saved run would have continued.
+    """
+
+
+class OutputDirectoryInUseError(PPEError, RuntimeError):
+    """Another live process is training into the same ``out_dir`` (it holds the run lock)."""
+
+
+class RunLockWarning(PPEWarning):
+    """The run lock was taken over from a process that is gone, or cannot be taken here."""
+
+
+# The Trainer -------------------------------------------------------------------------------------
+class AmbiguousEvaluatorError(PPEError, ValueError):
+    """``trainer.evaluator`` was read while several evaluators are registered."""
+
+
+class UnknownOptimizerError(PPEError, KeyError):
+    """``get_optimizer`` was asked for a name the trainer does not have."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ValLoaderIgnoredWarning(PPEWarning):
+    """``run()`` got a ``val_loader`` but the trainer has no evaluator to use it."""
+
+
+# Metrics -----------------------------------------------------------------------------------------
+class MetricInputError(ConfigurationError, RuntimeError):
+    """A metric got labels and predictions it cannot compare (PPE fails with a RuntimeError)."""
+
+
+class MetricKeyError(PPEError, KeyError):
+    """A metric's key is missing from the batch or the outputs (a ``KeyError``, as in PPE)."""
+
+    def __str__(self) -> str:  # KeyError would show the message quoted
+        return str(self.args[0]) if self.args else ""
+
+
+# Extensions --------------------------------------------------------------------------------------
+class OptionalDependencyError(PPEError, ImportError):
+    """A feature needs a package that is not installed; the message says what to install."""
+
+
+class SnapshotError(PPEError, RuntimeError):
+    """A snapshot could not be written, verified or loaded."""
+
+
+class UnsafeSnapshotError(SnapshotError):
+    """A snapshot needs arbitrary unpickling to load, so it was refused."""
+
+
+class SnapshotStateError(SnapshotError, TypeError):
+    """A state to snapshot holds a value that the safe loader could not rebuild at resume."""
+
+
+class SnapshotVerificationWarning(PPEWarning):
+    """A file was skipped at autoload: it failed verification, could not be read (truncated,
+    corrupt, an unreadable manifest), is not a snapshot, or links out of the output directory."""
+
+
+class SnapshotRanksError(SnapshotError):
+    """A snapshot that needs every rank (DISTRIBUTED or SHARDED mode, or one autoloading a
+    snapshot to resume) is registered on some ranks only, or with another trigger there.
+
+    Raised when the extensions start, on every rank that has it, instead of hanging in a
+    collective the other ranks never reach (or training ranks that resumed differently).
+    """
+
+
+class SnapshotRanksWarning(PPEWarning):
+    """A DEFAULT-mode snapshot is registered on some ranks only (or with another trigger).
+
+    It then issues no collective (nothing hangs) but cannot gather the other ranks' RNG and
+    loader states: a run resumed from it is bit-exact on the saving rank only.
+    """
+
+
+class NoBestValueError(PPEError, RuntimeError):
+    """The best value was read before any value was observed.
+
+    Subclasses ``RuntimeError``, which PPE raised here.
+    """
+
+
+class BestValueKeyError(PPEError, KeyError):
+    """The tracked key was not reported when BestValue ran (a ``KeyError``, as in PPE)."""
+
+
+class NonFiniteParameterError(PPEError, RuntimeError):
+    """A model parameter (or its gradient) holds NaN or inf: training diverged.
+
+    Subclasses ``RuntimeError``, which PPE raised here.
+    """
+
+
+class SlackTokenError(ConfigurationError, RuntimeError):
+    """``Slack`` got no bot token (neither ``token=`` nor ``SLACK_BOT_TOKEN``)."""
+
+
+class SlackPostWarning(PPEWarning):
+    """A Slack post or upload failed; training goes on."""
+
+
+class MissingEvalTargetError(ConfigurationError, KeyError):
+    """An evaluator has neither an ``eval_func`` nor a target named ``'main'`` to call.
+
+    Subclasses ``KeyError``, which PPE raises (``self._targets['main']``) in this situation.
+    """
+
+    def __str__(self) -> str:  # KeyError would show the message quoted
+        return str(self.args[0]) if self.args else ""
+
+
+class NoPlotDataWarning(PPEWarning):
+    """PlotReport had no value of any of its keys to plot, so it wrote no file."""
+
+
+# The runtime conformance kit (ppe_core.testing) --------------------------------------------------
+class ConformanceError(PPEError, AssertionError):
+    """A runtime broke the runtime contract; the message says what is wrong and how to fix it.
+
+    Also an ``AssertionError``, so pytest reports it as a test failure, not an error.
+    """
+
+
+class EmulatedDeviceError(DeviceUnavailableError):
+    """``ppe_core.testing``'s emulated device cannot be set up in this process: torch lacks
+    the PrivateUse1 Python hooks, PrivateUse1 already serves another name, or autograd ran
+    before it was enabled."""

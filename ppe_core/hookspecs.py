@@ -14,6 +14,11 @@ Rules every hook follows:
 * Registration hooks are *historic*: a plugin registered after start-up still receives them.
   They hand the plugin a registry; plugins never import a global registry.
 * No hook is called per iteration. Per-step work belongs in extensions and runtimes.
+
+The hook API has a version, :data:`PPE_CORE_HOOK_API`. A plugin module may declare the version
+it was written for with an attribute of the same name; the plugin host refuses a plugin whose
+declared major version differs, or whose minor version is newer than this one (see
+``docs/plugins.md``, "Hook API version").
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ if TYPE_CHECKING:
     from ppe_core.runtime import RuntimeRegistry
 
 __all__ = [
+    "PPE_CORE_HOOK_API",
     "PROJECT_NAME",
     "hookimpl",
     "hookspec",
@@ -40,6 +46,12 @@ __all__ = [
     "ppe_trainer_setup",
     "ppe_trainer_teardown",
 ]
+
+#: The version of the hook API below, ``(major, minor)``. The minor version grows when a hook
+#: or a hook argument is added (plugins written for an older minor keep working); the major
+#: version grows when a hook is removed or its meaning changes. A plugin declares the version
+#: it was written for as a module (or object) attribute ``PPE_CORE_HOOK_API = (1, 0)``.
+PPE_CORE_HOOK_API: tuple[int, int] = (1, 0)
 
 #: The pluggy project name; also the entry-point group scanned for plugins.
 PROJECT_NAME = "ppe_core"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ppe_core._record import record, record_function, record_iterable
+from ppe_core._time_summary import TimeSummary, get_time_summary
 from ppe_core._tracing import (
     ChromeTracer,
     TraceableDataset,
@@ -13,7 +14,6 @@ from ppe_core._tracing import (
     get_tracer,
     load_chrome_trace_as_json,
 )
-from ppe_core.training.extensions._profile_report import TimeSummary, get_time_summary
 
 __all__ = [
     "ChromeTracer",

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from ppe_core._reporting import (
     DictSummary,
-    EmptySummaryError,
     FloatLikeValue,
-    NoCurrentReporterError,
     Observation,
     Reporter,
     Scalar,
     Summary,
-    UnknownObserverError,
     Value,
     divide_scalar,
     get_current_reporter,
@@ -21,6 +18,7 @@ from ppe_core._reporting import (
     subtract_scalar,
     to_floats,
 )
+from ppe_core.errors import EmptySummaryError, NoCurrentReporterError, UnknownObserverError
 
 __all__ = [
     "DictSummary",

@@ -1,10 +1,17 @@
-"""The shape of the package: no import cycles, and the runtime contract below the plugin layer.
+"""The shape of the package: no import circle, errors at the bottom, the runtime contract below
+the plugin layer, device plugins on public names only.
 
-Imports are read from the source (``ast``), so the checks cover modules no test imports.
-An import *at import time* is a module-level one (not inside a function, not under
-``if TYPE_CHECKING:``). Importing ``a.b.c`` also runs the ``__init__`` of ``a.b``; that
-package is an edge too unless it already encloses the importing module (then it is running
-or done). Cycles through such edges are what fails when a module is imported first.
+Imports are read from the source (``ast``), so the checks cover modules no test imports. The
+import graph counts every import a module can run: module-level ones, those inside functions
+(an import that runs later is still a dependency), and modules named by a string that is
+imported lazily (``importlib.import_module("ppe_core.x")``, the ``"module"`` / ``"module:attr"``
+values of lazy-export tables and plugin tables, a package ``__init__``'s table of its own
+submodule names). Imports under ``if TYPE_CHECKING:`` are left out: they never run, and a
+type-only reference is how a lower layer names a higher layer's type. Importing ``a.b.c`` also
+runs the ``__init__`` of ``a.b``: that package is an edge too, unless it encloses the importing
+module (then it is already running or done). The top-level ``ppe_core/__init__`` is aside: it
+is the face that composes the layers (it binds the plugin host into the layers below it) and
+nothing inside the package imports it.
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -21,6 +30,7 @@ from pathlib import Path
 import pytest
 
 import ppe_core
+from ppe_core import _compat
 
 ROOT = Path(ppe_core.__file__).resolve().parent
 
@@ -95,23 +105,6 @@ def _imports(module: str, *, at_import_time: bool) -> set[str]:
     return found
 
 
-def _import_time_graph() -> dict[str, set[str]]:
-    modules = _modules()
-    graph: dict[str, set[str]] = {}
-    for module in modules:
-        edges = set()
-        for target in _imports(module, at_import_time=True):
-            edges.add(target)
-            parts = target.split(".")
-            for i in range(2, len(parts)):
-                package = ".".join(parts[:i])
-                if package in modules and not module.startswith(package + "."):
-                    edges.add(package)  # its __init__ runs first
-        edges.discard(module)
-        graph[module] = edges
-    return graph
-
-
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components with more than one module (Tarjan)."""
     index: dict[str, int] = {}
@@ -147,24 +140,152 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return components
 
 
+_NAMEISH = re.compile(r"^[A-Za-z_][\w.]*(:[\w.]+)?$")
+
+
+def _string_target(module: str, value: str) -> str | None:
+    """The ppe_core module a string names (``"ppe_core.x"``, ``"ppe_core.x:attr"``, or in a
+    package ``__init__`` the name of one of its submodules), if any."""
+    if not _NAMEISH.match(value):
+        return None
+    name = value.partition(":")[0]
+    modules = _modules()
+    if name.startswith("ppe_core.") and name in modules:
+        return name
+    if modules[module].name == "__init__.py" and f"{module}.{value}" in modules:
+        return f"{module}.{value}"
+    return None
+
+
+@cache
+def _edges(module: str) -> frozenset[str]:
+    """The ppe_core modules ``module`` imports anywhere but under ``if TYPE_CHECKING:``, by
+    statement or by a string naming the module."""
+    tree = ast.parse(_modules()[module].read_text())
+    constants = {
+        node.targets[0].id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+    }
+
+    def string(node: ast.AST) -> str | None:
+        # A literal, a module-level string constant, or their concatenation (``_EXT + "x:y"``).
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        if isinstance(node, ast.Name):
+            return constants.get(node.id)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            left, right = string(node.left), string(node.right)
+            return None if left is None or right is None else left + right
+        return None
+
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.JoinedStr):
+            return  # an f-string's pieces are messages, not module names
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.update(_targets(module, node))
+        elif (
+            isinstance(node, (ast.Constant, ast.BinOp))
+            and (value := string(node))
+            and (target := _string_target(module, value))
+        ):
+            found.add(target)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    found.discard(module)
+    return frozenset(found)
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> the modules importing it runs first: its edges and their parent packages."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for module in modules:
+        if module == "ppe_core":
+            continue  # the face, aside (see the module docstring)
+        edges: set[str] = set()
+        for target in _edges(module):
+            edges.add(target)
+            parts = target.split(".")
+            for i in range(2, len(parts)):  # from 2: the top-level face is aside
+                package = ".".join(parts[:i])
+                if package in modules and not module.startswith(package + "."):
+                    edges.add(package)  # its __init__ runs first
+        edges.discard(module)
+        edges.discard("ppe_core")
+        graph[module] = edges
+    return graph
+
+
+def _a_cycle(graph: dict[str, set[str]], component: list[str]) -> list[str]:
+    """One circle through the first module of ``component``, to print."""
+    members, start = set(component), component[0]
+    parents: dict[str, str] = {}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        for succ in sorted(graph[node] & members):
+            if succ == start:
+                path = [node]
+                while path[-1] != start:
+                    path.append(parents[path[-1]])
+                return [start, *reversed(path[:-1]), start]
+            if succ not in parents:
+                parents[succ] = node
+                queue.append(succ)
+    return component  # pragma: no cover - a component always has a circle
+
+
 def test_the_graph_reader_sees_a_cycle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _cycles(graph) == [["a", "b", "c"]]
+    assert _a_cycle(graph, ["a", "b", "c"]) == ["a", "b", "c", "a"]
     assert _cycles({"a": {"b"}, "b": set()}) == []
-    # The reader itself: ppe_core.plugins imports ppe_core._plugins at import time.
+    # The reader itself: statements at module level and in functions ...
     assert "ppe_core._plugins" in _imports("ppe_core.plugins", at_import_time=True)
-    assert "ppe_core._plugins" in _imports("ppe_core.engine._factories", at_import_time=False)
+    assert "ppe_core._plugins" in _edges("ppe_core.engine._factories")
     assert "ppe_core._plugins" not in _imports("ppe_core.engine._factories", at_import_time=True)
     assert "ppe_core._plugins" in _function_imports("ppe_core.engine._factories")
+    # ... strings: a lazy-export table, a concatenated plugin table, a package's submodule names
+    assert "ppe_core.training._trainer" in _edges("ppe_core.training")
+    assert "ppe_core.training.extensions._log_report" in _edges("ppe_core._builtin.extensions")
+    assert "ppe_core.training.extensions.log_report" in _edges("ppe_core.training.extensions")
+    # ... not TYPE_CHECKING blocks, nor f-string pieces
+    assert "ppe_core._plugins" not in _edges("ppe_core._active_host")
+    assert "ppe_core.distributed" not in _edges("ppe_core.distributed._env")
+    # ... and the packages an import runs: the builtin plugin table runs ppe_core.training.
+    assert "ppe_core.training" in _graph()["ppe_core._builtin.extensions"]
 
 
-def test_no_import_time_cycles() -> None:
-    graph = _import_time_graph()
+def test_no_import_circles() -> None:
+    graph = _graph()
     cycles = _cycles(graph)
     described = [
-        " -> ".join(f"{m} (imports {sorted(graph[m] & set(c))})" for m in c) for c in cycles
+        f"{len(c)} modules, e.g. " + " -> ".join(_a_cycle(graph, c)) + f"\n    all: {c}"
+        for c in cycles
     ]
-    assert not cycles, "import cycles:\n" + "\n".join(described)
+    assert not cycles, f"{len(cycles)} import circle(s):\n" + "\n".join(described)
+
+
+def test_errors_imports_no_ppe_core_module() -> None:
+    # The bottom layer: every module may import its classes at import time. Counted strictly:
+    # TYPE_CHECKING blocks and string names too.
+    assert _imports("ppe_core.errors", at_import_time=False) == set()
+    assert _edges("ppe_core.errors") == frozenset()
+    source = _modules()["ppe_core.errors"].read_text()
+    assert "import_module" not in source and "__getattr__" not in source
 
 
 # The runtime contract is the bottom layer: what a runtime is, and resolving one with a
@@ -173,8 +294,8 @@ def test_no_import_time_cycles() -> None:
 # registry (``set_registry_source``), so it never reaches up for it.
 _RUNTIME_MAY_IMPORT = ("ppe_core.runtime", "ppe_core.errors", "ppe_core._registry")
 # ``ppe.runtime._map`` only keeps PPE's path of ``ppe.map`` (which builds a code block with the
-# handler): a compatibility shim, exempt because it defines nothing.
-_PPE_PATH_SHIMS = {"ppe_core.runtime._map"}
+# handler): a compatibility shim (ppe_core/_compat.py), exempt because it defines nothing.
+_PPE_PATH_SHIMS = {m for m in _compat.SHIMS if m.startswith("ppe_core.runtime.")}
 
 
 def _runtime_modules() -> list[str]:
@@ -225,15 +346,88 @@ def test_runtime_package_imports_nothing_inside_functions() -> None:
     assert sum(map(len, counted.values())) == 0, {m: t for m, t in counted.items() if t}
 
 
-def test_ppe_path_shims_only_re_export() -> None:
-    # Exempt from the layer rule only because they define nothing: no code of the contract
-    # may hide in them.
-    for module in _PPE_PATH_SHIMS:
-        tree = ast.parse(_modules()[module].read_text())
-        defined = [
-            node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))
-        ]
-        assert defined == [], f"{module} defines {defined}; move them out of the shim"
+def _compat_layer() -> set[str]:
+    return {"ppe_core._compat", *_compat.SHIMS, *_compat.ADAPTERS}
+
+
+def _shim_problems(module: str, sources: tuple[str, ...]) -> list[str]:
+    """How the shim ``module`` departs from its row: it may import its row's modules (and the
+    not-provided helper), list exactly the names it imports in ``__all__``, and define nothing."""
+    problems: list[str] = []
+    imported: set[str] = set()
+    exported: list[str] | None = None
+    tree = ast.parse(_modules()[module].read_text())
+    for index, node in enumerate(tree.body):
+        if index == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # the docstring
+        if isinstance(node, ast.ImportFrom) and node.module in ("__future__", "typing"):
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module == "ppe_core._not_provided":
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module in sources:
+            imported.update(alias.asname or alias.name for alias in node.names)
+        elif (
+            isinstance(node, ast.Assign)
+            and [ast.unparse(t) for t in node.targets] == ["__all__"]
+            and isinstance(node.value, ast.List)
+        ):
+            exported = [ast.literal_eval(e) for e in node.value.elts]
+        elif isinstance(node, ast.If) and ast.unparse(node).startswith(
+            "if not TYPE_CHECKING:\n    __getattr__ = module_getattr(__name__)"
+        ):
+            continue  # PPE names left out here say what to use instead
+        else:
+            problems.append(f"line {node.lineno}: {ast.unparse(node).splitlines()[0]}")
+    if exported is None or set(exported) != imported:
+        problems.append(f"__all__ {exported} is not what it imports {sorted(imported)}")
+    return problems
+
+
+def test_the_shim_check_sees_a_definition() -> None:
+    assert (
+        _shim_problems(
+            "ppe_core.training.extensions.log_report",
+            _compat.SHIMS["ppe_core.training.extensions.log_report"],
+        )
+        == []
+    )
+    problems = _shim_problems("ppe_core.training._manager", ("ppe_core.errors",))
+    assert any("class ExtensionsManager" in p for p in problems)
+
+
+@pytest.mark.parametrize("module", sorted(_compat.SHIMS))
+def test_ppe_path_shims_only_re_export_what_the_table_says(module: str) -> None:
+    assert module in _modules(), f"{module} is in ppe_core/_compat.py but has no file"
+    assert not _shim_problems(module, _compat.SHIMS[module])
+    importlib.import_module(module)  # and it imports
+
+
+def test_every_module_that_only_re_exports_is_in_the_compat_table() -> None:
+    # A new PPE path is added to the table, so the layer stays visible in one place. Package
+    # ``__init__`` files are public namespaces (faces), not shims.
+    unlisted = [
+        module
+        for module, path in _modules().items()
+        if path.name != "__init__.py"
+        and module not in _compat.SHIMS
+        and module not in ("ppe_core.profiler", "ppe_core.reporting")  # public faces
+        and any(_shim_problems(module, (m,)) == [] for m in _edges(module))
+    ]
+    assert unlisted == [], f"add these PPE-path shims to ppe_core/_compat.py: {unlisted}"
+
+
+def test_the_compat_layer_is_an_edge() -> None:
+    # It imports the core, never the reverse: only a package's ``__init__`` (its public
+    # namespace at PPE's path) names a compat module, lazily; no implementation module does.
+    layer = _compat_layer()
+    assert layer <= set(_modules())
+    reverse = {
+        module: sorted(_edges(module) & layer)
+        for module, path in _modules().items()
+        if module not in layer and path.name != "__init__.py" and _edges(module) & layer
+    }
+    assert not reverse, f"core modules import the compatibility layer: {reverse}"
+    assert not any("ppe_core._compat" in _edges(m) for m in _modules()), "run-time import"
 
 
 def test_ppe_paths_of_to_are_one_function() -> None:
@@ -347,17 +541,41 @@ def test_import_ppe_core_loads_neither_the_plugin_host_nor_the_engine() -> None:
     assert out.stdout.split() == ["ppe_core.errors"]
 
 
-def test_no_module_imports_a_lazily_provided_error_at_import_time() -> None:
-    # ppe_core.errors loads those classes from the modules that define them; importing one
-    # from there while the training stack is still importing would ask for a half-built module.
-    import ppe_core.errors
-
-    lazy = set(ppe_core.errors._ELSEWHERE)
-    offending = []
-    for module, path in _modules().items():
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.ImportFrom) and node.module == "ppe_core.errors":
-                names = {alias.name for alias in node.names} & lazy
-                if names:
-                    offending.append(f"{module}: {sorted(names)}")
-    assert not offending, f"import these from their defining modules instead: {offending}"
+@pytest.mark.slow  # mypy reads torch's stubs once (about a minute)
+def test_mypy_sees_the_classes_behind_ppe_paths(tmp_path: Path) -> None:
+    # Why the shims stay files: a type checker resolves a PPE path to the core's class (not to
+    # Any), so user scripts keep their types. Each line below is a type error only then.
+    pytest.importorskip("mypy")
+    script = tmp_path / "user.py"
+    script.write_text(
+        "from ppe_core.training.extensions.log_report import LogReport\n"
+        "from ppe_core.training.manager import IgniteExtensionsManager\n"
+        "from ppe_core.training.triggers.interval_trigger import IntervalTrigger\n"
+        "a: int = LogReport()\n"
+        "b: int = IntervalTrigger(1, 'epoch')\n"
+        "c: type[int] = IgniteExtensionsManager\n"
+    )
+    out = subprocess.run(
+        # follow-imports=silent: the user's script is checked, not ppe-core's own imports
+        # (whose missing stubs the project's mypy settings silence).
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--follow-imports=silent",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "MYPYPATH": str(ROOT.parent)},
+    )
+    for line, found in ((4, "LogReport"), (5, "IntervalTrigger"), (6, "IgniteExtensionsManager")):
+        assert (
+            f'user.py:{line}: error: Incompatible types in assignment (expression has type "'
+            in out.stdout
+            and found in out.stdout
+        ), out.stdout + out.stderr
+    assert "Found 3 errors in 1 file" in out.stdout, out.stdout + out.stderr

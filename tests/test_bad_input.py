@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 import ppe_core as ppe
 import ppe_core.testing
 from ppe_core.errors import (
+    AMPOptionError,
     ArgumentTypeError,
     BatchDtypeError,
     ConfigurationError,
@@ -27,6 +28,7 @@ from ppe_core.errors import (
     MissingObservationError,
     NoGradientError,
     NonFiniteParameterError,
+    PluginAPIVersionError,
     PluginConflictWarning,
     PluginHookError,
     RegistryLookupError,
@@ -311,6 +313,37 @@ def test_plugin_hook_typo() -> None:
     with pytest.raises(ConfigurationError) as info:
         ppe.plugins.get_plugin_host().register(Plugin(), name="typo")
     says(info, "unknown hook 'ppe_register_runtime'", "known hooks:", "ppe_register_runtimes")
+
+
+def test_plugin_written_for_another_hook_api() -> None:
+    class Plugin:
+        PPE_CORE_HOOK_API = (2, 0)
+
+        @ppe.hookimpl
+        def ppe_register_runtimes(self, registry: Any) -> None:
+            pass
+
+    with pytest.raises(PluginAPIVersionError) as info:
+        ppe.plugins.get_plugin_host().register(Plugin(), name="future")
+    says(info, "plugin 'future'", "hook API 2.0", "provides hook API 1.0", "upgrade ppe-core")
+
+
+def test_autocast_on_a_device_type_torch_cannot_autocast() -> None:
+    class HostRuntime(ppe.runtime.BaseRuntime):  # "hostdev": data in host memory
+        def move_module(self, module: torch.nn.Module) -> torch.nn.Module:
+            return module.to("cpu")
+
+        def move_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+            return tensor.to("cpu")
+
+    ppe.runtime.runtime_registry.register("hostdev", HostRuntime)
+    model = ppe.to(torch.nn.Linear(2, 1), "hostdev")
+    trainer = ppe.engine.create_trainer(
+        model, sgd(model), 1, device="hostdev", options={"autocast": True}
+    )
+    with pytest.raises(AMPOptionError) as info:
+        trainer.run([(torch.ones(2, 2),)])
+    says(info, "autocast on the model's device type 'hostdev'", "autocast_device_type")
 
 
 def test_plugin_claims_a_first_party_device_type(

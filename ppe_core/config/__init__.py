@@ -11,9 +11,7 @@ from __future__ import annotations
 from ppe_core.config._config import (
     AttrKey,
     Config,
-    ConfigCycleError,
     ConfigKey,
-    ConfigKeyError,
     ConfigType,
     DumpTrace,
     KeyPair,
@@ -21,6 +19,7 @@ from ppe_core.config._config import (
     LoadTrace,
     customize_type,
 )
+from ppe_core.errors import ConfigCycleError, ConfigKeyError
 
 __all__ = [
     "AttrKey",

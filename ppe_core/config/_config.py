@@ -21,7 +21,7 @@ import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from ppe_core.errors import ConfigurationError, PPEError
+from ppe_core.errors import ConfigCycleError, ConfigKeyError, ConfigurationError
 
 ConfigKey = tuple[str | int, ...]
 AttrKey = tuple[str | int, ...]
@@ -39,25 +39,6 @@ _DEFAULTS_ATTR = "_custom_default_kwargs"
 
 #: File suffixes read with PyYAML when ``load_path`` is given no loader.
 _YAML_SUFFIXES = (".yaml", ".yml")
-
-
-class ConfigKeyError(PPEError, KeyError, IndexError, TypeError):
-    """A config key, list index, attribute or ``type`` name that does not resolve.
-
-    Catchable as what PPE lets through for the same lookup: ``KeyError`` (a missing dict key or
-    type name), ``IndexError`` (a list index out of range) or ``TypeError`` (indexing a value
-    that has no items).
-    """
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""  # unquoted, unlike KeyError
-
-
-class ConfigCycleError(PPEError, RuntimeError):
-    """Config keys that refer to each other in a circle, or files that import each other.
-
-    A ``RuntimeError``, as PPE raises for both.
-    """
 
 
 def customize_type(**default_kwargs: Any) -> Callable[[_T], _T]:

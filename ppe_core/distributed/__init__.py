@@ -5,8 +5,6 @@ from __future__ import annotations
 from ppe_core.distributed._env import (
     DEFAULT_TIMEOUT,
     ENV_TIMEOUT,
-    CollectiveTimeoutError,
-    DistributedEnvironmentError,
     WorldInfo,
     backend_for,
     barrier,
@@ -24,8 +22,12 @@ from ppe_core.distributed._env import (
 from ppe_core.distributed._initialize import initialize_ompi_environment
 from ppe_core.distributed._sampler import (
     DistributedValidationSampler,
-    ProcessGroupNotInitializedError,
     create_distributed_subset_indices,
+)
+from ppe_core.errors import (
+    CollectiveTimeoutError,
+    DistributedEnvironmentError,
+    ProcessGroupNotInitializedError,
 )
 
 __all__ = [

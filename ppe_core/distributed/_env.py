@@ -23,7 +23,12 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError
+from ppe_core.errors import (
+    ArgumentTypeError,
+    CollectiveTimeoutError,
+    ConfigurationError,
+    DistributedEnvironmentError,
+)
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -68,15 +73,6 @@ class _Created:
     group: Any = None
     timeout: float | None = None
     exit_handler_registered = False
-
-
-class DistributedEnvironmentError(ConfigurationError):
-    """The launcher's environment variables cannot start a process group (a ``ValueError``)."""
-
-
-class CollectiveTimeoutError(PPEError, RuntimeError):
-    """A collective waited longer than the process group's timeout: a peer rank stopped
-    responding (frozen, deadlocked, crashed without closing its connections, or far slower)."""
 
 
 class WorldInfo(NamedTuple):

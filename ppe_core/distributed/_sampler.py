@@ -6,17 +6,13 @@ from collections.abc import Iterator, Sized
 
 import torch
 
-from ppe_core.errors import ConfigurationError, PPEError
+from ppe_core.errors import ConfigurationError, ProcessGroupNotInitializedError
 
 __all__ = [
     "DistributedValidationSampler",
     "ProcessGroupNotInitializedError",
     "create_distributed_subset_indices",
 ]
-
-
-class ProcessGroupNotInitializedError(PPEError, RuntimeError):
-    """``num_replicas``/``rank`` were left out but no ``torch.distributed`` group exists."""
 
 
 def _world(num_replicas: int | None, rank: int | None, what: str) -> tuple[int, int]:

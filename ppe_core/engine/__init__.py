@@ -16,8 +16,8 @@ from ppe_core.engine._factories import (
     filter_state_objects_dict,
 )
 from ppe_core.training._evaluator import DistributedEvaluator, Evaluator
+from ppe_core.training._manager import default_transform_model
 from ppe_core.training._trainer import Trainer
-from ppe_core.training.manager import default_transform_model
 
 __all__ = [
     "DistributedEvaluator",

@@ -14,12 +14,12 @@ from ppe_core._resolve import resolve_runtime
 from ppe_core.errors import ArgumentTypeError, ConfigurationError
 from ppe_core.handler import BaseLogic, Handler, Logic
 from ppe_core.runtime import DeviceLike
-from ppe_core.training._manager import named_models
-from ppe_core.training.manager import (
-    StateObjectProtocol,
+from ppe_core.training._manager import (
     default_transform_model,
     identity_transform_model,
+    named_models,
 )
+from ppe_core.training._protocols import StateObjectProtocol
 
 if TYPE_CHECKING:
     from ppe_core.training._evaluator import Evaluator, Metric

@@ -10,7 +10,7 @@ import torch
 from ppe_core.errors import ConfigurationError, NoRuntimeError
 from ppe_core.handler._logic import BaseLogic, Logic, normalize_outputs, set_sampler_epoch
 from ppe_core.reporting import report
-from ppe_core.runtime import BaseRuntime, device_type_of, iter_runtime_modules
+from ppe_core.runtime import BaseRuntime, autocast_device_type_of, iter_runtime_modules
 
 __all__ = ["BaseHandler", "Handler", "NoRuntimeError", "step_function"]
 
@@ -196,7 +196,7 @@ class Handler(BaseHandler):
         model_name = getattr(logic, "model_name", None)
         model = models.get(model_name) if isinstance(model_name, str) else None
         runtime = next((rt for m, rt in self._runtimes if m is model), self._runtimes[0][1])
-        logic.bind_device(device_type_of(runtime.device_spec))
+        logic.bind_device(autocast_device_type_of(runtime))
         for owner in (runtime, self._entry_runtime):
             # A runtime whose __init__ skipped BaseRuntime's may have no options.
             options = getattr(owner, "options", None)

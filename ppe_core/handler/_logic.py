@@ -20,7 +20,12 @@ from ppe_core.errors import (
     ModelOutputError,
     NoGradientError,
 )
-from ppe_core.runtime import device_type_of, get_runtime
+from ppe_core.runtime import (
+    autocast_available,
+    autocast_device_type_of,
+    device_type_of,
+    get_runtime,
+)
 
 __all__ = [
     "AMPOptionError",
@@ -111,8 +116,18 @@ class _AutocastManager:
         return self.enabled
 
     def bind(self, device_type: str) -> None:
-        """Use ``device_type`` unless the options named one."""
+        """Use ``device_type`` unless the options named one (checked once, here, so torch's
+        own error for a device type without autocast never reaches the first step)."""
         if self._device_type is None:
+            if self.enabled and not autocast_available(device_type):
+                raise AMPOptionError(
+                    f"the Logic's option 'autocast' asks for autocast on the model's device "
+                    f"type {device_type!r}, which torch.autocast does not support; the runtime "
+                    "names the type autocast runs on with its autocast_device_type attribute "
+                    "(e.g. autocast_device_type = 'cpu' in a DeviceRuntime subclass whose "
+                    "tensors compute on the host), or pass options={'autocast': "
+                    "{'device_type': ...}}"
+                )
             self.resolved_device_type = device_type
 
     def autocast(self, enabled: bool = True) -> contextlib.AbstractContextManager[Any]:
@@ -389,7 +404,7 @@ class Logic(ModelLogic):
         """Autocast on the device type of ``model``'s runtime (unless the options name one)."""
         runtime = get_runtime(model)
         if runtime is not None:
-            self._autocast.bind(device_type_of(runtime.device_spec))
+            self._autocast.bind(autocast_device_type_of(runtime))
 
     def _forward(self, model: torch.nn.Module, batch: Any) -> Any:
         try:

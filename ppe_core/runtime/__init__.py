@@ -9,18 +9,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ppe_core.errors import RuntimeOptionError, RuntimeReplacedWarning
+from ppe_core.errors import RuntimeOptionError, RuntimeOptionTypeError, RuntimeReplacedWarning
 from ppe_core.runtime._device import DeviceRuntime
 from ppe_core.runtime._options import (
     OptionSpec,
     RuntimeOptions,
-    RuntimeOptionTypeError,
+    autocast_available,
     positive_int,
 )
 from ppe_core.runtime._registry import (
     RuntimeRegistry,
     _RuntimeRegistry,  # noqa: F401  (PPE's name, reachable as ppe.runtime._RuntimeRegistry)
     active_registry,
+    autocast_device_type_of,
     device_type_of,
 )
 from ppe_core.runtime._runtime import (
@@ -50,6 +51,8 @@ __all__ = [
     "RuntimeOptions",
     "RuntimeRegistry",
     "RuntimeReplacedWarning",
+    "autocast_available",
+    "autocast_device_type_of",
     "device_type_of",
     "get_runtime",
     "iter_runtime_modules",

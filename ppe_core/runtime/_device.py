@@ -15,6 +15,7 @@ from ppe_core.runtime._options import (
     autocast_kwargs,
     compile_kwargs,
     move_module,
+    require_autocast,
 )
 from ppe_core.runtime._registry import device_type_of
 from ppe_core.runtime._runtime import BaseRuntime, DeviceLike, PyTorchRuntime
@@ -39,6 +40,16 @@ class DeviceRuntime(PyTorchRuntime):
     default_autocast_dtype: ClassVar[torch.dtype]
     #: The declarative spec the options are validated against.
     option_spec: ClassVar[RuntimeOptions]
+    #: The torch device type tensors go to when PyTorch does not know :attr:`device_type`
+    #: (``None``: ``device_type`` itself), e.g. ``"cpu"`` for a device simulated in host
+    #: memory. ``"mydev:1"`` then moves to ``torch.device("<this type>", 1)`` (``"cpu"``: no
+    #: index); ``device_spec`` stays ``"mydev:1"``.
+    torch_device_type: ClassVar[str | None] = None
+    #: The device type ``torch.autocast`` runs on, for the ``autocast`` option and a Logic's
+    #: autocast (the Handler reads it). Declare it in the class body when autocast must run on
+    #: another type than the tensors' (``None``: the torch device type the tensors live on);
+    #: the instance holds the resolved type.
+    autocast_device_type: str | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -106,15 +117,21 @@ class DeviceRuntime(PyTorchRuntime):
                 "runtime_class unset so the device's own runtime is looked up"
             )
         resolved = self.option_spec.validate(options)
+        torch_device = self._torch_device(device_spec)
+        autocast_type = type(self).autocast_device_type or device_type_of(torch_device)
         autocast = autocast_kwargs(
-            resolved["autocast"], self.device_type, self.default_autocast_dtype, name
+            resolved["autocast"], autocast_type, self.default_autocast_dtype, name
         )
+        if autocast is not None:
+            require_autocast(autocast_type, f"{name} option 'autocast'", name)
         given = {k: v for k, v in (options or {}).items() if v is not None}
         if autocast is not None:
             given["autocast"] = autocast  # the normalised form the core's handler reads
         else:
             given.pop("autocast", None)
-        super().__init__(device_spec, given)
+        super().__init__(torch_device, given)
+        self.device_spec = device_spec  # what the user passed, e.g. "mydev:1"
+        self.autocast_device_type = autocast_type
         #: Every declared option, defaults filled in.
         self.resolved_options: dict[str, Any] = resolved
         #: ``torch.autocast`` arguments the module's forward runs under (``None``: off).
@@ -128,6 +145,41 @@ class DeviceRuntime(PyTorchRuntime):
                 self.device, self.non_blocking, self.channels_last
             )
             self.convert_batch = self._convert_each  # type: ignore[method-assign]
+
+    def _torch_device(self, device_spec: DeviceLike) -> DeviceLike:
+        """The torch device for ``device_spec``, through :attr:`torch_device_type` if set (a
+        malformed spec of a type PyTorch knows is returned as is: ``PyTorchRuntime`` explains
+        it)."""
+        name = type(self).__name__
+        target = self.torch_device_type
+        if target is None:
+            try:
+                return torch.device(device_spec)
+            except (RuntimeError, TypeError, ValueError) as exc:
+                try:
+                    torch.device(self.device_type)
+                except (RuntimeError, TypeError, ValueError):
+                    pass
+                else:
+                    return device_spec
+                raise ConfigurationError(
+                    f"{name} serves {self.device_type!r}, a device type PyTorch does not know "
+                    f"(torch.device({str(device_spec)!r}) failed: {exc}); declare "
+                    f"torch_device_type = 'cpu' in the body of {name} (or the torch device type "
+                    "its tensors live on), or register the device type with PyTorch first"
+                ) from exc
+        index = device_spec.index if isinstance(device_spec, torch.device) else None
+        if isinstance(device_spec, str) and ":" in device_spec:
+            tail = device_spec.partition(":")[2]
+            if not tail.isdigit():
+                raise ConfigurationError(
+                    f"{name} cannot use the device {device_spec!r}: the index must be an int, "
+                    f"e.g. '{self.device_type}:0'"
+                )
+            index = int(tail)
+        if index is None or target == "cpu":
+            return torch.device(target)
+        return torch.device(target, index)
 
     @property
     def grad_scaler(self) -> torch.amp.GradScaler | None:

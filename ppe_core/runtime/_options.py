@@ -15,18 +15,15 @@ from typing import Any
 
 import torch
 
-from ppe_core.errors import ArgumentTypeError, RuntimeOptionError
+from ppe_core.errors import RuntimeOptionError, RuntimeOptionTypeError
 
 __all__ = [
     "OptionSpec",
     "RuntimeOptionTypeError",
     "RuntimeOptions",
+    "autocast_available",
     "positive_int",
 ]
-
-
-class RuntimeOptionTypeError(RuntimeOptionError, ArgumentTypeError):
-    """A runtime option has the wrong type (a ``TypeError`` and a ``ValueError``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,6 +187,33 @@ def autocast_kwargs(
             f"{dtype!r}; e.g. options={{'autocast': torch.bfloat16}}"
         )
     return kwargs
+
+
+def autocast_available(device_type: str) -> bool:
+    """Whether ``torch.autocast`` supports ``device_type`` (``True`` where torch cannot say)."""
+    available = getattr(torch.amp, "is_autocast_available", None)  # torch>=2.4
+    if available is None:
+        return True
+    try:
+        return bool(available(device_type))
+    except RuntimeError:  # a device type PyTorch does not know at all
+        return False
+
+
+def require_autocast(device_type: str, what: str, owner: str) -> None:
+    """Raise a clear error if ``torch.autocast`` has no implementation for ``device_type``.
+
+    Called once, where autocast is switched on, so torch's own error ("unsupported autocast
+    device_type") never reaches the first training step.
+    """
+    if autocast_available(device_type):
+        return
+    raise RuntimeOptionError(
+        f"{what} asks for autocast on device type {device_type!r}, which torch.autocast does "
+        f"not support; name the torch device type autocast runs on in the runtime class "
+        f"({owner}): autocast_device_type = 'cpu' in a DeviceRuntime subclass whose tensors "
+        "compute on the host, or the type whose kernels it uses; or switch autocast off"
+    )
 
 
 def compile_kwargs(value: Any) -> dict[str, Any] | None:

@@ -26,6 +26,7 @@ __all__ = [
     "RuntimeRegistry",
     "RuntimeReplacedWarning",
     "active_registry",
+    "autocast_device_type_of",
     "device_type_of",
     "set_registry_source",
 ]
@@ -45,6 +46,18 @@ def active_registry() -> RuntimeRegistry:
     if _source is None:  # pragma: no cover - ppe_core's __init__ always sets it
         raise ConfigurationError("no runtime registry is active; import ppe_core first")
     return _source()
+
+
+def autocast_device_type_of(runtime: BaseRuntime) -> str:
+    """The device type ``torch.autocast`` uses for ``runtime``'s models.
+
+    The runtime's ``autocast_device_type`` attribute when it has one (a device type PyTorch
+    does not know computes on another type's kernels; see
+    :attr:`~ppe_core.runtime.DeviceRuntime.autocast_device_type`), else the type of its
+    ``device_spec``.
+    """
+    named = getattr(runtime, "autocast_device_type", None)
+    return named if isinstance(named, str) else device_type_of(runtime.device_spec)
 
 
 def device_type_of(device: DeviceLike) -> str:

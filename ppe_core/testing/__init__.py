@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 from ppe_core.testing._host import plugin_host
 
 if TYPE_CHECKING:
+    from ppe_core.errors import ConformanceError
     from ppe_core.testing._conformance import (
         CHECKS,
         CheckResult,
-        ConformanceError,
         Pair,
         RuntimeConformance,
         RuntimeTarget,
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         check_options_validation,
         check_snapshot_resume,
         check_state_dict_round_trip,
+        check_step_hooks,
         check_tagging,
         check_tensor_move,
         check_training_matches_reference,
@@ -64,6 +65,7 @@ __all__ = [
     "check_options_validation",
     "check_snapshot_resume",
     "check_state_dict_round_trip",
+    "check_step_hooks",
     "check_tagging",
     "check_tensor_move",
     "check_training_matches_reference",

@@ -25,8 +25,8 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 
 import ppe_core
-from ppe_core.errors import PPEError
-from ppe_core.runtime import BaseRuntime, PyTorchRuntime, device_type_of
+from ppe_core.errors import ConformanceError, RuntimeOptionError
+from ppe_core.runtime import BaseRuntime, PyTorchRuntime, RuntimeOptions, device_type_of
 from ppe_core.testing._emulated import EMULATED_DEVICE, enable_emulated_device
 from ppe_core.testing._host import plugin_host
 
@@ -45,6 +45,7 @@ __all__ = [
     "check_options_validation",
     "check_snapshot_resume",
     "check_state_dict_round_trip",
+    "check_step_hooks",
     "check_tagging",
     "check_tensor_move",
     "check_training_matches_reference",
@@ -58,13 +59,6 @@ UNKNOWN_OPTION = "ppe_conformance_unknown_option"
 _EPOCHS = 2
 _ITERS = 3
 _VAL_BATCHES = 2
-
-
-class ConformanceError(PPEError, AssertionError):
-    """A runtime broke the runtime contract; the message says what is wrong and how to fix it.
-
-    Also an ``AssertionError``, so pytest reports it as a test failure, not an error.
-    """
 
 
 @dataclass(frozen=True)
@@ -623,10 +617,11 @@ def check_training_matches_reference(target: RuntimeTarget, workdir: Path | None
                 where = "the first forward" if step == 0 else f"step {step}"
                 cause = (
                     "the forward pass differs: check that move_module and convert_batch keep "
-                    "values and dtypes"
+                    "values and dtypes, and that train_pre_step does not change the weights"
                     if step == 0
-                    else "the update differs: check that the step callbacks do not change "
-                    "gradients, weights or the optimizer"
+                    else "the update differs: check that the step hooks (train_pre_step, "
+                    "train_post_step) do not change gradients, weights or the optimizer state "
+                    "(the step_hooks check tells which)"
                 )
                 raise ConformanceError(
                     f"the loss at {where} on {target.device!r} is {float(loss):.6g}, the CPU "
@@ -640,7 +635,8 @@ def check_training_matches_reference(target: RuntimeTarget, workdir: Path | None
             target,
             f"after {steps} training steps on {target.device!r}, the weights differ from the "
             "CPU reference",
-            "the optimizer step or the callbacks around it changed the result",
+            "the optimizer step or the step hooks around it (train_pre_step, train_post_step) "
+            "changed the result",
         )
 
 
@@ -920,12 +916,25 @@ _STEP_CALLBACKS = ("train_pre_step", "train_post_step", "eval_pre_step", "eval_p
 def _recording_class(cls: type[BaseRuntime], log: list[tuple[str, Any]]) -> type[BaseRuntime]:
     """A subclass of ``cls`` that logs each callback (name, batch index) and calls ``cls``'s."""
 
+    depth = [0]  # nesting of convert_batch calls: a runtime may recurse through it
+
     def make(name: str) -> Callable[..., Any]:
         base = getattr(cls, name)
 
         def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            log.append((name, args[2] if name in _STEP_CALLBACKS else None))
-            return base(self, *args, **kwargs)
+            if name != "convert_batch":
+                log.append((name, args[2] if name in _STEP_CALLBACKS else None))
+                return base(self, *args, **kwargs)
+            # A convert_batch that walks nested containers through self.convert_batch (the
+            # tutorial's pattern) reaches this override again: only the outermost call is the
+            # Handler's, the inner ones are the runtime's own recursion.
+            if depth[0] == 0:
+                log.append((name, None))
+            depth[0] += 1
+            try:
+                return base(self, *args, **kwargs)
+            finally:
+                depth[0] -= 1
 
         method.__name__ = name
         return method
@@ -982,10 +991,14 @@ def check_callback_order(target: RuntimeTarget, workdir: Path | None = None) -> 
                 after = names[position + 1] if position + 1 < len(names) else None
                 pairs = {("train_pre_step", "train_post_step"), ("eval_pre_step", "eval_post_step")}
                 if (before, after) not in pairs:
+                    around = log[max(0, position - 2) : position + 3]
                     raise ConformanceError(
-                        f"convert_batch was called between {before} and {after}; it must run "
-                        "once per step, after the pre-step callback and before the post-step "
-                        "one -- do not call convert_batch from your own callbacks"
+                        f"convert_batch was called between {before or 'the start'} and "
+                        f"{after or 'the end'} (calls around it: "
+                        f"{', '.join(_call_name(c) for c in around)}"
+                        "); the Handler calls it once per step, after the pre-step callback and "
+                        "before the post-step one -- do not call convert_batch from your own "
+                        "callbacks"
                     )
         calls = [c for c in log if c[0] not in ("initialize_module", "convert_batch")]
         expected = _expected_calls()
@@ -1005,11 +1018,129 @@ def check_callback_order(target: RuntimeTarget, workdir: Path | None = None) -> 
             )
 
 
-def check_options_validation(target: RuntimeTarget, workdir: Path | None = None) -> None:
-    """An unknown runtime option raises an error (a ``ValueError``/``TypeError``) naming it.
+#: Batches per optimizer step in the step_hooks check: gradients then live across steps, so a
+#: pre-step hook that touches them changes the update (without accumulation zero_grad hides it).
+_ACCUMULATION = 2
 
-    Checked on the class and through ``ppe.to(options=...)``. Declaring ``accepted_options``
-    in the runtime's class body makes :class:`~ppe_core.runtime.BaseRuntime` do this.
+
+def _step_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Copies of what a step hook must not change: weights, buffers, gradients, optimizer."""
+    state: dict[str, Any] = {}
+    for name, param in module.named_parameters():
+        state[f"parameter {name!r}"] = param.detach().to("cpu", copy=True)
+        grad = param.grad
+        state[f"the gradient of parameter {name!r}"] = (
+            None if grad is None else grad.detach().to("cpu", copy=True)
+        )
+    for name, buffer in module.named_buffers():
+        state[f"buffer {name!r}"] = buffer.detach().to("cpu", copy=True)
+    optim = optimizer.state_dict()
+    for index, entries in optim["state"].items():
+        for key, value in entries.items():
+            copied = value.detach().to("cpu", copy=True) if torch.is_tensor(value) else value
+            state[f"the optimizer state {key!r} of parameter #{index}"] = copied
+    for number, group in enumerate(optim["param_groups"]):
+        for key, value in group.items():
+            if key != "params":
+                state[f"the optimizer's param_groups[{number}][{key!r}]"] = value
+    return state
+
+
+def _state_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> str | None:
+    """The first entry that differs between two :func:`_step_state` copies, else ``None``."""
+    for what in [*before, *(key for key in after if key not in before)]:
+        old, new = before.get(what), after.get(what)
+        if torch.is_tensor(old) and torch.is_tensor(new):
+            same = (
+                old.shape == new.shape
+                and old.dtype == new.dtype
+                and (not _comparable(old) or torch.equal(old, new))
+            )
+        else:
+            same = torch.is_tensor(old) == torch.is_tensor(new) and old == new
+        if not same:
+            return what
+    return None
+
+
+def _guarded_class(
+    cls: type[BaseRuntime], optimizers: list[torch.optim.Optimizer], found: list[str]
+) -> type[BaseRuntime]:
+    """A subclass of ``cls`` whose step hooks record in ``found`` what ``cls``'s hooks change."""
+
+    def make(name: str) -> Callable[..., Any]:
+        base = getattr(cls, name)
+
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            module = args[1]
+            if found or not optimizers:  # report the first change only
+                return base(self, *args, **kwargs)
+            before = _step_state(module, optimizers[0])
+            result = base(self, *args, **kwargs)
+            changed = _state_change(before, _step_state(module, optimizers[0]))
+            if changed is not None:
+                found.append(f"{name}(batch_idx={args[2]}) changed {changed}")
+            return result
+
+        method.__name__ = name
+        return method
+
+    namespace: dict[str, Any] = {name: make(name) for name in _STEP_CALLBACKS}
+    if "accepted_options" in cls.__dict__:  # keep the option validation of the class body
+        namespace["accepted_options"] = cls.__dict__["accepted_options"]
+    return type(f"Guarded{cls.__name__}", (cls,), namespace)
+
+
+def check_step_hooks(target: RuntimeTarget, workdir: Path | None = None) -> None:
+    """The step hooks leave weights, buffers, gradients and the optimizer state alone.
+
+    ``train_pre_step``, ``train_post_step``, ``eval_pre_step`` and ``eval_post_step`` are
+    compared before and after each call during a run with gradient accumulation
+    (``options={"grad_accumulation_steps": 2}``), where gradients live across steps, and an
+    evaluator. Those hooks are for device work around a step (synchronising, profiling),
+    not for changing the training math.
+    """
+    with _workdir(workdir) as work:
+        cls = target.resolve()
+        optimizers: list[torch.optim.Optimizer] = []
+        found: list[str] = []
+        guarded = _guarded_class(cls, optimizers, found)
+        with _host_with(target.device, guarded), _doing(f"training on {target.device!r}"):
+            torch.manual_seed(0)
+            model = ppe_core.to(_Net(), target.device, options=target.options)
+            optimizers.append(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+            evaluator = ppe_core.engine.create_evaluator(
+                model, device=target.device, runtime_options=target.options
+            )
+            trainer = ppe_core.engine.create_trainer(
+                model,
+                optimizers[0],
+                _EPOCHS,
+                device=target.device,
+                runtime_options=target.options,
+                options={"grad_accumulation_steps": _ACCUMULATION},
+                out_dir=str(work),
+                evaluator=evaluator,
+            )
+            trainer.run(_batches(_ITERS, 1), _batches(_VAL_BATCHES, 2))
+        if found:
+            raise ConformanceError(
+                f"{cls.__name__}.{found[0]} (a run with gradient accumulation over "
+                f"{_ACCUMULATION} batches, so gradients carry over between steps); the step "
+                "hooks (train_pre_step, train_post_step, eval_pre_step, eval_post_step) must "
+                "leave the weights, buffers, gradients and optimizer state alone -- do device "
+                "work there (synchronise, profile), and change the training math in a Logic or "
+                "an extension instead"
+            )
+
+
+def check_options_validation(target: RuntimeTarget, workdir: Path | None = None) -> None:
+    """An unknown runtime option, or one of the wrong type, raises an error naming it.
+
+    The unknown option is checked on the class and through ``ppe.to(options=...)``; each
+    declared option is then given a value of the wrong type (see
+    :func:`_check_option_types`). Declaring ``option_spec = RuntimeOptions(...)`` and validating
+    with it before ``super().__init__`` does both, as the tutorial shows.
     """
     cls = target.resolve()
     options = {**target.options, UNKNOWN_OPTION: 1}
@@ -1047,6 +1178,79 @@ def check_options_validation(target: RuntimeTarget, workdir: Path | None = None)
             f"{what} accepted the unknown option {UNKNOWN_OPTION!r} silently, so a typo in "
             f"runtime_options goes unnoticed; {fix}"
         )
+    _check_option_types(target, cls)
+
+
+class _NotAnOptionValue:
+    """A value of a type no runtime option accepts."""
+
+    def __repr__(self) -> str:
+        return "<not an option value>"
+
+
+def _option_spec(cls: type[BaseRuntime]) -> RuntimeOptions | None:
+    spec = getattr(cls, "option_spec", None)
+    return spec if isinstance(spec, RuntimeOptions) else None
+
+
+def _check_option_types(target: RuntimeTarget, cls: type[BaseRuntime]) -> None:
+    """Each declared option given a value of the wrong type raises an error naming it.
+
+    The names come from the class's ``option_spec`` (a :class:`RuntimeOptions`), else from its
+    ``accepted_options``. The wrong value is the string ``"2"`` (a value read from a config
+    file or command line) unless the spec accepts strings, else an object of a private class.
+    A runtime with an ``option_spec`` must raise the spec's own error
+    (:class:`~ppe_core.errors.RuntimeOptionError`), i.e. validate before
+    ``super().__init__``, where :class:`BaseRuntime` would reject unknown keys without saying
+    which types the options take.
+    """
+    spec = _option_spec(cls)
+    accepted = cls.accepted_options
+    names = sorted(spec.names if spec is not None else accepted or ())
+    fix = (
+        f"declare option_spec = RuntimeOptions({cls.__name__!r}, OptionSpec(name, types, "
+        "default, doc), ...) and accepted_options = option_spec.names in the class body, and "
+        "call self.option_spec.validate(options) in __init__ before super().__init__ (see "
+        "docs/plugin-tutorial.md)"
+    )
+    if spec is not None:
+        try:
+            cls(target.device, {**target.options, UNKNOWN_OPTION: 1})
+        except RuntimeOptionError:
+            pass
+        except Exception as exc:
+            raise ConformanceError(
+                f"{cls.__name__} declares option_spec, but an unknown option raised "
+                f"{type(exc).__name__} ({exc}) instead of the spec's RuntimeOptionError, which "
+                "lists the accepted options and their types; call "
+                "self.option_spec.validate(options) before super().__init__"
+            ) from exc
+    for name in names:
+        option = spec.specs[name] if spec is not None else None
+        wrong: Any = "2"
+        if option is None or option.accepts_type(wrong):
+            wrong = _NotAnOptionValue()
+        given = f"{type(wrong).__name__} {wrong!r}"
+        what = f"{cls.__name__}({target.device!r}, options={{{name!r}: {wrong!r}}})"
+        try:
+            cls(target.device, {**target.options, name: wrong})
+        except (ValueError, TypeError) as exc:
+            if name not in str(exc):
+                raise ConformanceError(
+                    f"{what} raised {type(exc).__name__}, but the message does not name the "
+                    f"option: {exc}; say which option has the wrong type and which it takes"
+                ) from exc
+            continue
+        except Exception as exc:
+            raise ConformanceError(
+                f"{what} raised {type(exc).__name__}: {exc}; raise a TypeError or ValueError "
+                "(OptionSpec/RuntimeOptions raise RuntimeOptionTypeError, both) for an option "
+                "of the wrong type"
+            ) from exc
+        raise ConformanceError(
+            f"{what} accepted a {given} for option {name!r} silently, so a wrongly typed "
+            f"runtime option (e.g. '2' for 2 from a config file) goes unnoticed; {fix}"
+        )
 
 
 @contextlib.contextmanager
@@ -1072,6 +1276,7 @@ CHECKS: Mapping[str, Callable[[RuntimeTarget, Path | None], None]] = MappingProx
         "snapshot_resume": check_snapshot_resume,
         "grad_scaler_state": check_grad_scaler_state,
         "callback_order": check_callback_order,
+        "step_hooks": check_step_hooks,
         "options_validation": check_options_validation,
     }
 )
@@ -1199,6 +1404,9 @@ class RuntimeConformance:
 
     def test_callback_order(self, tmp_path: Path) -> None:
         self._check("callback_order", tmp_path)
+
+    def test_step_hooks(self, tmp_path: Path) -> None:
+        self._check("step_hooks", tmp_path)
 
     def test_options_validation(self, tmp_path: Path) -> None:
         self._check("options_validation", tmp_path)

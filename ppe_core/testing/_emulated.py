@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
-from ppe_core.errors import DeviceUnavailableError
+from ppe_core.errors import EmulatedDeviceError
 from ppe_core.runtime import DeviceLike, DeviceRuntime, RuntimeOptions
 
 __all__ = [
@@ -49,11 +49,6 @@ _COPY_OPS = frozenset(
     {_aten.copy_.default, _aten._to_copy.default, _aten._copy_from.default}
     | {_aten._copy_from_and_resize.default}
 )
-
-
-class EmulatedDeviceError(DeviceUnavailableError):
-    """The emulated device cannot be set up in this process: torch lacks the PrivateUse1
-    Python hooks, or PrivateUse1 already serves another backend name."""
 
 
 def _torch_version() -> tuple[int, int]:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ppe_core._active_host import active_host
 from ppe_core.distributed import run_collective, timeout_error
 from ppe_core.errors import ArgumentTypeError, ConfigurationError, DistributedNotInitializedError
 from ppe_core.handler._handler import step_function
@@ -58,7 +59,7 @@ def _observing_reporter(models: Mapping[str, torch.nn.Module]) -> Reporter:
     same ``main/...`` keys as in training. A data-parallel wrapper's inner module gets the
     wrapper's name, as ``default_transform_model`` gives it in the trainer.
     """
-    from ppe_core.training.manager import default_transform_model
+    from ppe_core.training._manager import default_transform_model
 
     reporter = Reporter()
     for name, model in models.items():
@@ -184,11 +185,9 @@ class Evaluator:
             The mean of every reported value (PPE returns None; the same means are reported
             into the current reporter either way).
         """
-        from ppe_core._plugins import get_plugin_host
-
         length = loader_length(loader, eval_len, "eval_len")
         handler: Any = self.handler
-        host = get_plugin_host()
+        host = active_host()
         modes = {name: model.training for name, model in self.models.items()}
         self._setup(loader)
         host.evaluator_setup(self)

@@ -7,7 +7,11 @@ import types
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ppe_core.errors import ArgumentTypeError, ConfigurationError, DuplicateRegistrationError
+from ppe_core.errors import (
+    ArgumentTypeError,
+    DuplicateExtensionError,
+    ExtensionNameError,
+)
 from ppe_core.training._protocols import ExtensionsManagerProtocol, ManagerView
 from ppe_core.training.triggers import get_trigger
 
@@ -50,14 +54,6 @@ _MAKE_EXTENSION_FLAGS = ("needs_model_state", "is_async", "runs_last")
 
 # PPE reserves this name (Chainer's trainer used it); keeping the rule keeps names portable.
 _RESERVED_NAMES = frozenset({"training"})
-
-
-class ExtensionNameError(ConfigurationError):
-    """An extension name is invalid or no extension is registered under the requested name."""
-
-
-class DuplicateExtensionError(ExtensionNameError, DuplicateRegistrationError):
-    """An extension was registered under an explicit name that is already taken."""
 
 
 class Extension:

@@ -13,7 +13,19 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError, PPEWarning
+from ppe_core.errors import (
+    ArgumentTypeError,
+    ConfigurationError,
+    ExtensionErrorHandlerWarning,
+    IgniteNotInstalledError,
+    IgnoredArgumentWarning,
+    ManagerStateError,
+    MissingExtensionStateWarning,
+    ModelStateUnavailableError,
+    StateDictKeyError,
+    StateDictMismatchError,
+    StateVersionWarning,
+)
 from ppe_core.reporting import Observation, Reporter
 from ppe_core.training._extension import (
     Extension,
@@ -29,10 +41,6 @@ from ppe_core.training._state import (
     PPE_CORE_STATE_KEY,
     EpochLength,
     ManagerState,
-    MissingExtensionStateWarning,
-    StateDictKeyError,
-    StateDictMismatchError,
-    StateVersionWarning,
     TransformModel,
     warn_missing_extension_states,
 )
@@ -46,7 +54,6 @@ __all__ = [
     "PPE_CORE_STATE_KEY",
     "ExtensionErrorHandlerWarning",
     "ExtensionsManager",
-    "IgniteExtensionsManager",
     "IgniteNotInstalledError",
     "IgnoredArgumentWarning",
     "ManagerStateError",
@@ -60,34 +67,6 @@ __all__ = [
     "default_transform_model",
     "identity_transform_model",
 ]
-
-
-class ManagerStateError(PPEError, RuntimeError):
-    """The manager was used in a state that does not allow it (finalized, nested iteration)."""
-
-
-class ModelStateUnavailableError(PPEError, RuntimeError):
-    """An extension read ``manager.models`` in an iteration where model state is not current.
-
-    Only extensions declaring ``needs_model_state = True`` may read models while extensions run,
-    because runtimes that defer work only make the model state current for them.
-    """
-
-
-class ExtensionErrorHandlerWarning(PPEWarning):
-    """An ``on_error`` or ``finalize`` handler raised while training was failing.
-
-    The handler's exception is reported by this warning so that the original training error,
-    which is re-raised, is not masked.
-    """
-
-
-class IgnoredArgumentWarning(PPEWarning):
-    """A keyword argument PPE accepts for compatibility was passed and has no effect."""
-
-
-class IgniteNotInstalledError(PPEError, ImportError):
-    """``IgniteExtensionsManager`` was created without pytorch-ignite installed."""
 
 
 class _Writer(Protocol):
@@ -993,145 +972,6 @@ class ExtensionsManager:
             self._epoch_length.load_state_dict({"iters_per_epoch": to_load.get("_epoch_length")})
         if self._epoch_length_known:
             self._epoch_length.check(counts.iteration, stacklevel=3)
-
-
-class IgniteExtensionsManager(ExtensionsManager):
-    """Runs ppe-core extensions inside a pytorch-ignite ``Engine``'s training loop.
-
-    The manager registers handlers on ``engine``: each iteration gets a fresh observation
-    (``report`` works inside the engine's process function), and after the engine's own
-    ``ITERATION_COMPLETED`` handlers the due extensions run. When the engine starts, the
-    extensions are initialized (so ``snapshot(autoload=True)`` restores the engine's
-    iteration and epoch), and they are finalized when it completes. The epoch length is the
-    engine's ``len(dataloader)``.
-
-    Args:
-        engine: The ``ignite.engine.Engine`` that trains.
-        models: A module (named ``"main"``) or a mapping of names to modules.
-        optimizers: An optimizer (named ``"main"``) or a mapping of names to optimizers.
-        max_epochs: Length of training (the engine's ``run(max_epochs=...)`` decides).
-        extensions: Extensions to register right away.
-        out_dir: Output directory, used when ``writer`` is None.
-        writer: Writer that extensions write files through.
-        enable_profile: Whether to wrap each extension call in a profiler ``record_function``.
-        enable_trace: Accepted for PPE compatibility (see :class:`ExtensionsManager`).
-        state_objects: Further objects whose state is saved, by name.
-
-    Raises:
-        ArgumentTypeError: ``engine`` is not an ignite ``Engine``.
-        IgniteNotInstalledError: pytorch-ignite is not installed (an ``ImportError``).
-    """
-
-    def __init__(
-        self,
-        engine: Any,
-        models: torch.nn.Module | Mapping[str, torch.nn.Module],
-        optimizers: torch.optim.Optimizer | Mapping[str, torch.optim.Optimizer],
-        max_epochs: int,
-        *,
-        extensions: Sequence[ExtensionLike | Extension | ExtensionEntry] | None = None,
-        out_dir: str = "result",
-        writer: _Writer | None = None,
-        enable_profile: bool = False,
-        enable_trace: bool = False,
-        state_objects: Mapping[str, StateObjectProtocol] | None = None,
-    ) -> None:
-        try:
-            import ignite.engine
-        except ModuleNotFoundError as exc:
-            raise IgniteNotInstalledError(
-                "IgniteExtensionsManager needs pytorch-ignite: pip install pytorch-ignite "
-                "(or use ExtensionsManager with your own loop)"
-            ) from exc
-        if not isinstance(engine, ignite.engine.Engine):
-            raise ArgumentTypeError(
-                f"engine must be an ignite.engine.Engine, got {type(engine).__name__}; pass "
-                "e.g. ignite.engine.create_supervised_trainer(model, optimizer, loss_fn)"
-            )
-        # The epoch length is only known when the engine starts (len of its data).
-        super().__init__(
-            models,
-            optimizers,
-            max_epochs,
-            iters_per_epoch=1,
-            extensions=extensions,
-            out_dir=out_dir,
-            writer=writer,
-            enable_profile=enable_profile,
-            enable_trace=enable_trace,
-            state_objects=state_objects,
-        )
-        self.engine = engine
-        self._epoch_length_known = False  # len(dataloader) is known when the engine starts
-        self._start_epoch = 0
-        self._loop_handlers_added = False
-        self.set_ignite_handlers()
-
-    def set_ignite_handlers(self) -> None:
-        """Registers the manager's handlers on the engine (done by the constructor)."""
-        from ignite.engine import Events
-
-        self.engine.add_event_handler(Events.STARTED, self._on_engine_started)
-        self.engine.add_event_handler(Events.ITERATION_STARTED, self._on_iteration_started)
-        self.engine.add_event_handler(Events.COMPLETED, self._on_engine_completed)
-
-    def _on_engine_started(self, engine: Any) -> None:
-        from ignite.engine import Events
-
-        iters_per_epoch = len(engine.state.dataloader)
-        self._prepare_for_training(0, 0, iters_per_epoch)
-        self._epoch_length_known = True
-        self._take_run_lock()  # also when the engine runs again after completing
-        self.start_extensions()  # an autoloading snapshot sets _start_iteration here
-        start = self._start_iteration
-        self._epoch_length.check(start, stacklevel=2)  # a state loaded before the engine ran
-        engine.state.iteration = start
-        engine.state.epoch = self._start_epoch
-        self._start_time = time.perf_counter()
-        self._prepare_for_training(start, start, iters_per_epoch)
-        if not self._loop_handlers_added:
-            # Added now so that they run after the handlers the user registered.
-            self._loop_handlers_added = True
-            engine.add_event_handler(Events.ITERATION_COMPLETED, self._on_iteration_completed)
-
-    def _on_iteration_started(self, engine: Any) -> None:
-        self._close_scope()  # left open when the previous iteration raised
-        self.begin_iteration(())
-
-    def _on_iteration_completed(self, engine: Any) -> None:
-        try:
-            self._iteration = int(engine.state.iteration)
-            self.execution += 1
-            self.run_extensions()
-        except Exception as exc:
-            self.abort_iteration(exc)
-            raise
-        self._close_scope()
-
-    def _on_engine_completed(self, engine: Any) -> None:
-        self._finalize_extensions()
-
-    def _finalize_extensions(self) -> None:
-        try:
-            for slot in self._schedule.slots():
-                slot.entry.extension.finalize(self)
-        finally:
-            self._release_run_lock()
-
-    def state_dict(self, *, transform_models: TransformModel | None = None) -> dict[str, Any]:
-        """The state of :meth:`ExtensionsManager.state_dict`, with the engine's epoch length."""
-        state = super().state_dict(transform_models=transform_models)
-        state["_epoch_length"] = self.engine.state.epoch_length
-        state["_start_iteration"] = self.engine.state.iteration
-        return state
-
-    def load_state_dict(
-        self, to_load: Mapping[str, Any], *, transform_models: TransformModel | None = None
-    ) -> None:
-        """Restores a state; the engine resumes from it when it (re)starts."""
-        super().load_state_dict(to_load, transform_models=transform_models)
-        epoch_length = to_load.get("_epoch_length") or self._iters_per_epoch
-        self._start_epoch = self._start_iteration // int(epoch_length)
 
 
 if TYPE_CHECKING:

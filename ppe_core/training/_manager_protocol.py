@@ -3,7 +3,6 @@ with (``ExtensionsManagerProtocol``, ``StateObjectProtocol``)."""
 
 from __future__ import annotations
 
-from ppe_core.training import ExtensionsManagerProtocol
-from ppe_core.training.manager import StateObjectProtocol
+from ppe_core.training._protocols import ExtensionsManagerProtocol, StateObjectProtocol
 
 __all__ = ["ExtensionsManagerProtocol", "StateObjectProtocol"]

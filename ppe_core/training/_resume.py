@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ppe_core.distributed import group_world
-from ppe_core.errors import PPEWarning
+from ppe_core.errors import WorldSizeMismatchWarning
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ResumeStateHost
@@ -31,15 +31,6 @@ WORLD_SIZE_KEY = "world_size"
 #: Under ``state['_ppe_core']``: every rank's own resume data, in rank order (a snapshot
 #: gathers them); the entries beside it are the saving rank's, as in a single process.
 RANKS_KEY = "ranks"
-
-
-class WorldSizeMismatchWarning(PPEWarning):
-    """A state saved by a run of another world size was loaded.
-
-    Weights, optimizer states and iteration counts resume exactly; each rank's RNG states and
-    loader position do not (every rank restores the saving rank's), and the data is split
-    differently across ranks, so the run is not the one the saved run would have continued.
-    """
 
 
 def record_ranks(
@@ -213,7 +204,7 @@ class TrainerState:
     def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
         missing = {"torch", "python"} - set(to_load)
         if missing:
-            from ppe_core.training._state import StateDictKeyError
+            from ppe_core.errors import StateDictKeyError
 
             raise StateDictKeyError(
                 f"the saved trainer state lacks {sorted(missing)}; it was not written by "

@@ -27,7 +27,7 @@ import warnings
 import weakref
 from typing import Any
 
-from ppe_core.errors import PPEError, PPEWarning
+from ppe_core.errors import OutputDirectoryInUseError, RunLockWarning
 
 __all__ = [
     "RUN_LOCK_FILENAME",
@@ -47,14 +47,6 @@ _NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 # errno values of a lock file this process may not create or open (a read-only directory, a
 # stale lock file of another user); a run there cannot be protected, but need not fail.
 _NO_ACCESS = {errno.EACCES, errno.EPERM, errno.EROFS}
-
-
-class OutputDirectoryInUseError(PPEError, RuntimeError):
-    """Another live process is training into the same ``out_dir`` (it holds the run lock)."""
-
-
-class RunLockWarning(PPEWarning):
-    """The run lock was taken over from a process that is gone, or cannot be taken here."""
 
 
 if sys.platform == "win32":

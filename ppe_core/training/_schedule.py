@@ -6,7 +6,9 @@ import difflib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ppe_core.training._extension import ExtensionEntry, ExtensionNameError
+from ppe_core._record import record
+from ppe_core.errors import ExtensionNameError
+from ppe_core.training._extension import ExtensionEntry
 from ppe_core.training.triggers import NEVER, next_due
 
 if TYPE_CHECKING:
@@ -54,10 +56,6 @@ class Schedule:
         self._trace = trace
         self._record: Callable[..., Any] | None = None
         if profile:
-            # Imported only when profiling: ppe_core._record reaches the plugin host, which
-            # imports the training package.
-            from ppe_core._record import record
-
             self._record = record
         self._entries: dict[str, ExtensionEntry] = {}
         self._slots: list[Slot] = []

@@ -8,7 +8,15 @@ from typing import Any
 
 import torch
 
-from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError, PPEWarning
+from ppe_core.errors import (
+    ArgumentTypeError,
+    ConfigurationError,
+    EpochLengthChangedWarning,
+    MissingExtensionStateWarning,
+    StateDictKeyError,
+    StateDictMismatchError,
+    StateVersionWarning,
+)
 from ppe_core.training._extension import ExtensionEntry
 from ppe_core.training._protocols import StateObjectProtocol
 from ppe_core.training._resume import RANKS_KEY, WORLD_SIZE_KEY, rank_resume_states
@@ -48,41 +56,6 @@ _RESERVED_RESUME_KEYS = frozenset({VERSION_KEY, WORLD_SIZE_KEY, RANKS_KEY})
 # PPE releases whose states load without a StateVersionWarning (the format is the same).
 _COMPATIBLE_PPE_VERSIONS = ("0.9.",)
 _MAX_KEYS = 8  # keys listed in a mismatch message; the rest are counted
-
-
-class StateDictKeyError(PPEError, KeyError):
-    """A state dictionary passed to ``load_state_dict`` lacks a required entry."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
-
-
-class StateDictMismatchError(ConfigurationError, RuntimeError):
-    """A loaded model or optimizer state does not fit the registered model or optimizer.
-
-    Subclasses ``RuntimeError`` (what ``Module.load_state_dict`` raises) and ``ValueError``
-    (through :class:`ConfigurationError`, what ``Optimizer.load_state_dict`` raises).
-    """
-
-
-class MissingExtensionStateWarning(PPEWarning):
-    """A loaded state holds nothing for a registered extension, which keeps its current state."""
-
-
-class StateVersionWarning(PPEWarning):
-    """A loaded state was written by another (or an unknown) version.
-
-    A ``UserWarning`` mentioning "version", as PPE's. States written by ppe-core itself and by
-    the PPE release ppe-core is compatible with load without it.
-    """
-
-
-class EpochLengthChangedWarning(PPEWarning):
-    """A resumed state was saved with another number of iterations per epoch than this run has.
-
-    The dataset length or the batch size changed: epoch boundaries fall at other iterations, so
-    epoch-based triggers fire at other iterations than in the saved run.
-    """
 
 
 class EpochLength:

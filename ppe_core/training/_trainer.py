@@ -10,11 +10,20 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ppe_core._active_host import active_host
+from ppe_core._record import record
 from ppe_core.distributed import timeout_error
-from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEError, PPEWarning
+from ppe_core.errors import (
+    AmbiguousEvaluatorError,
+    ArgumentTypeError,
+    ConfigurationError,
+    ManagerStateError,
+    UnknownOptimizerError,
+    ValLoaderIgnoredWarning,
+)
 from ppe_core.training._evaluator import Evaluator, loader_length
 from ppe_core.training._extension import PRIORITY_WRITER, Extension, ExtensionEntry
-from ppe_core.training._manager import ManagerStateError, named_models
+from ppe_core.training._manager import named_models
 from ppe_core.training._resume import TrainerState, attach_resume_state
 from ppe_core.training.triggers import get_trigger
 
@@ -31,25 +40,10 @@ __all__ = [
 ]
 
 
-class AmbiguousEvaluatorError(PPEError, ValueError):
-    """``trainer.evaluator`` was read while several evaluators are registered."""
-
-
 EvaluatorSpec = Evaluator | tuple[Evaluator, Any] | Mapping[str, Evaluator | tuple[Evaluator, Any]]
 
 #: The name of a single evaluator (not in a dict), as its extension is named in PPE.
 _SINGLE_EVALUATOR = "Evaluator"
-
-
-class UnknownOptimizerError(PPEError, KeyError):
-    """``get_optimizer`` was asked for a name the trainer does not have."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
-
-
-class ValLoaderIgnoredWarning(PPEWarning):
-    """``run()`` got a ``val_loader`` but the trainer has no evaluator to use it."""
 
 
 def _should_stop(manager: ExtensionsManager) -> bool:
@@ -383,8 +377,6 @@ class Trainer:
         step = step_function(self.handler, "train")
         if not (self._enable_profile or self._enable_trace):
             return step
-        from ppe_core._record import record
-
         tag, enable, trace = (
             "ppe.training.Trainer:train_step",
             self._enable_profile,
@@ -419,8 +411,6 @@ class Trainer:
         Warns:
             ValLoaderIgnoredWarning: ``val_loader`` was given but there is no evaluator.
         """
-        from ppe_core._plugins import get_plugin_host
-
         if self._evaluators and val_loader is None:
             raise ConfigurationError(
                 "the trainer has an evaluator but run() got no val_loader; pass "
@@ -438,7 +428,7 @@ class Trainer:
             self._setup_manager(iters_per_epoch)
         manager = self.manager
         handler: Any = self.handler
-        host = get_plugin_host()
+        host = active_host()
 
         handler.train_setup(self, train_loader)
         if ignored_val_loader:  # after train_setup, as PPE: a setup error comes first
@@ -525,8 +515,6 @@ class _StepScopes:
     """
 
     def __init__(self, time: bool, trace: bool) -> None:
-        from ppe_core._record import record  # see Schedule: reaches the plugin host
-
         self._record = record
         self._time = time
         self._trace = trace

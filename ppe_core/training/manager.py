@@ -5,10 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ppe_core._not_provided import module_getattr
-from ppe_core.training._manager import (
+from ppe_core.errors import (
     ExtensionErrorHandlerWarning,
-    ExtensionsManager,
-    IgniteExtensionsManager,
     IgniteNotInstalledError,
     IgnoredArgumentWarning,
     ManagerStateError,
@@ -17,6 +15,10 @@ from ppe_core.training._manager import (
     StateDictKeyError,
     StateDictMismatchError,
     StateVersionWarning,
+)
+from ppe_core.training._ignite import IgniteExtensionsManager
+from ppe_core.training._manager import (
+    ExtensionsManager,
     StopReason,
     TransformModel,
     default_transform_model,

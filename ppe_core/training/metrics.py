@@ -12,7 +12,7 @@ from typing import Any, TypeAlias
 
 import torch
 
-from ppe_core.errors import ConfigurationError, PPEError
+from ppe_core.errors import MetricInputError, MetricKeyError
 
 __all__ = ["AccuracyMetric", "Batch", "MetricInputError", "MetricKeyError", "MetricType"]
 
@@ -20,17 +20,6 @@ __all__ = ["AccuracyMetric", "Batch", "MetricInputError", "MetricKeyError", "Met
 Batch: TypeAlias = Mapping[str, Any]
 #: ``metric(batch, outputs) -> {name: value}``.
 MetricType: TypeAlias = Callable[[Batch, Batch], Mapping[str, Any]]
-
-
-class MetricInputError(ConfigurationError, RuntimeError):
-    """A metric got labels and predictions it cannot compare (PPE fails with a RuntimeError)."""
-
-
-class MetricKeyError(PPEError, KeyError):
-    """A metric's key is missing from the batch or the outputs (a ``KeyError``, as in PPE)."""
-
-    def __str__(self) -> str:  # KeyError would show the message quoted
-        return str(self.args[0]) if self.args else ""
 
 
 def _lookup(values: Any, key: str, where: str) -> torch.Tensor:

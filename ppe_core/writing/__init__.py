@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
+from ppe_core.errors import DiskFullError, WriterError, WriterFinalizedError
 from ppe_core.writing._parallel_writer import ProcessWriter, StandardWriter, ThreadWriter
 from ppe_core.writing._queue_writer import ProcessQueueWriter, QueueWriter, ThreadQueueWriter
 from ppe_core.writing._simple_writer import SimpleWriter
-from ppe_core.writing._writer_base import (
-    DiskFullError,
-    FileSystem,
-    SaveFun,
-    Target,
-    Writer,
-    WriterError,
-    WriterFinalizedError,
-)
+from ppe_core.writing._writer_base import FileSystem, SaveFun, Target, Writer
 
 __all__ = [
     "DiskFullError",

@@ -13,13 +13,12 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 
 import torch
 
+from ppe_core.errors import WriterError, WriterFinalizedError
 from ppe_core.writing._writer_base import (
     FileSystem,
     SaveFun,
     Target,
     Writer,
-    WriterError,
-    WriterFinalizedError,
     _register_for_exit,
     _run_in_worker,
     _start_job,

@@ -15,6 +15,7 @@ from typing import Any, Generic, Protocol, TypeAlias, TypeVar
 
 import torch
 
+from ppe_core.errors import WriterError, WriterFinalizedError
 from ppe_core.writing._parallel_writer import _resolve_context, _Worker
 from ppe_core.writing._simple_writer import SimpleWriter
 from ppe_core.writing._writer_base import (
@@ -22,8 +23,6 @@ from ppe_core.writing._writer_base import (
     SaveFun,
     Target,
     Writer,
-    WriterError,
-    WriterFinalizedError,
     _register_for_exit,
     _run_in_worker,
     _run_job,

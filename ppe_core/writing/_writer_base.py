@@ -18,7 +18,12 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import IO, Any, NoReturn, Protocol, TypeAlias, TypeVar
 
-from ppe_core.errors import ConfigurationError, PPEError
+from ppe_core.errors import (
+    ConfigurationError,
+    DiskFullError,
+    WriterError,
+    WriterFinalizedError,
+)
 
 __all__ = [
     "DiskFullError",
@@ -39,23 +44,6 @@ Target: TypeAlias = Mapping[str, Any] | Sequence[Any] | Any
 
 
 _T = TypeVar("_T")
-
-
-class WriterError(PPEError, RuntimeError):
-    """Saving a file failed in a writer's background thread or process."""
-
-
-class WriterFinalizedError(PPEError, RuntimeError):
-    """A writer was asked to save after :meth:`Writer.finalize` shut it down."""
-
-
-class DiskFullError(PPEError, OSError):
-    """A save failed because the file system holding the file is full (or over quota).
-
-    An ``OSError`` with ``errno.ENOSPC`` whose message names the file, raised instead of the
-    serializer's own error (torch's is an ``inline_container.cc`` message that does not say
-    why the write failed).
-    """
 
 
 class FileSystem(Protocol):

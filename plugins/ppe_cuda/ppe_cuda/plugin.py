@@ -7,6 +7,9 @@ import torch
 from ppe_core import hookimpl
 from ppe_core.runtime import RuntimeRegistry
 
+# The ppe-core hook API this plugin was written for (checked when the plugin registers).
+PPE_CORE_HOOK_API = (1, 0)
+
 
 @hookimpl
 def ppe_register_runtimes(registry: RuntimeRegistry) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ppe_core._active_host import active_host
 from ppe_core.errors import RegistryLookupError
 
 if TYPE_CHECKING:
@@ -137,18 +138,12 @@ def __getattr__(name: str) -> Any:
                 f"ppe_core.training.extensions.{name} is not available in this ppe-core "
                 f"installation ({module} does not define it); see docs/migration.md"
             ) from None
-    from ppe_core._plugins import get_plugin_host
-
     try:
-        return get_plugin_host().extensions.get(name)
+        return active_host().extensions.get(name)
     except RegistryLookupError as exc:
         raise AttributeError(str(exc)) from None
 
 
 def __dir__() -> list[str]:
-    from ppe_core._plugins import get_plugin_host
-
-    names = (
-        set(globals()) | _SUBMODULES | set(_ATTRIBUTES) | set(get_plugin_host().extensions.names())
-    )
+    names = set(globals()) | _SUBMODULES | set(_ATTRIBUTES) | set(active_host().extensions.names())
     return sorted(names)

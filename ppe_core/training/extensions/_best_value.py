@@ -6,7 +6,7 @@ import operator
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ppe_core.errors import PPEError
+from ppe_core.errors import BestValueKeyError, NoBestValueError
 from ppe_core.training._extension import Extension
 from ppe_core.training.triggers import BestValueTrigger, get_trigger
 
@@ -15,17 +15,6 @@ if TYPE_CHECKING:
     from ppe_core.training.triggers import TriggerLike
 
 __all__ = ["BestValue", "BestValueKeyError", "MaxValue", "MinValue", "NoBestValueError"]
-
-
-class NoBestValueError(PPEError, RuntimeError):
-    """The best value was read before any value was observed.
-
-    Subclasses ``RuntimeError``, which PPE raised here.
-    """
-
-
-class BestValueKeyError(PPEError, KeyError):
-    """The tracked key was not reported when BestValue ran (a ``KeyError``, as in PPE)."""
 
 
 class BestValue(Extension):

@@ -20,17 +20,15 @@ import torch
 
 from ppe_core.errors import (
     ArgumentTypeError,
-    ConfigurationError,
     DistributedNotInitializedError,
+    IgnoredArgumentWarning,
+    MissingEvalTargetError,
+    OptionalDependencyError,
 )
 from ppe_core.reporting import DictSummary, Reporter, get_current_reporter, report
 from ppe_core.training._extension import PRIORITY_WRITER, Extension
-from ppe_core.training._manager import IgnoredArgumentWarning
-from ppe_core.training.extensions._util import (
-    OptionalDependencyError,
-    is_terminal,
-)
 from ppe_core.training.extensions._util import dist_gather as _dist_gather
+from ppe_core.training.extensions._util import is_terminal
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
@@ -50,16 +48,6 @@ MetricFn = Callable[..., Any]
 
 # Keyword arguments Evaluator understands (PPE reads exactly these from ``**kwargs``).
 _KNOWN_OPTIONS = frozenset({"progress_bar", "metrics"})
-
-
-class MissingEvalTargetError(ConfigurationError, KeyError):
-    """An evaluator has neither an ``eval_func`` nor a target named ``'main'`` to call.
-
-    Subclasses ``KeyError``, which PPE raises (``self._targets['main']``) in this situation.
-    """
-
-    def __str__(self) -> str:  # KeyError would show the message quoted
-        return str(self.args[0]) if self.args else ""
 
 
 class TextProgressBar:

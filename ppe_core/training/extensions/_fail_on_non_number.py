@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ppe_core.errors import PPEError
+from ppe_core.errors import NonFiniteParameterError
 from ppe_core.training._extension import Extension
 
 if TYPE_CHECKING:
@@ -17,13 +17,6 @@ __all__ = ["FailOnNonNumber", "NonFiniteParameterError"]
 
 # Offending parameters named in the error; the rest are counted.
 _MAX_LISTED = 10
-
-
-class NonFiniteParameterError(PPEError, RuntimeError):
-    """A model parameter (or its gradient) holds NaN or inf: training diverged.
-
-    Subclasses ``RuntimeError``, which PPE raised here.
-    """
 
 
 def _all_finite(tensors: Iterable[torch.Tensor]) -> bool:

@@ -9,10 +9,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from ppe_core.distributed import group_world
-from ppe_core.errors import ConfigurationError
+from ppe_core.errors import ConfigurationError, OptionalDependencyError
 from ppe_core.reporting import DictSummary, to_floats
 from ppe_core.training._extension import PRIORITY_READER, Extension
-from ppe_core.training.extensions._util import OptionalDependencyError, key_tuple
+from ppe_core.training.extensions._util import key_tuple
 from ppe_core.training.triggers import get_trigger
 from ppe_core.training.triggers._due import DueCheck, EveryIteration
 

@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import IO, TYPE_CHECKING, Any
 
-from ppe_core.errors import ConfigurationError, PPEWarning
+from ppe_core.errors import ConfigurationError, NoPlotDataWarning
 from ppe_core.reporting import DictSummary, to_floats
 from ppe_core.training._extension import Extension
 from ppe_core.training.extensions._util import WriterLike, missing_extra_error, write_file
@@ -20,10 +20,6 @@ if TYPE_CHECKING:
     from ppe_core.training.triggers import TriggerLike
 
 __all__ = ["NoPlotDataWarning", "PlotReport"]
-
-
-class NoPlotDataWarning(PPEWarning):
-    """PlotReport had no value of any of its keys to plot, so it wrote no file."""
 
 
 def _save_figure(target: tuple[Any, Any, str], file_obj: IO[bytes]) -> None:

@@ -9,8 +9,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from ppe_core.distributed import group_world
-from ppe_core.errors import ConfigurationError
-from ppe_core.training._extension import PRIORITY_READER, Extension, ExtensionNameError
+from ppe_core.errors import ConfigurationError, ExtensionNameError
+from ppe_core.training._extension import PRIORITY_READER, Extension
 from ppe_core.training.extensions._log_report import LogReport
 from ppe_core.training.extensions._util import is_terminal, key_tuple
 from ppe_core.training.triggers import Trigger, next_due

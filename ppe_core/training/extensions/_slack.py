@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ppe_core.errors import ConfigurationError, PPEWarning
+from ppe_core.errors import SlackPostWarning, SlackTokenError
 from ppe_core.training._extension import Extension
 from ppe_core.training._protocols import ManagerView
 from ppe_core.training.triggers import Trigger, TriggerLike, get_trigger
@@ -41,14 +41,6 @@ _WEB_API = "https://slack.com/api/"
 #: Whether ``slack_sdk`` is installed (PPE's flag); without it ``Slack`` posts through
 #: urllib and cannot upload files.
 _slack_sdk_available = importlib.util.find_spec("slack_sdk") is not None
-
-
-class SlackTokenError(ConfigurationError, RuntimeError):
-    """``Slack`` got no bot token (neither ``token=`` nor ``SLACK_BOT_TOKEN``)."""
-
-
-class SlackPostWarning(PPEWarning):
-    """A Slack post or upload failed; training goes on."""
 
 
 def _safe(func: Callable[[], object]) -> str:

@@ -21,7 +21,16 @@ import torch
 import torch.distributed as dist
 
 from ppe_core.distributed import group_world, is_distributed
-from ppe_core.errors import ArgumentTypeError, ConfigurationError, PPEWarning
+from ppe_core.errors import (
+    ArgumentTypeError,
+    ConfigurationError,
+    SnapshotError,
+    SnapshotRanksError,
+    SnapshotRanksWarning,
+    SnapshotStateError,
+    SnapshotVerificationWarning,
+    UnsafeSnapshotError,
+)
 from ppe_core.runtime import map_tensors
 from ppe_core.training._extension import PRIORITY_SNAPSHOT, Extension
 from ppe_core.training._ranks import device_of, object_device
@@ -29,10 +38,6 @@ from ppe_core.training._resume import record_ranks
 from ppe_core.training._state import PPE_CORE_STATE_KEY
 from ppe_core.training.extensions._snapshot_manifest import (
     MANIFEST_SUFFIX,
-    SnapshotError,
-    SnapshotStateError,
-    SnapshotVerificationWarning,
-    UnsafeSnapshotError,
     _file_digest,
     _loadable_state,
     _read_manifest,
@@ -67,23 +72,6 @@ __all__ = [
 #: autoload nor ``n_retains`` looks: the state after a failure is not one a run can resume
 #: from bit-exactly, so it must never replace or push out a periodic snapshot.
 ERROR_SNAPSHOT_DIR = "snapshots_on_error"
-
-
-class SnapshotRanksError(SnapshotError):
-    """A snapshot that needs every rank (DISTRIBUTED or SHARDED mode, or one autoloading a
-    snapshot to resume) is registered on some ranks only, or with another trigger there.
-
-    Raised when the extensions start, on every rank that has it, instead of hanging in a
-    collective the other ranks never reach (or training ranks that resumed differently).
-    """
-
-
-class SnapshotRanksWarning(PPEWarning):
-    """A DEFAULT-mode snapshot is registered on some ranks only (or with another trigger).
-
-    It then issues no collective (nothing hangs) but cannot gather the other ranks' RNG and
-    loader states: a run resumed from it is bit-exact on the saving rank only.
-    """
 
 
 class SnapshotMode(enum.Enum):

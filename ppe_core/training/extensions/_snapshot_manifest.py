@@ -25,7 +25,12 @@ from typing import IO, Any
 
 import torch
 
-from ppe_core.errors import PPEError, PPEWarning
+from ppe_core.errors import (
+    SnapshotError,
+    SnapshotStateError,
+    SnapshotVerificationWarning,
+    UnsafeSnapshotError,
+)
 from ppe_core.writing import Writer
 
 __all__ = [
@@ -111,23 +116,6 @@ def _parse_manifest(path: str) -> dict[str, Any] | None:
     if problem is not None:
         raise SnapshotError(f"{path}: unreadable manifest {where}: {problem}")
     return dict(manifest)
-
-
-class SnapshotError(PPEError, RuntimeError):
-    """A snapshot could not be written, verified or loaded."""
-
-
-class UnsafeSnapshotError(SnapshotError):
-    """A snapshot needs arbitrary unpickling to load, so it was refused."""
-
-
-class SnapshotStateError(SnapshotError, TypeError):
-    """A state to snapshot holds a value that the safe loader could not rebuild at resume."""
-
-
-class SnapshotVerificationWarning(PPEWarning):
-    """A file was skipped at autoload: it failed verification, could not be read (truncated,
-    corrupt, an unreadable manifest), is not a snapshot, or links out of the output directory."""
 
 
 def manifest_bytes(size: int, sha256: str, iteration: int, on_error: bool) -> bytes:

@@ -18,11 +18,9 @@ from typing import Any
 
 import torch
 
+from ppe_core.errors import SnapshotError, SnapshotVerificationWarning, UnsafeSnapshotError
 from ppe_core.training.extensions._snapshot_manifest import (
     MANIFEST_SUFFIX,
-    SnapshotError,
-    SnapshotVerificationWarning,
-    UnsafeSnapshotError,
     _complete_manifest,
     _is_int,
     _parse_manifest,

@@ -6,7 +6,11 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
-from ppe_core.errors import ArgumentTypeError, DistributedNotInitializedError, PPEError
+from ppe_core.errors import (
+    ArgumentTypeError,
+    DistributedNotInitializedError,
+    OptionalDependencyError,
+)
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
@@ -26,10 +30,6 @@ __all__ = [
 
 #: ``savefun(target, file_object)``: what writers call to serialize a target.
 SaveFun = Callable[[Any, IO[bytes]], object]
-
-
-class OptionalDependencyError(PPEError, ImportError):
-    """A feature needs a package that is not installed; the message says what to install."""
 
 
 def is_terminal(out: IO[Any]) -> bool:

@@ -11,13 +11,13 @@ import sys
 from typing import TYPE_CHECKING
 
 from ppe_core._not_provided import module_getattr
+from ppe_core.errors import MissingEvalTargetError
 from ppe_core.training.extensions import _evaluator
 from ppe_core.training.extensions._evaluator import (
     DistributedEvaluator,
     DistributedNotInitializedError,
     Evaluator,
     IgniteEvaluator,
-    MissingEvalTargetError,
     TextProgressBar,
 )
 from ppe_core.training.extensions._util import dist_gather as _dist_gather

@@ -9,6 +9,8 @@ was reported over each interval, as PPE's do).
 
 from __future__ import annotations
 
+from ppe_core.errors import MissingObservationWarning, TriggerTypeError
+
 # PPE's module paths (``triggers.interval_trigger.IntervalTrigger``, ...), importable as such.
 from ppe_core.training.triggers import (
     early_stopping_trigger,
@@ -19,14 +21,7 @@ from ppe_core.training.triggers import (
     once_trigger,
     time_trigger,
 )
-from ppe_core.training.triggers._base import (
-    NEVER,
-    Trigger,
-    TriggerFunc,
-    TriggerLike,
-    TriggerTypeError,
-    next_due,
-)
+from ppe_core.training.triggers._base import NEVER, Trigger, TriggerFunc, TriggerLike, next_due
 from ppe_core.training.triggers._factory import get_trigger
 from ppe_core.training.triggers._function import FunctionTrigger
 from ppe_core.training.triggers._interval import IntervalTrigger, ManualScheduleTrigger
@@ -37,7 +32,6 @@ from ppe_core.training.triggers._value import (
     EarlyStoppingTrigger,
     MaxValueTrigger,
     MinValueTrigger,
-    MissingObservationWarning,
 )
 
 __all__ = [

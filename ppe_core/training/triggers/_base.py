@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from ppe_core.errors import ArgumentTypeError, ConfigurationError
+from ppe_core.errors import ConfigurationError, TriggerTypeError
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
@@ -46,14 +46,6 @@ def next_due(trigger: object, iteration: int, iters_per_epoch: int) -> int:
 # Fractional periods are read as the nearest fraction with at most this denominator, so that
 # 0.1 or 1/3 of an epoch mean exactly a tenth or a third despite float rounding.
 _MAX_DENOMINATOR = 1_000_000
-
-
-class TriggerTypeError(ArgumentTypeError):
-    """A trigger or trigger argument has the wrong type.
-
-    Subclasses both ``ValueError`` (through :class:`ConfigurationError`) and ``TypeError``, so
-    code catching either keeps working.
-    """
 
 
 class Trigger:

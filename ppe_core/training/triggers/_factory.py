@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-from ppe_core.training.triggers._base import (
-    Trigger,
-    TriggerLike,
-    TriggerTypeError,
-    _CallableTrigger,
-    _NeverTrigger,
-)
+from ppe_core.errors import TriggerTypeError
+from ppe_core.training.triggers._base import Trigger, TriggerLike, _CallableTrigger, _NeverTrigger
 from ppe_core.training.triggers._interval import IntervalTrigger
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ppe_core.training.triggers._base import Trigger, TriggerLike, TriggerTypeError
+from ppe_core.errors import TriggerTypeError
+from ppe_core.training.triggers._base import Trigger, TriggerLike
 from ppe_core.training.triggers._factory import get_trigger
 
 if TYPE_CHECKING:

@@ -8,14 +8,8 @@ from collections.abc import Iterable
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from ppe_core.errors import ConfigurationError
-from ppe_core.training.triggers._base import (
-    NEVER,
-    Trigger,
-    TriggerTypeError,
-    check_amount,
-    check_unit,
-)
+from ppe_core.errors import ConfigurationError, TriggerTypeError
+from ppe_core.training.triggers._base import NEVER, Trigger, check_amount, check_unit
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView

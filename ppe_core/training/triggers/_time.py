@@ -7,8 +7,8 @@ import numbers
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ppe_core.errors import ConfigurationError
-from ppe_core.training.triggers._base import Trigger, TriggerTypeError
+from ppe_core.errors import ConfigurationError, TriggerTypeError
+from ppe_core.training.triggers._base import Trigger
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView

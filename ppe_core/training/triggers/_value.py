@@ -8,16 +8,16 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ppe_core._reporting import DictSummary
-from ppe_core.errors import ConfigurationError, PPEWarning
-from ppe_core.training.triggers._base import Trigger, TriggerLike, TriggerTypeError, check_key
+from ppe_core.errors import (
+    ConfigurationError,
+    MissingObservationWarning,
+    TriggerTypeError,
+)
+from ppe_core.training.triggers._base import Trigger, TriggerLike, check_key
 from ppe_core.training.triggers._factory import get_trigger
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
-
-
-class MissingObservationWarning(PPEWarning):
-    """A value trigger reached a check but the monitored key was not in the observation."""
 
 
 _MISSING = object()
