@@ -20,6 +20,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from ppe_core.testing import enable_emulated_device
+
+# The plugin tutorial's runtime keeps its tensors on the emulated device, which a process can
+# enable only before its first backward pass: enabled at collection, as the tutorial tells a
+# plugin's test suite to do in pytest_configure.
+enable_emulated_device()
+
 ROOT = Path(__file__).parent.parent
 DOCS = ROOT / "docs"
 COMPILE_ONLY = "<!-- snippet: compile-only -->"
