@@ -135,6 +135,31 @@ def test_enabling_it_after_a_backward_pass_gets_a_clear_error() -> None:
     assert "def pytest_configure(config): enable_emulated_device()" in result.stderr
 
 
+def test_training_stays_bit_equal_after_the_thread_count_changes() -> None:
+    """autograd's device worker keeps the thread count of its first parallel kernel; the ops
+    follow the main thread's (torch.set_num_threads after the first backward, as CPURuntime's
+    num_threads option does), so the sums run in the CPU's order."""
+    result = _python(
+        "import copy, torch\ntorch.set_num_threads(2)\n"
+        "from ppe_core.testing import enable_emulated_device\nEMU = enable_emulated_device()\n"
+        "def net():\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8),"
+        " torch.nn.ReLU(), torch.nn.Linear(8, 2))\n"
+        # autograd's device worker fixes its count at its first parallel kernel (BatchNorm's
+        # backward here), while the main thread runs at one thread
+        "torch.set_num_threads(1)\nnet().to(EMU)(torch.randn(5, 4).to(EMU)).sum().backward()\n"
+        "torch.set_num_threads(2)\ntorch.manual_seed(0)\n"
+        "cpu = net()\nemu = copy.deepcopy(cpu).to(EMU)\n"
+        "for step in range(3):\n"
+        "    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(step))\n"
+        "    for model, batch in ((cpu, x), (emu, x.to(EMU))):\n"
+        "        model.zero_grad()\n        model(batch).pow(2).mean().backward()\n"
+        "print([torch.equal(a.grad, b.grad.cpu()) for a, b in"
+        " zip(cpu.parameters(), emu.parameters(), strict=True)])\n"
+    )
+    assert result.stdout.strip() == str([True] * 6), result.stdout + result.stderr
+
+
 def test_a_torch_without_the_hooks_gets_a_clear_error() -> None:
     result = _python(
         "import torch\ntorch.__version__ = '2.1.0'\n"

@@ -44,6 +44,14 @@ _aten = torch.ops.aten
 _lock = threading.Lock()
 _state: dict[str, Any] = {"name": None, "count": 1, "library": None, "failed": ""}
 
+# torch's autograd engine runs a device's backward on a worker thread of its own, whose
+# intra-op thread count is fixed at its first parallel kernel; torch.set_num_threads later
+# changes only the calling thread. CPU backward runs on the calling thread, so a worker left
+# at the old count would sum gradients in another order than the CPU does. Every emulated op
+# therefore runs with the main thread's count, recorded at its last op.
+_MAIN_THREAD = threading.main_thread().ident
+_threads = [torch.get_num_threads()]
+
 # Ops that copy between devices: the one place a CPU tensor may meet an emulated one.
 _COPY_OPS = frozenset(
     {_aten.copy_.default, _aten._to_copy.default, _aten._copy_from.default}
@@ -168,6 +176,10 @@ def _check_devices(func: Any, tensors: list[torch.Tensor]) -> int | None:
 
 def _run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Run one operation on the host data and wrap its tensor results."""
+    if threading.get_ident() == _MAIN_THREAD:
+        _threads[0] = torch.get_num_threads()
+    elif torch.get_num_threads() != _threads[0]:
+        torch.set_num_threads(_threads[0])  # autograd's device worker (see _threads)
     tensors = [leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
     index = _check_devices(func, tensors)
     target = kwargs.get("device")
