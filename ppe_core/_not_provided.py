@@ -152,6 +152,25 @@ NOT_PROVIDED: dict[str, tuple[str, str]] = {
         "an import inside PPE's engine module, not engine API",
         "`ppe.runtime.runtime_registry`",
     ),
+    # nn.parallel.distributed: PPE internals visible as module globals -----------------------
+    "nn.parallel.distributed.foreach_wrapper": (
+        "the lazily made instance of PPE's `torch._foreach` helper for its own all-reduce; "
+        "ppe-core's `DistributedDataParallel` is PyTorch's (bucketed all-reduce)",
+        "nothing to replace; `torch._foreach_mul` and `torch._foreach_add_` do the same scaling",
+    ),
+    "nn.parallel.distributed.get_foreach_wrapper": (
+        "the getter of PPE's `torch._foreach` helper for its own all-reduce; ppe-core's "
+        "`DistributedDataParallel` is PyTorch's (bucketed all-reduce)",
+        "nothing to replace; `torch._foreach_mul` and `torch._foreach_add_` do the same scaling",
+    ),
+    "nn.parallel.distributed.logger": (
+        "PPE's module logger",
+        "`logging.getLogger('torch.nn.parallel.distributed')`, the module that does the work",
+    ),
+    "nn.parallel.distributed.record": (
+        "an import inside PPE's module, not its API",
+        "`ppe.profiler.record`",
+    ),
     # nn.modules ---------------------------------------------------------------------------
     "nn.modules": (_NN_MODULES, _USE_NN),
     "nn.modules.ensure_shape": (_NN_MODULES, "`ppe.nn.ensure` and `ppe.nn.Ensure`"),

@@ -61,6 +61,7 @@ NAMESPACES = [
     "distributed",
     "nn",
     "nn.parallel",
+    "nn.parallel.distributed",
     "config",
     "config_types",
     "dataloaders",
@@ -85,7 +86,12 @@ NAMESPACES = [
     "training._manager_protocol",
 ]
 # Packages whose public submodules are compared too, counting only what each submodule defines.
-SUBMODULE_PARENTS = ["training.extensions", "training.triggers"]
+SUBMODULE_PARENTS = [
+    "training.extensions",
+    "training.extensions.accumulate",
+    "training.triggers",
+    "nn.parallel",
+]
 # Type aliases PPE scripts import from private paths for annotations: same path in ppe-core.
 PRIVATE_ALIASES = {
     "training._trigger_util": ["TriggerLike", "TriggerFunc", "UnitLiteral", "Trigger"],

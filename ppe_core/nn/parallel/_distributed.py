@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeAlias
 
 import torch
 
 from ppe_core.errors import ConfigurationError
 
-__all__ = ["DistributedDataParallel"]
+__all__ = ["DistFunc", "DistributedDataParallel", "HookFun", "Tensors"]
+
+#: PPE's type aliases at this path, for annotations in PPE code: one tensor or a tuple of them,
+#: PPE's custom collective (``reduce_function``/``broadcast_function``, refused here) and a
+#: hook taking the module.
+Tensors: TypeAlias = tuple[torch.Tensor, ...] | torch.Tensor
+_Group: TypeAlias = torch.distributed.ProcessGroup | None
+DistFunc: TypeAlias = Callable[[Sequence[torch.Tensor], _Group], None]
+HookFun: TypeAlias = Callable[["DistributedDataParallel"], None]
 
 
 def _buffers_keyword() -> str:

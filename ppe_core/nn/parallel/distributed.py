@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
-from ppe_core.nn.parallel._distributed import DistributedDataParallel
+from typing import TYPE_CHECKING
 
-__all__ = ["DistributedDataParallel"]
+from ppe_core._not_provided import module_getattr
+from ppe_core.nn.parallel._distributed import DistFunc, DistributedDataParallel, HookFun, Tensors
+
+__all__ = ["DistFunc", "DistributedDataParallel", "HookFun", "Tensors"]
+
+if not TYPE_CHECKING:
+    __getattr__ = module_getattr(__name__)
