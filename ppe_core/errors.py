@@ -35,6 +35,8 @@ Defined here (used across the framework):
 * ``BatchDtypeError`` (``BatchMismatchError``, ``RuntimeError``): a batch tensor's dtype is not
   the model's.
 * ``NoGradientError`` (``ModelOutputError``): the first training step backpropagated nothing.
+* ``OptimizerParametersError`` (``ConfigurationError``): an optimizer holds none of the
+  models' parameters (built before a move that replaced them, or for another model).
 * ``AMPOptionError`` (``ConfigurationError``, ``RuntimeError``): an AMP option cannot be used.
 * ``BackwardOutputWarning``: an output named for backward is missing or has no graph.
 * ``DistributedNotInitializedError`` (``RuntimeError``): a distributed evaluator without an
@@ -125,6 +127,7 @@ __all__ = [
     "NonFiniteParameterError",
     "NotProvidedError",
     "NotProvidedModuleError",
+    "OptimizerParametersError",
     "OptionalDependencyError",
     "OutputDirectoryInUseError",
     "PPEError",
@@ -285,6 +288,11 @@ class BatchMismatchError(PPEError, TypeError):
 
 class BatchDtypeError(BatchMismatchError, RuntimeError):
     """A batch tensor's dtype differs from the model's (a ``RuntimeError`` too, as in PyTorch)."""
+
+
+class OptimizerParametersError(ConfigurationError):
+    """An optimizer holds none of the trained models' parameters, so its steps would change
+    nothing the models use: usually built before a move that made new parameter objects."""
 
 
 class AMPOptionError(ConfigurationError, RuntimeError):

@@ -1,7 +1,9 @@
-"""Builders shared by the extension tests (imported as ``helpers``: tests/ is on sys.path)."""
+"""Builders shared by the tests (imported as ``helpers``: tests/ is on sys.path)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,4 +27,12 @@ def linear_manager(
         out_dir=str(out),
         extensions=extensions,
         **kwargs,
+    )
+
+
+def run_python(code: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter (state a test must not leave in its own process:
+    the emulated device, a first backward pass); output captured, never raises on failure."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, check=False
     )

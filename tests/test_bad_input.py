@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import run_python
 from ppe_cuda import CUDAUnavailableError
 from torch.utils.data import DataLoader
 
@@ -28,6 +29,7 @@ from ppe_core.errors import (
     MissingObservationError,
     NoGradientError,
     NonFiniteParameterError,
+    OptimizerParametersError,
     PluginAPIVersionError,
     PluginConflictWarning,
     PluginHookError,
@@ -196,6 +198,34 @@ def test_loss_without_grad_with_default_options(cause: str) -> None:
     with pytest.raises(NoGradientError) as info:  # at the first step, not after the run
         make_trainer(NoGraph()).run(batches())
     says(info, "first training step backpropagated nothing", "'loss'", ".item()", "no_grad")
+
+
+def test_optimizer_holds_none_of_the_models_parameters() -> None:
+    model, other = Regressor(), Regressor()
+    trainer = ppe.engine.create_trainer(model, sgd(other), 1, device="cpu")
+    ppe.to(model, "cpu")
+    with pytest.raises(OptimizerParametersError) as info:  # before the first step
+        trainer.run(batches())
+    says(info, "optimizer 'main' holds none of the models' parameters", "after ppe.to")
+    assert isinstance(info.value, ConfigurationError)
+    # The way it happens for real: built before moving to a device whose module.to makes new
+    # parameter objects (the emulated device; it needs a fresh process).
+    code = (
+        "import torch, ppe_core as ppe\n"
+        "from ppe_core.testing import EmulatedDeviceRuntime, enable_emulated_device\n"
+        "enable_emulated_device()\n"
+        "class Model(torch.nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(2, 1)\n"
+        "    def forward(self, x):\n        return {'loss': self.fc(x).pow(2).mean()}\n"
+        "model = Model()\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "ppe.to(model, 'ppe_emu', runtime_class=EmulatedDeviceRuntime)\n"
+        "trainer = ppe.engine.create_trainer(model, opt, 1, device='ppe_emu')\n"
+        "trainer.run([{'x': torch.ones(4, 2)}])\n"
+    )
+    result = run_python(code, timeout=120)
+    assert "OptimizerParametersError: optimizer 'main' holds none" in result.stderr, result.stderr
+    assert "on cpu, the models' on ppe_emu:0" in result.stderr
 
 
 # Devices and runtimes ----------------------------------------------------------------------

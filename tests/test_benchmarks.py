@@ -14,6 +14,7 @@ from types import ModuleType
 
 import pytest
 import torch
+from helpers import run_python
 
 HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 
@@ -76,3 +77,21 @@ def test_the_gpu_section_says_why_it_did_not_run_without_cuda(suite: ModuleType)
     report = suite.Report()
     suite.section_gpu(report, suite.parse(["--quick"]))
     assert "no CUDA device" in report.table()
+
+
+def test_the_whole_suite_reaches_the_emulated_section_after_backward_passes() -> None:
+    """``python -m benchmarks`` runs the step sections (backward passes) before ``emulated``;
+    the device must be enabled before them, or the last section fails. The step section is
+    replaced by one backward pass here, in a fresh process, to keep the test short."""
+    code = (
+        f"import sys, torch\nsys.path.insert(0, {HERE!r})\nimport suite\n"
+        "def one_backward(report, args):\n"
+        "    torch.nn.Linear(2, 1)(torch.ones(3, 2)).sum().backward()\n"
+        "suite.RUNNERS['step'] = one_backward\n"
+        "report = suite.main(['--quick', '--only', 'step,emulated', '--repeats', '1'])\n"
+        "print([(r.name, r.detail) for r in report.rows if r.section == 'emulated'])\n"
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = result.stdout.strip().splitlines()[-1]
+    assert "'emulated device'" in rows and "bit-identical to cpu" in rows, result.stdout
