@@ -477,4 +477,3 @@ def _check_optimizers_hold_models(
             "(torch.optim.SGD(model.parameters(), ...)), or pass the module whose parameters "
             "it holds among the trainer's models"
         )
-
