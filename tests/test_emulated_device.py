@@ -104,6 +104,53 @@ def test_save_and_load_honour_map_location() -> None:
     assert fresh[0].weight.device.type == EMU
 
 
+def test_map_location_onto_the_device_is_refused_with_the_fix_and_indices_remap() -> None:
+    enable_emulated_device(device_count=2)  # ppe_emu:0 and ppe_emu:1 for the remap below
+    buffer = io.BytesIO()
+    torch.save({"w": torch.arange(6.0).to(f"{EMU}:1"), "cpu": torch.ones(2)}, buffer)
+    for where in (EMU, f"{EMU}:0", torch.device(EMU, 1)):
+        buffer.seek(0)
+        with pytest.raises(EmulatedDeviceError, match=r"torch\.load cannot place tensors") as info:
+            torch.load(buffer, map_location=where, weights_only=True)
+        assert "load with map_location='cpu' and move the result" in str(info.value)
+    buffer.seek(0)
+    loaded = torch.load(buffer, map_location={f"{EMU}:1": f"{EMU}:0"}, weights_only=True)
+    assert loaded["w"].device == torch.device(EMU, 0)
+    assert torch.equal(loaded["w"].cpu(), torch.arange(6.0))
+    assert loaded["cpu"].device.type == "cpu"
+    buffer.seek(0)
+    assert torch.load(buffer, weights_only=True)["w"].device == torch.device(EMU, 1)
+
+
+def test_dtype_and_layout_changes_after_the_move_train_like_the_cpu() -> None:
+    # module.double() and .to(memory_format=...) set .data on the moved parameters: the
+    # host data must follow, or the device would keep computing with the old values.
+    torch.manual_seed(0)
+    cpu_model = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.Flatten())
+    emu_model = copy.deepcopy(cpu_model).to(EMU)
+    for model in (cpu_model, emu_model):
+        model.double().to(memory_format=torch.channels_last)
+    weight = emu_model[0].weight
+    assert isinstance(weight, EmulatedTensor) and weight.data_on_host.dtype == torch.float64
+    x = torch.randn(2, 2, 5, 5, dtype=torch.float64)
+    cpu_model(x).sum().backward()
+    emu_model(x.to(EMU)).sum().backward()
+    assert torch.equal(weight.grad.cpu(), cpu_model[0].weight.grad)
+
+
+def test_setting_data_across_cpu_and_the_device_gets_a_clear_error() -> None:
+    moved = torch.nn.Linear(2, 2).to(EMU)
+    with pytest.raises(EmulatedDeviceError, match=r"cannot set \.data of a tensor on ppe_emu:0"):
+        moved.weight.data = torch.zeros(2, 2)
+    moved.weight.data = torch.ones(2, 2).to(EMU)  # within the device it swaps
+    assert torch.equal(moved.weight.cpu(), torch.ones(2, 2))
+    host = torch.nn.Linear(2, 2)
+    # The other direction cannot be intercepted (torch checks only the tensor being set):
+    # torch's own error, which docs/emulated-device.md lists.
+    with pytest.raises(RuntimeError, match="incompatible tensor type"):
+        host.weight.data = host.weight.data.to(EMU)
+
+
 def test_a_second_name_in_the_same_process_is_refused() -> None:
     assert enable_emulated_device() == EMU  # idempotent
     with pytest.raises(EmulatedDeviceError, match=f"already enabled as '{EMU}'") as info:
@@ -244,17 +291,22 @@ class ForgetsNamedtuples(EmulatedDeviceRuntime):
         return self.move_tensor(args) if isinstance(args, torch.Tensor) else args
 
 
+def _optimizer_state_to_host(trainer: Any) -> None:
+    """The mistake the next runtimes make: the optimizer state's tensors moved to the host."""
+    for optimizer in trainer.optimizers.values():
+        for state in optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.dim() > 0:
+                    state[key] = value.cpu()
+
+
 class OffloadsOptimizerState(EmulatedDeviceRuntime):
     """Keeps optimizer state in host memory between steps and forgets to bring it back."""
 
     def train_pre_step(
         self, trainer: Any, module: torch.nn.Module, batch_idx: int, batch: Any
     ) -> None:
-        for optimizer in trainer.optimizers.values():
-            for state in optimizer.state.values():
-                for key, value in state.items():
-                    if isinstance(value, torch.Tensor) and value.dim() > 0:
-                        state[key] = value.cpu()
+        _optimizer_state_to_host(trainer)
 
 
 class CPUOffloadsOptimizerState(CPURuntime):
@@ -290,6 +342,30 @@ def test_optimizer_state_left_on_the_host_fails_training_and_resume(tmp_path: Pa
         message = _fails(check, OffloadsOptimizerState, tmp_path / check.__name__)
         assert f"at least two devices, {EMU}:0 and cpu" in message
         assert "optimizer state must stay on the parameters' device" in message
+
+
+class RestoresOptimizerStateOnTheHost(EmulatedDeviceRuntime):
+    """Right in a fresh run, wrong after a snapshot load: at a run's first step it rebuilds
+    whatever optimizer state exists (only a restored one) from host copies."""
+
+    def __init__(self, device_spec: Any, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(device_spec, options)
+        self.rebuilt = False
+
+    def train_pre_step(
+        self, trainer: Any, module: torch.nn.Module, batch_idx: int, batch: Any
+    ) -> None:
+        if not self.rebuilt:
+            self.rebuilt = True
+            _optimizer_state_to_host(trainer)
+
+
+def test_optimizer_state_left_on_the_host_after_a_load_fails_resume(tmp_path: Path) -> None:
+    # Straight training never meets the bug: the state is empty at the first step.
+    check_training_matches_reference(RuntimeTarget(EMU, RestoresOptimizerStateOnTheHost), tmp_path)
+    message = _fails(check_snapshot_resume, RestoresOptimizerStateOnTheHost, tmp_path / "resume")
+    assert f"at least two devices, {EMU}:0 and cpu" in message
+    assert "optimizer state must stay on the parameters' device" in message
 
 
 class KeepsItsScalerPrivate(EmulatedDeviceRuntime):

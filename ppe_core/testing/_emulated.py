@@ -129,7 +129,45 @@ class EmulatedTensor(torch.Tensor):
     ) -> Any:
         return _run(func, args, kwargs or {})
 
-    __torch_function__: ClassVar[Callable[..., Any]] = torch._C._disabled_torch_function_impl
+    @classmethod
+    def __torch_function__(
+        cls,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        # As torch._C._disabled_torch_function_impl (results are not re-wrapped), except for
+        # the `.data` setter: torch swaps the C++ tensor behind `t.data = value` but knows
+        # nothing of data_on_host, which must follow, or `module.double()` and
+        # `module.to(memory_format=...)` on a moved module would keep the old host data.
+        if getattr(func, "__self__", None) is _DATA and func.__name__ == "__set__":
+            _set_data(*args)
+            return None
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+
+#: The ``.data`` property's descriptor (typed Any: its stubs describe the value, not the setter).
+_DATA: Any = torch._C.TensorBase.data
+
+
+def _set_data(tensor: torch.Tensor, value: Any) -> None:
+    """``tensor.data = value`` where either side is emulated: swapped between emulated
+    tensors, refused with the fix across kinds (torch's own error names C++ tensor types)."""
+    if not (isinstance(tensor, EmulatedTensor) and isinstance(value, EmulatedTensor)):
+        where = value.device if isinstance(value, torch.Tensor) else type(value).__name__
+        raise EmulatedDeviceError(
+            f"cannot set .data of a tensor on {tensor.device} to a tensor on {where}: the "
+            "emulated device's tensors are a Python tensor subclass, and torch swaps .data only "
+            "between tensors of one kind (a real accelerator would allow it); move a module "
+            "with module.to(...) (it makes new Parameter objects on the device, so build "
+            "optimizers after the move), a tensor with t = t.to(...), or copy values in with "
+            "t.data.copy_(value)"
+        )
+    with torch._C.DisableTorchFunctionSubclass():
+        _DATA.__set__(tensor, value)
+    tensor.data_on_host = value.data_on_host
 
 
 def _index_of(device: Any) -> int | None:
@@ -273,6 +311,31 @@ def _register_autocast(everything: Any, aten: Any) -> None:
                 aten.impl(qualified, _autocast_kernel(op, lower), "AutocastPrivateUse1")
 
 
+def _is_emulated_location(location: str) -> bool:
+    name = _state["name"]
+    return location == name or location.startswith(f"{name}:")
+
+
+def _refuse_restore(storage: Any, location: str) -> None:
+    """torch.load's deserializer for the emulated device (consulted before torch's own).
+
+    torch restores a checkpoint by copying each storage to the device and building tensors
+    on that storage; a Python backend has no device storage (torch's own path would reach
+    ``torch.ppe_emu.device`` and then allocate PrivateUse1 memory no allocator serves), so a
+    location on the device is refused with what to write instead. Other locations fall
+    through to torch's deserializers (``None``).
+    """
+    if not _is_emulated_location(location):
+        return None
+    name = _state["name"]
+    raise EmulatedDeviceError(
+        f"torch.load cannot place tensors on the emulated device ({location!r} from "
+        f"map_location): torch restores tensors into device storage, which the emulated "
+        f"device {name!r} does not have; load with map_location='cpu' and move the result "
+        f"(model.load_state_dict(...) on a model already on {name!r}, or tensor.to({name!r}))"
+    )
+
+
 class _BackendModule:
     """``torch.<name>``: what torch asks of a device module (availability, count, AMP, RNG)."""
 
@@ -365,10 +428,16 @@ def enable_emulated_device(name: str = EMULATED_DEVICE, *, device_count: int = 1
         library.fallback(_fallback, "PrivateUse1")  # type: ignore[no-untyped-call]
         aten = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
         _register_autocast(library, aten)
+        # Before torch's privateuse1 deserializer (priority 23); the tagger tags nothing.
+        torch.serialization.register_package(19, _tags_nothing, _refuse_restore)
         # Registrations live as long as their library objects.
         _state["library"] = (library, aten)
         _probe_autograd(name)
         return name
+
+
+def _tags_nothing(storage: Any) -> None:
+    return None  # emulated tensors are saved as CPU tensors (EmulatedTensor.__reduce_ex__)
 
 
 def _probe_autograd(name: str) -> None:
