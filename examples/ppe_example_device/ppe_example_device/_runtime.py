@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import torch
 
 from ppe_core.errors import ConfigurationError
-from ppe_core.runtime import BaseRuntime, DeviceLike, device_type_of
+from ppe_core.runtime import BaseRuntime, DeviceLike, OptionSpec, RuntimeOptions, device_type_of
 from ppe_core.testing import enable_emulated_device
 from ppe_example_device import _device
 
@@ -28,10 +28,17 @@ class ExampleDeviceRuntime(BaseRuntime):
             the ``CopyStats`` extension reports them.
     """
 
-    #: Declared in the class body, so BaseRuntime rejects any other option key by name.
-    accepted_options: ClassVar[frozenset[str] | None] = frozenset({"count_copies"})
+    #: The options, declared once: names, accepted types, defaults and docs (the kit checks
+    #: that a wrongly typed value fails with the spec's error).
+    option_spec: ClassVar[RuntimeOptions] = RuntimeOptions(
+        "ExampleDeviceRuntime",
+        OptionSpec("count_copies", (bool,), True, "Count the bytes every batch copies.", "False"),
+    )
+    accepted_options: ClassVar[frozenset[str] | None] = option_spec.names
 
     def __init__(self, device_spec: DeviceLike, options: Mapping[str, Any] | None = None) -> None:
+        # Before super().__init__: the spec's error lists the accepted options with their types.
+        resolved = self.option_spec.validate(options)
         super().__init__(device_spec, options)
         if device_type_of(device_spec) != "exampledev":
             raise ConfigurationError(
@@ -44,13 +51,7 @@ class ExampleDeviceRuntime(BaseRuntime):
                 f"device {device_spec!r} has no valid index; use 'exampledev' or 'exampledev:0'"
             )
         self.index = int(index or 0)
-        count = self.options.get("count_copies", True)
-        if not isinstance(count, bool):
-            raise ConfigurationError(
-                f"runtime option 'count_copies' must be True or False, got {count!r}; e.g. "
-                "runtime_options={'count_copies': False}"
-            )
-        self._count = count
+        self._count: bool = resolved["count_copies"]
         # The emulated device is set up once per process, on the first runtime created.
         emulated = enable_emulated_device(device_count=self.index + 1)
         #: Where this runtime's tensors live (``ppe_emu:N`` for ``exampledev:N``).

@@ -6,6 +6,10 @@ from typing import Any
 
 from ppe_core import hookimpl
 
+#: The ppe-core hook API these hooks were written for: a ppe-core without it skips the plugin
+#: with a PluginLoadWarning naming both versions, instead of failing inside a hook.
+PPE_CORE_HOOK_API = (1, 0)
+
 
 @hookimpl
 def ppe_register_runtimes(registry: Any) -> None:

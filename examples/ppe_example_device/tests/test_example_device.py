@@ -91,8 +91,12 @@ def test_counting_can_be_switched_off() -> None:
 @pytest.mark.parametrize(
     ("device", "options", "message"),
     [
-        ("exampledev", {"count_copies": "yes"}, "'count_copies' must be True or False"),
-        ("exampledev", {"count_copie": True}, "'count_copie'; accepted options: count_copies"),
+        ("exampledev", {"count_copies": "yes"}, "'count_copies' must be bool, got str 'yes'"),
+        (
+            "exampledev",
+            {"count_copie": True},
+            r"'count_copie'; accepted options: count_copies \(bool\)",
+        ),
         ("exampledev:x", {}, "has no valid index"),
     ],
 )
