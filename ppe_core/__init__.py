@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         reporting,
         runtime,
         testing,
+        tracking,
         training,
         writing,
     )
@@ -56,6 +57,7 @@ _SUBMODULES = frozenset(
         "reporting",
         "runtime",
         "testing",
+        "tracking",
         "training",
         "writing",
     }
@@ -91,6 +93,7 @@ __all__ = [
     "runtime",
     "testing",
     "to",
+    "tracking",
     "training",
     "writing",
 ]

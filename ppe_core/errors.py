@@ -64,7 +64,7 @@ Raised by one part of the framework (each class's docstring says when):
   ``SnapshotVerificationWarning``, ``SnapshotRanksError``, ``SnapshotRanksWarning``,
   ``WorldSizeMismatchWarning`` (resuming another world size's snapshot),
   ``OptionalDependencyError``, ``NoBestValueError``, ``BestValueKeyError``,
-  ``NonFiniteParameterError``, ``SlackTokenError``, ``SlackPostWarning``,
+  ``NonFiniteParameterError``, ``SlackTokenError``, ``SlackPostWarning``, ``TrackerWarning``,
   ``MissingEvalTargetError``, ``NoPlotDataWarning``.
 * Reporting and writing: ``NoCurrentReporterError``, ``UnknownObserverError``,
   ``EmptySummaryError``, ``WriterError``, ``WriterFinalizedError``, ``DiskFullError``.
@@ -157,6 +157,7 @@ __all__ = [
     "StateVersionWarning",
     "TeardownHookWarning",
     "TensorCheckError",
+    "TrackerWarning",
     "TriggerTypeError",
     "UnknownObserverError",
     "UnknownOptimizerError",
@@ -602,6 +603,13 @@ class SlackTokenError(ConfigurationError, RuntimeError):
 
 class SlackPostWarning(PPEWarning):
     """A Slack post or upload failed; training goes on."""
+
+
+class TrackerWarning(PPEWarning):
+    """An experiment tracker (``ppe_core.tracking.BaseTracker``) dropped or could not send
+    entries: its queue overflowed, its backend failed after the retries, or the flush at the
+    end of training timed out. Training goes on; the warning counts what was not sent.
+    """
 
 
 class MissingEvalTargetError(ConfigurationError, KeyError):

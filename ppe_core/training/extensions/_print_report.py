@@ -9,11 +9,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from ppe_core.distributed import group_world
-from ppe_core.errors import ConfigurationError, ExtensionNameError
+from ppe_core.errors import ConfigurationError
 from ppe_core.training._extension import PRIORITY_READER, Extension
+from ppe_core.training.extensions._log_reader import NewEntriesTrigger, find_log_report
 from ppe_core.training.extensions._log_report import LogReport
 from ppe_core.training.extensions._util import is_terminal, key_tuple
-from ppe_core.training.triggers import Trigger, next_due
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
@@ -44,29 +44,6 @@ def _format_cell(value: Any, width: int) -> str:
     if isinstance(value, numbers.Real):
         return f"{float(value):<{width}g}  "
     return f"{value!s:<{width}}  "
-
-
-class _NewEntriesTrigger(Trigger):
-    """PrintReport's default trigger: fires when its LogReport has entries not yet printed.
-
-    ``next_check`` forwards the schedule of the LogReport's entry trigger, so the manager
-    only consults it at the iterations where an entry can appear.
-    """
-
-    def __init__(self, owner: PrintReport) -> None:
-        self._owner = owner
-
-    def __call__(self, manager: ManagerView) -> bool:
-        return self._owner.has_new_entries(manager)
-
-    def next_check(self, iteration: int, iters_per_epoch: int) -> int:
-        source = self._owner.scheduled_log_report
-        if source is None:
-            return iteration + 1
-        return next_due(source.entry_trigger, iteration, iters_per_epoch)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
 
 
 class PrintReport(Extension):
@@ -106,7 +83,7 @@ class PrintReport(Extension):
                 "PrintReport log_report must be the name of a registered LogReport or a "
                 f"LogReport instance, got {type(log_report).__name__}"
             )
-        self.trigger = _NewEntriesTrigger(self)
+        self.trigger = NewEntriesTrigger(self)
         self._infer = entries is None
         self._columns: list[str] = (
             [] if entries is None else list(key_tuple(entries, "PrintReport", "entries"))
@@ -122,31 +99,10 @@ class PrintReport(Extension):
         self._header_due = True
 
     def _resolve(self, manager: ManagerView) -> LogReport:
-        if self._resolved is not None:
-            return self._resolved
-        get_extension = getattr(manager, "get_extension", None)
-        if get_extension is None:
-            raise ConfigurationError(
-                "PrintReport needs a manager with get_extension() to find the LogReport "
-                f"{self._log_report!r}; pass the LogReport instance instead"
-            )
-        try:
-            extension = get_extension(self._log_report)
-        except ExtensionNameError:
-            names = sorted(name for name, _ in getattr(manager, "extensions", ()))
-            raise ExtensionNameError(
-                f"PrintReport prints the log of the LogReport registered as "
-                f"{self._log_report!r}, but no extension has that name (registered: {names}). "
-                "Register a LogReport too, e.g. extensions=[LogReport(), PrintReport(...)], or "
-                "pass PrintReport(log_report='<its name>')."
-            ) from None
-        if not isinstance(extension, LogReport):
-            raise ConfigurationError(
-                f"PrintReport log_report {self._log_report!r} names a "
-                f"{type(extension).__name__}, not a LogReport"
-            )
-        self._resolved = extension
-        return extension
+        if self._resolved is None:
+            assert isinstance(self._log_report, str)
+            self._resolved = find_log_report(manager, self._log_report, "PrintReport")
+        return self._resolved
 
     def initialize(self, manager: ManagerView) -> None:
         """Finds the LogReport; entries it already holds (from earlier runs) are not printed."""

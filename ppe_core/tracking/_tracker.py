@@ -1,0 +1,579 @@
+"""``BaseTracker``: sends LogReport's entries to an experiment tracker off the training thread."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import glob
+import os
+import threading
+import types
+import warnings
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ppe_core._version import __version__
+from ppe_core.distributed import group_world
+from ppe_core.errors import ConfigurationError, TrackerWarning
+from ppe_core.runtime import get_runtime
+from ppe_core.training._extension import PRIORITY_READER, Extension
+from ppe_core.training.extensions._log_reader import NewEntriesTrigger, find_log_report
+
+if TYPE_CHECKING:
+    from ppe_core.training._protocols import ManagerView
+    from ppe_core.training.extensions._log_report import LogReport
+
+__all__ = ["BaseTracker", "TrackerEntry", "TrackerReport"]
+
+# The longest pause between two retries, whatever ``retry_backoff`` doubles to.
+_MAX_BACKOFF = 30.0
+
+# Counts are updated by the training thread and the workers; updates are rare (per entry).
+_COUNTS_LOCK = threading.Lock()
+
+# Scalar types a param may have; anything else (a tensor, a list of tensors) is left out.
+_PARAM_TYPES = (str, int, float, bool, type(None))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrackerEntry:
+    """One LogReport entry as a tracker receives it.
+
+    Attributes:
+        step: The entry's ``iteration`` (so a resumed run continues its steps).
+        metrics: Every numeric value of the entry (``epoch``, ``iteration`` and
+            ``elapsed_time`` included), as floats.
+    """
+
+    step: int
+    metrics: dict[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrackerReport:
+    """What a tracker did with the entries LogReport emitted (:attr:`BaseTracker.report`).
+
+    ``queued == sent + failed + skipped + unsent``; ``dropped`` entries never entered the
+    queue.
+
+    Attributes:
+        queued: Entries put on the queue.
+        sent: Entries the backend accepted.
+        dropped: Entries dropped because the queue was full.
+        failed: Entries the backend refused after every retry.
+        skipped: Entries at or below the last step a resumed run already held (no duplicates).
+        unsent: Entries still queued or in flight (when the final flush timed out).
+        params_sent: Whether the run's params reached the backend.
+        artifacts_sent: Files uploaded as artifacts.
+        last_error: The last backend error, as ``"Type: message"``.
+        timed_out: Whether the final flush gave up after ``flush_timeout`` seconds.
+    """
+
+    queued: int = 0
+    sent: int = 0
+    dropped: int = 0
+    failed: int = 0
+    skipped: int = 0
+    unsent: int = 0
+    params_sent: bool = False
+    artifacts_sent: int = 0
+    last_error: str | None = None
+    timed_out: bool = False
+
+
+class _Outbox:
+    """A bounded queue of LogReport entries between the training thread and the worker.
+
+    ``offer`` never waits: it answers False when the queue is full.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._items: deque[Mapping[str, Any]] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def offer(self, item: Mapping[str, Any]) -> bool:
+        with self._cond:
+            if len(self._items) >= self._capacity:
+                return False
+            self._items.append(item)
+            self._cond.notify()
+            return True
+
+    def take(self, limit: int) -> list[Mapping[str, Any]] | None:
+        """Up to ``limit`` items, waiting for one; None once closed and empty."""
+        with self._cond:
+            while not self._items and not self._closed:
+                self._cond.wait()
+            if not self._items:
+                return None
+            count = min(limit, len(self._items))
+            return [self._items.popleft() for _ in range(count)]
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class BaseTracker(Extension):
+    """Base class of experiment-tracker extensions: LogReport's entries, never blocking a step.
+
+    When the registered LogReport emits an entry, the tracker puts it on a bounded queue (no
+    call on steps without an entry: its trigger follows LogReport's entry schedule). A daemon
+    worker thread takes the entries in batches and hands them to the backend methods below,
+    retrying a failed call with exponential backoff. The training thread never calls the
+    backend, so a slow or unreachable server never slows or stops training:
+
+    * a full queue drops the entry; the first drop raises one :class:`TrackerWarning`, and
+      the total is reported when training ends;
+    * at the end of training (:meth:`finalize`) the worker gets ``flush_timeout`` seconds to
+      send what is queued; what was not sent (dropped, refused, still queued) is counted in
+      one :class:`TrackerWarning`, and :attr:`report` holds the counts;
+    * the step of an entry is its ``iteration``, and the run id is saved in the extension's
+      ``state_dict``: a resumed run continues the same tracker run at the resumed iteration,
+      skipping the steps the backend already holds (:meth:`last_step`).
+
+    Under torch.distributed only rank 0 sends anything (as only rank 0 writes LogReport's
+    file).
+
+    Subclasses implement the backend methods, all called on the worker thread:
+    :meth:`open_run` and :meth:`log_metrics` (required), :meth:`log_params`,
+    :meth:`last_step`, :meth:`log_artifact` and :meth:`close_run`. :meth:`run_params`
+    runs on the training thread, once, and must not touch the network.
+
+    Args:
+        log_report: Name of the registered LogReport whose entries are sent.
+        params: Extra run params, merged over :meth:`run_params`' (optimizer, trainer options,
+            runtime).
+        artifacts: Glob patterns, relative to the manager's ``out`` directory, of files to
+            upload as artifacts once they appear (e.g. ``"snapshot_iter_*"``); checked by the
+            worker after each batch and at the end.
+        queue_size: Entries the queue holds before new ones are dropped.
+        batch_size: Most entries handed to one :meth:`log_metrics` call.
+        max_retries: Retries of a failed backend call before its entries count as failed.
+        retry_backoff: Seconds before the first retry; doubled for each next one (at most 30).
+        flush_timeout: Seconds :meth:`finalize` waits for the queue to drain.
+
+    Example::
+
+        class PrintTracker(BaseTracker):
+            def open_run(self, run_id):
+                return run_id or "run-1"
+
+            def log_metrics(self, entries):
+                for entry in entries:
+                    print(entry.step, entry.metrics)
+    """
+
+    # Just below LogReport: an entry is queued in the iteration it appears.
+    priority = PRIORITY_READER - 1
+
+    def __init__(
+        self,
+        *,
+        log_report: str = "LogReport",
+        params: Mapping[str, Any] | None = None,
+        artifacts: str | Sequence[str] = (),
+        queue_size: int = 10_000,
+        batch_size: int = 100,
+        max_retries: int = 3,
+        retry_backoff: float = 0.5,
+        flush_timeout: float = 30.0,
+    ) -> None:
+        name = type(self).__name__
+        if not isinstance(log_report, str):
+            raise ConfigurationError(
+                f"{name} log_report must be the name of a registered LogReport, got "
+                f"{type(log_report).__name__}"
+            )
+        for arg, value, least in (
+            ("queue_size", queue_size, 1),
+            ("batch_size", batch_size, 1),
+            ("max_retries", max_retries, 0),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ConfigurationError(
+                    f"{name} {arg} must be an integer >= {least}, got {value!r}"
+                )
+        for arg, seconds in (("retry_backoff", retry_backoff), ("flush_timeout", flush_timeout)):
+            if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds < 0:
+                raise ConfigurationError(f"{name} {arg} must be seconds >= 0, got {seconds!r}")
+        self.trigger = NewEntriesTrigger(self)
+        self._log_report_name = log_report
+        self._extra_params = dict(params or {})
+        self._artifact_patterns = (artifacts,) if isinstance(artifacts, str) else tuple(artifacts)
+        self._queue_size = queue_size
+        self._batch_size = batch_size
+        self._max_retries = max_retries
+        self._retry_backoff = float(retry_backoff)
+        self._flush_timeout = float(flush_timeout)
+        self._log_report: LogReport | None = None
+        # Entries of the LogReport already handed to the queue (or skipped); saved in snapshots.
+        self._seen = 0
+        self._restored = False
+        self._run_id: str | None = None
+        self._active = False
+        self._worker: threading.Thread | None = None
+        self._reset_run_state()
+
+    def _reset_run_state(self) -> None:
+        # Everything one Trainer.run() uses; a second run starts afresh (same run id).
+        self._outbox = _Outbox(self._queue_size)
+        self._abandon = threading.Event()
+        self._params: dict[str, Any] = {}
+        self._out_dir = "."
+        self._opened = False
+        self._skip_through: int | None = None
+        self._run_failed = False
+        self._uploaded: set[tuple[str, int, int]] = set()
+        self._counts = TrackerReport()
+        self._drop_warned = False
+        self._failure_warned = False
+
+    # ----------------------------------------------------------------- backend, worker thread
+
+    def open_run(self, run_id: str | None) -> str | None:
+        """Starts the tracker run, or resumes ``run_id`` (from a snapshot); returns its id.
+
+        Called once, on the worker thread, before the first batch. Raising counts as a failed
+        attempt and is retried like any backend call.
+
+        Args:
+            run_id: The id :meth:`state_dict` saved, or None for a new run.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement open_run(run_id)")
+
+    def log_metrics(self, entries: Sequence[TrackerEntry]) -> None:
+        """Sends a batch of entries (in step order); raising retries the whole batch.
+
+        Args:
+            entries: At most ``batch_size`` entries.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement log_metrics(entries)")
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        """Sends the run's params (:meth:`run_params` and ``params=``), once per run."""
+
+    def last_step(self) -> int | None:
+        """The highest step the resumed run already holds, or None when unknown.
+
+        Called after :meth:`open_run` resumed a run; entries at or below it are skipped, so a
+        run resumed from an older snapshot logs no step twice.
+        """
+        return None
+
+    def log_artifact(self, path: str) -> None:
+        """Uploads the file ``path`` (one matching ``artifacts=``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not upload artifacts")
+
+    def close_run(self, failed: bool) -> None:
+        """Ends the run; ``failed`` when training raised. Called once, without retries."""
+
+    # ------------------------------------------------------------- training thread, cheap
+
+    def run_params(self, manager: ManagerView) -> dict[str, Any]:
+        """The run's params, read from the manager once when training starts.
+
+        The optimizers' classes and hyperparameters (``optimizer/<name>/<key>``; groups
+        after the first as ``optimizer/<name>/group<i>/<key>``), ``max_epochs``,
+        ``iters_per_epoch``, each model's runtime and device (``runtime/<name>``,
+        ``device/<name>``) and the ppe-core and torch versions. Runs on the training thread:
+        it must not touch the network.
+        """
+        import torch
+
+        params: dict[str, Any] = {}
+        for name, optimizer in manager.optimizers.items():
+            prefix = f"optimizer/{name}/"
+            params[prefix + "class"] = type(optimizer).__name__
+            for index, group in enumerate(optimizer.param_groups):
+                group_prefix = prefix if index == 0 else f"{prefix}group{index}/"
+                for key, value in group.items():
+                    if key == "params":
+                        continue
+                    if isinstance(value, tuple) and all(isinstance(v, _PARAM_TYPES) for v in value):
+                        params[group_prefix + key] = list(value)
+                    elif isinstance(value, _PARAM_TYPES):
+                        params[group_prefix + key] = value
+        max_epochs = getattr(manager, "max_epochs", None)
+        if max_epochs is not None:
+            params["max_epochs"] = max_epochs
+        params["iters_per_epoch"] = manager.iters_per_epoch
+        for name, model in manager.models.items():
+            runtime = get_runtime(model)
+            if runtime is not None:
+                params[f"runtime/{name}"] = type(runtime).__name__
+                params[f"device/{name}"] = str(runtime.device_spec)
+        params["ppe_core_version"] = __version__
+        params["torch_version"] = torch.__version__
+        params["world_size"] = group_world()[0]
+        return params
+
+    @property
+    def run_id(self) -> str | None:
+        """The tracker run's id: None until the worker opened (or was told to resume) one."""
+        return self._run_id
+
+    @property
+    def report(self) -> TrackerReport:
+        """The counts so far (final once :meth:`finalize` returned)."""
+        return self._counts
+
+    # The NewEntriesTrigger contract: consulted only when LogReport can have a new entry.
+    @property
+    def scheduled_log_report(self) -> LogReport | None:
+        """The LogReport whose entry schedule decides when this extension is due."""
+        return self._log_report
+
+    def has_new_entries(self, manager: ManagerView) -> bool:
+        """Whether the LogReport holds entries not queued yet."""
+        return self._resolve(manager).num_entries > self._seen
+
+    def _resolve(self, manager: ManagerView) -> LogReport:
+        if self._log_report is None:
+            self._log_report = find_log_report(manager, self._log_report_name, type(self).__name__)
+        return self._log_report
+
+    def initialize(self, manager: ManagerView) -> None:
+        """Finds the LogReport, reads the run's params and starts the worker thread.
+
+        Entries the LogReport already holds (restored from an earlier run) are not sent
+        again. Nothing here touches the network: the run opens on the worker.
+        """
+        log_report = self._resolve(manager)
+        if not self._restored:
+            self._seen = log_report.num_entries
+        self._reset_run_state()
+        self._active = group_world()[1] == 0
+        if not self._active:
+            return
+        self._params = {**self.run_params(manager), **self._extra_params}
+        self._out_dir = manager.out
+        self._worker = threading.Thread(
+            target=self._work, name=f"ppe-tracker-{self.name or type(self).__name__}", daemon=True
+        )
+        self._worker.start()
+
+    def __call__(self, manager: ManagerView) -> None:
+        """Queues the entries LogReport emitted since the last call; never waits."""
+        self._queue_new(self._resolve(manager))
+        counts = self._counts
+        if counts.failed and not self._failure_warned:
+            self._failure_warned = True
+            warnings.warn(
+                f"{self._label()} could not send {counts.failed} entries after "
+                f"{self._max_retries} retries ({counts.last_error}); training goes on, later "
+                "entries are still tried, and the total is reported when training ends",
+                TrackerWarning,
+                stacklevel=2,
+            )
+
+    def _queue_new(self, log_report: LogReport) -> None:
+        total = log_report.num_entries
+        if total <= self._seen:
+            return
+        new = log_report.entries_since(self._seen)
+        self._seen = total
+        if not self._active:
+            return
+        queued = dropped = 0
+        for entry in new:
+            if self._outbox.offer(entry):
+                queued += 1
+            else:
+                dropped += 1
+        self._add(queued=queued, dropped=dropped)
+        if dropped and not self._drop_warned:
+            self._drop_warned = True
+            warnings.warn(
+                f"{self._label()}'s queue is full ({self._queue_size} entries: the backend is "
+                "slower than LogReport emits, or unreachable); new entries are dropped until it "
+                "drains, and the number dropped is reported when training ends",
+                TrackerWarning,
+                stacklevel=3,
+            )
+
+    def on_error(
+        self, manager: ManagerView, exc: BaseException, tb: types.TracebackType | None
+    ) -> None:
+        """Marks the run as failed; :meth:`finalize` still flushes what is queued."""
+        self._run_failed = True
+
+    def finalize(self, manager: ManagerView) -> None:
+        """Queues the last entries and waits up to ``flush_timeout`` seconds for the worker.
+
+        Warns with a :class:`TrackerWarning` counting every entry that did not reach the
+        backend (dropped, refused, or still queued when the wait ran out); the worker of a
+        timed-out flush is abandoned (a daemon thread, it does not keep the process alive).
+        """
+        worker = self._worker
+        if worker is None:
+            return
+        self._worker = None
+        if self._log_report is not None:
+            self._queue_new(self._log_report)
+        self._outbox.close()
+        worker.join(self._flush_timeout)
+        timed_out = worker.is_alive()
+        if timed_out:
+            self._abandon.set()
+        counts = self._counts
+        unsent = counts.queued - counts.sent - counts.failed - counts.skipped
+        self._update(unsent=unsent, timed_out=timed_out)
+        counts = self._counts
+        if counts.dropped or counts.failed or unsent or not counts.params_sent:
+            parts = []
+            if counts.dropped:
+                parts.append(f"{counts.dropped} dropped because the queue was full")
+            if counts.failed:
+                parts.append(f"{counts.failed} refused after {self._max_retries} retries")
+            if unsent:
+                parts.append(
+                    f"{unsent} still queued when the flush gave up after {self._flush_timeout:g} s"
+                    if timed_out
+                    else f"{unsent} not sent"
+                )
+            lost = counts.dropped + counts.failed + unsent
+            message = (
+                f"{self._label()} sent {counts.sent} of {counts.queued + counts.dropped} entries "
+                f"to run {self._run_id!r}; {lost} did not reach it"
+            )
+            if parts:
+                message += " (" + ", ".join(parts) + ")"
+            if not counts.params_sent:
+                message += "; the run's params were not sent"
+            if counts.last_error:
+                message += f"; last error: {counts.last_error}"
+            warnings.warn(message, TrackerWarning, stacklevel=2)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The tracker run id and how many LogReport entries were already handed over."""
+        return {"run_id": self._run_id, "entries_seen": self._seen}
+
+    def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
+        """Restores :meth:`state_dict`: the next run resumes that tracker run."""
+        run_id = to_load.get("run_id")
+        self._run_id = None if run_id is None else str(run_id)
+        if "entries_seen" in to_load:
+            self._seen = int(to_load["entries_seen"])
+            self._restored = True
+
+    # ----------------------------------------------------------------------- the worker
+
+    def _label(self) -> str:
+        return self.name or type(self).__name__
+
+    def _update(self, **changes: Any) -> None:
+        # One immutable report replaced whole, under a lock (both threads count): readers
+        # always see a consistent one.
+        with _COUNTS_LOCK:
+            self._counts = dataclasses.replace(self._counts, **changes)
+
+    def _add(self, **deltas: int) -> None:
+        with _COUNTS_LOCK:
+            current = self._counts
+            changes = {key: getattr(current, key) + delta for key, delta in deltas.items()}
+            self._counts = dataclasses.replace(current, **changes)
+
+    def _work(self) -> None:
+        try:
+            while not self._abandon.is_set():
+                batch = self._outbox.take(self._batch_size)
+                if batch is None:
+                    break
+                self._send_batch(batch)
+                self._send_artifacts()
+            if not self._abandon.is_set():
+                if not self._opened:  # a run without entries still gets its params
+                    self._attempt(lambda: None)
+                self._send_artifacts()
+        except Exception as exc:  # the worker never dies with an unreported error
+            self._update(last_error=_describe(exc))
+        finally:
+            if self._opened:
+                try:
+                    self.close_run(self._run_failed)
+                except Exception as exc:
+                    self._update(last_error=_describe(exc))
+
+    def _open(self) -> None:
+        resumed = self._run_id is not None
+        self._run_id = self.open_run(self._run_id)
+        self._opened = True
+        if resumed:
+            try:
+                self._skip_through = self.last_step()
+            except Exception as exc:  # unknown: nothing is skipped
+                self._update(last_error=_describe(exc))
+        # Params failing (a tracker refusing a changed value on resume) never stop metrics.
+        sent = self._retrying(lambda: self.log_params(self._params), opening=False)
+        self._update(params_sent=sent)
+
+    def _send_batch(self, batch: Sequence[Mapping[str, Any]]) -> None:
+        entries = [_to_entry(entry) for entry in batch]
+
+        def send() -> None:
+            skip = self._skip_through
+            todo = entries if skip is None else [e for e in entries if e.step > skip]
+            if todo:
+                self.log_metrics(todo)
+            self._add(sent=len(todo), skipped=len(entries) - len(todo))
+
+        if not self._attempt(send):
+            self._add(failed=len(entries))
+
+    def _attempt(self, action: Callable[[], object]) -> bool:
+        return self._retrying(action, opening=True)
+
+    def _retrying(self, action: Callable[[], object], *, opening: bool) -> bool:
+        delay = self._retry_backoff
+        for attempt in range(self._max_retries + 1):
+            if self._abandon.is_set():
+                return False
+            try:
+                if opening and not self._opened:
+                    self._open()
+                action()
+                return True
+            except Exception as exc:
+                self._update(last_error=_describe(exc))
+                if attempt == self._max_retries or self._abandon.wait(delay):
+                    return False
+                delay = min(delay * 2, _MAX_BACKOFF)
+        return False
+
+    def _send_artifacts(self) -> None:
+        if not self._artifact_patterns or not self._opened:
+            return
+        for pattern in self._artifact_patterns:
+            for path in sorted(glob.glob(os.path.join(self._out_dir, pattern))):
+                try:
+                    stat = os.stat(path)
+                except OSError:
+                    continue
+                key = (path, stat.st_size, stat.st_mtime_ns)
+                if key in self._uploaded or not os.path.isfile(path):
+                    continue
+                if self._retrying(functools.partial(self.log_artifact, path), opening=False):
+                    self._uploaded.add(key)
+                    self._add(artifacts_sent=1)
+
+
+def _to_entry(entry: Mapping[str, Any]) -> TrackerEntry:
+    metrics = {
+        key: float(value)
+        for key, value in entry.items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+    }
+    return TrackerEntry(step=int(entry.get("iteration", 0)), metrics=metrics)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]

@@ -1,0 +1,221 @@
+"""Tests of ppe_core.tracking.BaseTracker: off-thread batching, retries, drops, flush, resume."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from helpers import linear_manager
+
+from ppe_core.errors import ConfigurationError, TrackerWarning
+from ppe_core.reporting import report
+from ppe_core.tracking import BaseTracker, TrackerEntry
+from ppe_core.training.extensions._log_report import LogReport
+
+ITERS_PER_EPOCH = 4
+
+
+class RecordingTracker(BaseTracker):
+    """A backend in memory that records what it got and on which thread."""
+
+    def __init__(
+        self, *, fail_first: int = 0, block: threading.Event | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.fail_first = fail_first
+        self.block = block
+        self.calls: list[tuple[str, str]] = []
+        self.opened: list[str | None] = []
+        self.batches: list[list[TrackerEntry]] = []
+        self.params: dict[str, Any] = {}
+        self.closed: list[bool] = []
+        self.held_step: int | None = None
+
+    def _record(self, what: str) -> None:
+        self.calls.append((what, threading.current_thread().name))
+
+    def open_run(self, run_id: str | None) -> str:
+        self._record("open_run")
+        self.opened.append(run_id)
+        return run_id or "run-1"
+
+    def log_metrics(self, entries: Sequence[TrackerEntry]) -> None:
+        self._record("log_metrics")
+        if self.block is not None:
+            self.block.wait(30)
+        if self.fail_first > 0:
+            self.fail_first -= 1
+            raise ConnectionError("server unreachable")
+        self.batches.append(list(entries))
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        self._record("log_params")
+        self.params.update(params)
+
+    def last_step(self) -> int | None:
+        self._record("last_step")
+        return self.held_step
+
+    def close_run(self, failed: bool) -> None:
+        self._record("close_run")
+        self.closed.append(failed)
+
+    @property
+    def steps(self) -> list[int]:
+        return [entry.step for batch in self.batches for entry in batch]
+
+
+def _train(manager: Any, iterations: int | None = None) -> None:
+    """Steps until the stop trigger (or ``iterations`` steps), then finalizes (once)."""
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
+    steps = 0
+    while not manager.stop_trigger and steps != iterations:
+        with manager.run_iteration(step_optimizers=["main"]):
+            loss = manager.models["main"](x).square().mean()
+            loss.backward()  # type: ignore[no-untyped-call]
+            report({"train/loss": loss})
+        steps += 1
+    manager.finalize()
+
+
+def _run(
+    tmp_path: Path,
+    tracker: BaseTracker,
+    *,
+    trigger: Any = (1, "iteration"),
+    max_epochs: int = 3,
+    iterations: int | None = None,
+) -> LogReport:
+    log_report = LogReport(trigger=trigger)
+    manager = linear_manager(
+        tmp_path, [log_report, tracker], max_epochs=max_epochs, iters_per_epoch=ITERS_PER_EPOCH
+    )
+    _train(manager, iterations)
+    return log_report
+
+
+def test_every_entry_reaches_the_backend_by_iteration_off_the_training_thread(
+    tmp_path: Path,
+) -> None:
+    tracker = RecordingTracker(batch_size=5)
+    log_report = _run(tmp_path, tracker)
+
+    assert tracker.steps == [entry["iteration"] for entry in log_report.log]
+    metrics = [entry.metrics for batch in tracker.batches for entry in batch]
+    assert metrics == [{k: float(v) for k, v in entry.items()} for entry in log_report.log]
+    # Nothing ran on the training thread; the run was opened once, params sent, then closed.
+    assert {thread for _, thread in tracker.calls} == {"ppe-tracker-RecordingTracker"}
+    assert threading.current_thread().name not in {thread for _, thread in tracker.calls}
+    assert [what for what, _ in tracker.calls][:2] == ["open_run", "log_params"]
+    assert tracker.closed == [False]
+    assert all(len(batch) <= 5 for batch in tracker.batches)
+    assert tracker.params["optimizer/main/class"] == "SGD"
+    assert tracker.params["optimizer/main/lr"] == 0.05
+    assert tracker.params["max_epochs"] == 3
+    assert tracker.params["iters_per_epoch"] == ITERS_PER_EPOCH
+    report_ = tracker.report
+    assert (report_.queued, report_.sent, report_.dropped, report_.unsent) == (12, 12, 0, 0)
+    assert report_.params_sent
+
+
+def test_the_tracker_is_not_consulted_on_steps_without_an_entry(tmp_path: Path) -> None:
+    consulted: list[int] = []
+
+    class Counting(RecordingTracker):
+        def has_new_entries(self, manager: Any) -> bool:
+            consulted.append(manager.iteration)
+            return super().has_new_entries(manager)
+
+    tracker = Counting()
+    log_report = _run(tmp_path, tracker, trigger=(1, "epoch"))
+    assert consulted == [4, 8, 12]  # the epoch ends only, like LogReport's entries
+    assert tracker.steps == [entry["iteration"] for entry in log_report.log] == [4, 8, 12]
+
+
+def test_failed_calls_are_retried_with_backoff(tmp_path: Path) -> None:
+    tracker = RecordingTracker(fail_first=2, max_retries=2, retry_backoff=0.01)
+    log_report = _run(tmp_path, tracker, max_epochs=1)
+    assert tracker.steps == [entry["iteration"] for entry in log_report.log]
+    assert tracker.report.failed == 0
+    assert tracker.report.last_error == "ConnectionError: server unreachable"
+
+
+def test_a_backend_that_keeps_failing_is_reported_once_and_counted_at_the_end(
+    tmp_path: Path,
+) -> None:
+    tracker = RecordingTracker(fail_first=10**6, max_retries=1, retry_backoff=0, batch_size=1)
+    with pytest.warns(TrackerWarning) as record:
+        _run(tmp_path, tracker, max_epochs=2)
+    messages = [str(w.message) for w in record]
+    assert len(messages) <= 2
+    final = messages[-1]
+    assert "sent 0 of 8 entries" in final
+    assert "last error: ConnectionError: server unreachable" in final
+    if len(messages) == 2:  # the worker failed before training ended: one warning during it
+        assert "could not send" in messages[0]
+    counts = tracker.report
+    assert counts.sent == 0
+    assert counts.failed + counts.unsent == 8
+
+
+def test_a_full_queue_drops_with_one_warning_and_the_flush_wait_is_bounded(
+    tmp_path: Path,
+) -> None:
+    block = threading.Event()  # the backend hangs: nothing drains
+    tracker = RecordingTracker(block=block, queue_size=2, batch_size=1, flush_timeout=0.2)
+    try:
+        with pytest.warns(TrackerWarning) as record:
+            _run(tmp_path, tracker, max_epochs=3)
+    finally:
+        block.set()
+    messages = [str(w.message) for w in record]
+    assert len(messages) == 2, messages
+    assert "queue is full (2 entries" in messages[0]
+    counts = tracker.report
+    # One entry is in the hung call, two wait in the queue, the other nine were dropped.
+    assert (counts.queued, counts.dropped, counts.unsent, counts.sent) == (3, 9, 3, 0)
+    assert counts.timed_out
+    assert "sent 0 of 12 entries" in messages[1]
+    assert "9 dropped because the queue was full" in messages[1]
+    assert "3 still queued when the flush gave up after 0.2 s" in messages[1]
+    # The training thread never called the backend, even while it hung.
+    assert threading.current_thread().name not in {thread for _, thread in tracker.calls}
+
+
+def test_resume_continues_the_run_and_its_steps(tmp_path: Path) -> None:
+    first = RecordingTracker()
+    log_report = LogReport(trigger=(1, "iteration"))
+    manager = linear_manager(
+        tmp_path, [log_report, first], max_epochs=2, iters_per_epoch=ITERS_PER_EPOCH
+    )
+    _train(manager, iterations=5)
+    state = manager.state_dict()
+    assert state["extensions"]["RecordingTracker"]["extension"] == {
+        "run_id": "run-1",
+        "entries_seen": 5,
+    }
+
+    second = RecordingTracker()
+    second.held_step = 6  # the backend already holds steps up to 6 (sent after the snapshot)
+    manager = linear_manager(
+        tmp_path,
+        [LogReport(trigger=(1, "iteration")), second],
+        max_epochs=2,
+        iters_per_epoch=ITERS_PER_EPOCH,
+    )
+    manager.load_state_dict(state)
+    _train(manager)
+    assert second.opened == ["run-1"]
+    assert second.steps == [7, 8]  # 6 was held already; nothing restarts at zero
+    assert second.report.skipped == 1
+
+
+def test_arguments_are_checked() -> None:
+    with pytest.raises(ConfigurationError, match="queue_size must be an integer >= 1"):
+        RecordingTracker(queue_size=0)
+    with pytest.raises(ConfigurationError, match="flush_timeout must be seconds >= 0"):
+        RecordingTracker(flush_timeout=-1)
