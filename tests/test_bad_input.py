@@ -35,6 +35,7 @@ from ppe_core.errors import (
     PluginHookError,
     RegistryLookupError,
     RuntimeNotFoundError,
+    RuntimeOptionError,
     ValLoaderIgnoredWarning,
 )
 from ppe_core.handler import BatchMismatchError, ModelOutputError, NoRuntimeError
@@ -461,6 +462,12 @@ def test_runtime_option_of_wrong_type() -> None:
         make_trainer(runtime_options={"num_threads": "4"})
     assert isinstance(info.value, ConfigurationError)
     says(info, "option 'num_threads' must be int", "got str", "options={'num_threads': 4}")
+
+
+def test_compile_for_a_model_moved_without_it() -> None:
+    with pytest.raises(RuntimeOptionError) as info:
+        make_trainer(runtime_options={"compile": True})
+    says(info, "'compile' act only when a model is moved", "options={..., 'compile': True}")
 
 
 def test_handler_class_not_a_handler() -> None:

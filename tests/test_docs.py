@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib.util
+import linecache
 import re
 import subprocess
 import sys
@@ -86,18 +87,32 @@ def is_python(snippet: Snippet) -> bool:
 def run_page(path: Path) -> None:
     """Executes the page's Python blocks in order, in one namespace; compiles the others."""
     namespace: dict[str, object] = {"__name__": "__docs__"}
-    for snippet in extract_snippets(path):
-        if not is_python(snippet):
-            continue
-        where = f"{page_id(path)}:{snippet.line}"
-        # Padding with blank lines makes tracebacks point at the Markdown file's own lines.
-        code = compile("\n" * (snippet.line - 1) + snippet.code, str(path), "exec")
-        if snippet.compile_only:
-            continue
-        try:
-            exec(code, namespace)
-        except Exception as exc:
-            raise AssertionError(f"the snippet at {where} raised {exc!r}") from exc
+    snippets = [s for s in extract_snippets(path) if is_python(s)]
+    # The code is compiled as a file that does not exist, "<page> (python)", whose lines
+    # linecache holds: the page's Python lines at their own line numbers, the prose blanked
+    # out. Tools that read the source of a function the snippets define (inspect, tracebacks,
+    # torch.compile, which tokenizes the file and fails on a Markdown page) see Python.
+    filename = f"{path} (python)"
+    lines = [""] * len(path.read_text(encoding="utf-8").splitlines())
+    for snippet in snippets:
+        for offset, line in enumerate(snippet.code.splitlines()):
+            lines[snippet.line - 1 + offset] = line
+    source = [line + "\n" for line in lines]
+    # mtime None: linecache.checkcache keeps the entry instead of looking for the file.
+    linecache.cache[filename] = (sum(map(len, source)), None, source, filename)
+    try:
+        for snippet in snippets:
+            where = f"{page_id(path)}:{snippet.line}"
+            # Padding with blank lines makes tracebacks point at the Markdown file's own lines.
+            code = compile("\n" * (snippet.line - 1) + snippet.code, filename, "exec")
+            if snippet.compile_only:
+                continue
+            try:
+                exec(code, namespace)
+            except Exception as exc:
+                raise AssertionError(f"the snippet at {where} raised {exc!r}") from exc
+    finally:
+        linecache.cache.pop(filename, None)
 
 
 PYTHON_PAGES = [p for p in pages() if any(is_python(s) for s in extract_snippets(p))]

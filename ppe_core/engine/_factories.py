@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ppe_core._resolve import resolve_runtime
-from ppe_core.errors import ArgumentTypeError, ConfigurationError
+from ppe_core.errors import ArgumentTypeError, ConfigurationError, RuntimeOptionError
 from ppe_core.handler import BaseLogic, Handler, Logic
-from ppe_core.runtime import DeviceLike
+from ppe_core.runtime import BaseRuntime, DeviceLike, iter_runtime_modules
 from ppe_core.training._manager import (
     default_transform_model,
     identity_transform_model,
@@ -206,6 +206,49 @@ def _collect_state_objects(
     return found
 
 
+def _refuse_ignored_move_options(
+    runtime: BaseRuntime, runtime_options: Mapping[str, Any], models: Mapping[str, torch.nn.Module]
+) -> None:
+    """Refuses ``runtime_options`` that act only when a model is moved (``compile``: an
+    ``OptionSpec`` with ``on_move``) when the models were already moved with other values:
+    the trainer's own runtime never moves them, so the option would be ignored."""
+    spec = getattr(type(runtime), "option_spec", None)
+    specs = getattr(spec, "specs", {})
+    # Absent or None means the default, on either side.
+    on_move = {
+        k: specs[k].default if v is None else v
+        for k, v in runtime_options.items()
+        if getattr(specs.get(k), "on_move", False)
+    }
+    if not on_move:
+        return
+    for name, model in models.items():
+        for _, _, moved_with in iter_runtime_modules(model):
+            if moved_with is runtime:
+                continue
+            given = getattr(moved_with, "options", None) or {}
+            ignored = [
+                k
+                for k, v in on_move.items()
+                if (specs[k].default if given.get(k) is None else given[k]) != v
+            ]
+            if ignored:
+                wanted = {k: runtime_options[k] for k in ignored}
+                raise RuntimeOptionError(
+                    f"runtime option(s) {', '.join(map(repr, ignored))} act only when a model is "
+                    f"moved, and model {name!r} was already moved with ppe.to(model, "
+                    f"{str(moved_with.device_spec)!r}, options={dict(given)!r}), so they would "
+                    "be ignored. Give them where the model is moved: ppe.to(model, "
+                    f"{str(runtime.device_spec)!r}, options={{..., {_items(wanted)}}}); the "
+                    "trainer and evaluator then use that runtime (leave runtime_options out, or "
+                    "pass the same dict)."
+                )
+
+
+def _items(options: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k!r}: {v!r}" for k, v in options.items())
+
+
 def _build_handler(
     logic: BaseLogic | str | None,
     device: DeviceLike,
@@ -218,6 +261,7 @@ def _build_handler(
     # The runtime the models were moved with, when it serves the device: one per model and
     # device, with the options given to ppe.to.
     runtime = resolve_runtime(device, runtime_options, modules=models.values())
+    _refuse_ignored_move_options(runtime, runtime_options, models)
     resolved = _resolve_logic(logic)
     handler = (handler_class or Handler)(resolved, runtime, remaining)
     # PPE's Handler accepts and ignores "async" (its asynchronous mode was removed).

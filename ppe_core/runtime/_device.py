@@ -94,6 +94,7 @@ class DeviceRuntime(PyTorchRuntime):
                 "`torch.compile` the module in place: `True`, or a dict of `torch.compile` "
                 "arguments. `state_dict` keys are unchanged.",
                 "{'backend': 'inductor'}",
+                on_move=True,
             ),
         ]
         if non_blocking:

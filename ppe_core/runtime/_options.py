@@ -38,6 +38,9 @@ class OptionSpec:
         doc: One line for error messages and the docs' option tables.
         example: A valid value written as Python, shown in error messages.
         check: ``fn(value) -> problem or None`` for checks beyond the type (ranges, choices).
+        on_move: The option acts only when a module is moved (``ppe.to``), as ``compile``
+            does. ``create_trainer``/``create_evaluator`` refuse it in ``runtime_options`` that
+            differ from those the model was moved with, where it would otherwise be ignored.
     """
 
     name: str
@@ -46,6 +49,7 @@ class OptionSpec:
     doc: str = ""
     example: str = "True"
     check: Callable[[Any], str | None] | None = None
+    on_move: bool = False
 
     def type_names(self) -> str:
         """The accepted types in words, e.g. ``"bool, torch.dtype or dict"``."""
