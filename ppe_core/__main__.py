@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 from collections.abc import Sequence
@@ -76,9 +77,22 @@ def info_lines(host: PluginHost) -> list[str]:
     return lines + host.environment_info()
 
 
+#: The help's description: plain text (the module docstring's reST markup would show as is).
+DESCRIPTION = (
+    "What is installed (plugins, runtimes, logics, extensions) and the environment it sees."
+)
+
+
+def _program_name() -> str:
+    """``ppe-core`` when run as the console script, else ``python -m ppe_core``."""
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return "ppe-core" if script.startswith("ppe-core") else "python -m ppe_core"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m ppe_core`` and the ``ppe-core`` script."""
-    parser = argparse.ArgumentParser(prog="python -m ppe_core", description=__doc__)
+    parser = argparse.ArgumentParser(prog=_program_name(), description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"ppe-core {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     plugins = sub.add_parser("plugins", help="list plugins, runtimes, logics and extensions")
     plugins.add_argument("--json", action="store_true", help="print JSON instead of a table")

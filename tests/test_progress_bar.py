@@ -24,7 +24,7 @@ from ppe_core.training.triggers import TriggerLike
 ITERS_PER_EPOCH = 4
 PLAIN_LINE = re.compile(
     r"^\d+ iter, \d+ epoch / \d+ (epochs|iterations) \| "
-    r"(\d+)/(\d+) iters \(\d+\.\d\d%\), epoch \d+\.\d\d/[\d.]+, [\d.e+inf]+ iters/sec, "
+    r"(\d+)/(\d+) iters \(\d+\.\d\d%\), epoch \d+\.\d\d/[\d.]+, ([\d.e+inf]+|\?) iters/sec, "
     r"ETA (\d+:\d\d:\d\d|\?)$"
 )
 
@@ -141,6 +141,48 @@ def test_resumed_run_starts_the_bar_at_the_loaded_iteration(tmp_path: Path) -> N
     _train(resumed)
     lines = out.getvalue().splitlines()
     assert [line.split(" | ")[1].split()[0] for line in lines] == [f"{i}/12" for i in range(7, 13)]
+
+
+def _autoloading_run(tmp_path: Path, bar: ProgressBar) -> Any:
+    """A run resumed by an autoloading snapshot, which initializes after the bar (a lower
+    priority), so the bar first sees iteration 0 and then the loaded one."""
+    from ppe_core.training.extensions import snapshot
+
+    first = _manager(
+        tmp_path, [ProgressBar(out=io.StringIO()), snapshot(filename="snap_{.iteration}")]
+    )
+    _train(first, iterations=6)  # saved at the end of epoch 1: iteration 4
+    resumed = _manager(tmp_path, [bar, snapshot(filename="snap_{.iteration}", autoload=True)])
+    _train(resumed)
+    return resumed
+
+
+def test_the_rate_after_an_autoloaded_resume_counts_only_the_resumed_iterations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ppe_core.training.extensions import _progress_bar
+
+    monkeypatch.setattr(_progress_bar, "time", _Clock())
+    out = io.StringIO()
+    _autoloading_run(tmp_path, ProgressBar(out=out, min_interval=0, update_interval=1))
+    lines = out.getvalue().splitlines()
+    assert [line.split(" | ")[1].split()[0] for line in lines] == [f"{i}/12" for i in range(5, 13)]
+    speeds = [line.split(", ")[-2].removesuffix(" iters/sec") for line in lines]
+    # The clock says at most 0.5 iters/sec (two readings of 1 s per one-iteration update);
+    # the first update after the resume has no measured span yet. Counted from the iteration
+    # the bar started at (0), the first line said 2.5 and the next ones more than 0.5.
+    assert speeds[0] == "?"
+    assert all(0 < float(speed) <= 0.5 for speed in speeds[1:]), speeds
+
+
+def test_a_tqdm_bar_counts_from_the_loaded_iteration_after_an_autoloaded_resume(
+    tmp_path: Path,
+) -> None:
+    out = _Terminal()
+    _autoloading_run(tmp_path, ProgressBar(out=out, update_interval=1))
+    text = out.getvalue()
+    assert "| 12/12 iters" in text and "it/s" in text
+    assert not [bar for bar in getattr(tqdm.tqdm, "_instances", ()) if bar.fp == out]
 
 
 @pytest.mark.parametrize(

@@ -74,11 +74,24 @@ class _Progress:
         self.recent.append((start, time.perf_counter()))
 
     def speed(self, iteration: int) -> float:
+        """Iterations per second over the recent window (NaN before two points exist)."""
         now = time.perf_counter()
         self.recent.append((iteration, now))
         old_iteration, old_time = self.recent[0]
         span = now - old_time
+        if iteration == old_iteration:
+            return math.nan
         return (iteration - old_iteration) / span if span > 0 else math.inf
+
+    def rebase(self, iteration: int) -> None:
+        """Measures the speed from ``iteration`` now: a resumed run's first update (a snapshot
+        loaded after the bar started moved the count, and those iterations took no time)."""
+        self.recent.clear()
+        self.recent.append((iteration, time.perf_counter()))
+
+
+def _format_speed(speed: float) -> str:
+    return f"{speed:.4g}" if math.isfinite(speed) else "?"
 
 
 class _PlainDisplay:
@@ -118,14 +131,17 @@ class _PlainDisplay:
             line = (
                 f"{status} | {iteration}/{total} iters ({min(iteration / total, 1.0):.2%}), "
                 f"epoch {epoch_detail:.2f}/{total / progress.iters_per_epoch:g}, "
-                f"{speed:.4g} iters/sec, ETA {_format_eta(eta)}\n"
+                f"{_format_speed(speed)} iters/sec, ETA {_format_eta(eta)}\n"
             )
         else:
-            line = f"{status} | epoch {epoch_detail:.2f}, {speed:.4g} iters/sec\n"
+            line = f"{status} | epoch {epoch_detail:.2f}, {_format_speed(speed)} iters/sec\n"
         self._out.write(line)
         flush = getattr(self._out, "flush", None)
         if flush is not None:
             flush()
+
+    def rebase(self, iteration: int) -> None:
+        self._progress.rebase(iteration)
 
     def close(self) -> None:
         pass
@@ -135,6 +151,9 @@ class _NoDisplay:
     """What ranks other than 0 show under torch.distributed: nothing."""
 
     def update(self, iteration: int, epoch_detail: float, final: bool = False) -> None:
+        pass
+
+    def rebase(self, iteration: int) -> None:
         pass
 
     def close(self) -> None:
@@ -175,6 +194,14 @@ class _TqdmDisplay:
             bar.update(delta)
         else:
             bar.refresh()
+
+    def rebase(self, iteration: int) -> None:
+        """Counts from ``iteration`` (tqdm's rate is ``(n - initial) / elapsed`` or its EMA
+        of later updates), with the elapsed time restarted."""
+        self._progress.rebase(iteration)
+        bar = self._bar
+        bar.n = bar.last_print_n = bar.initial = iteration
+        bar.start_t = bar.last_print_t = bar._time()
 
     def close(self) -> None:
         self._bar.close()
@@ -251,6 +278,8 @@ class ProgressBar(Extension):
         self._schedule = _EveryN(update_interval)
         self.trigger = self._schedule
         self._display: _PlainDisplay | _TqdmDisplay | _NoDisplay | None = None
+        #: The iteration at initialize until the first update (then None).
+        self._initial: int | None = None
 
     def _length(self, manager: ManagerView) -> tuple[float, str] | None:
         length = self._training_length
@@ -276,7 +305,7 @@ class ProgressBar(Extension):
         total = self._total_iterations(manager)
         if total:
             self._schedule.interval = max(1, min(self._update_interval, total // _MIN_UPDATES))
-        start = manager.iteration
+        start = self._initial = manager.iteration
         progress = _Progress(total, manager.iters_per_epoch, start, self._length(manager))
         out = self._out
         if group_world()[1] != 0:
@@ -295,7 +324,14 @@ class ProgressBar(Extension):
         if self._display is None:
             self.initialize(manager)
         assert self._display is not None
-        self._display.update(manager.iteration, manager.epoch_detail)
+        iteration = manager.iteration
+        if self._initial is not None:
+            # More than one interval since initialize: an autoloading snapshot (initialized
+            # after the bar) resumed the run there; the loaded iterations took no time here.
+            if iteration - self._initial > self._schedule.interval:
+                self._display.rebase(iteration)
+            self._initial = None
+        self._display.update(iteration, manager.epoch_detail)
 
     def finalize(self, manager: ManagerView) -> None:
         """Draws the final state and closes the bar."""
