@@ -62,6 +62,8 @@ Raised by one part of the framework (each class's docstring says when):
   ``MissingObservationWarning`` (triggers); ``MetricInputError``, ``MetricKeyError`` (metrics).
 * Extensions: ``SnapshotError``, ``UnsafeSnapshotError``, ``SnapshotStateError``,
   ``SnapshotVerificationWarning``, ``SnapshotRanksError``, ``SnapshotRanksWarning``,
+  ``ShardedStateError`` (sharded tensors given to a snapshot mode that writes one whole state,
+  or resumed at another world size),
   ``WorldSizeMismatchWarning`` (resuming another world size's snapshot),
   ``OptionalDependencyError``, ``NoBestValueError``, ``BestValueKeyError``,
   ``NonFiniteParameterError``, ``SlackTokenError``, ``SlackPostWarning``, ``TrackerWarning``,
@@ -145,6 +147,7 @@ __all__ = [
     "RuntimeOptionError",
     "RuntimeOptionTypeError",
     "RuntimeReplacedWarning",
+    "ShardedStateError",
     "SlackPostWarning",
     "SlackTokenError",
     "SnapshotError",
@@ -568,6 +571,19 @@ class SnapshotRanksError(SnapshotError):
 
     Raised when the extensions start, on every rank that has it, instead of hanging in a
     collective the other ranks never reach (or training ranks that resumed differently).
+    """
+
+
+class ShardedStateError(SnapshotError):
+    """A snapshot that writes one whole state (``SnapshotMode.DEFAULT`` or ``DISTRIBUTED``, or
+    ``snapshot_object``) was given sharded tensors (DTensors: an FSDP2 ``fully_shard`` or
+    tensor-parallel model, or its optimizer), or a ``SnapshotMode.SHARDED`` snapshot of such
+    state is resumed by another number of processes.
+
+    Each rank holds only its part of them, so the file would hold the saver's part only and a
+    resumed run would train other weights. Raised before anything is written: when training
+    starts, on every rank (for DTensors only an extension's state holds: when the saver takes
+    the state).
     """
 
 

@@ -1,12 +1,16 @@
-"""Builders shared by the tests (imported as ``helpers``: tests/ is on sys.path)."""
+"""Builders and launchers shared by the tests (imported as ``helpers``: tests/ is on sys.path)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from ppe_core.training.manager import ExtensionsManager
@@ -36,3 +40,51 @@ def run_python(code: str, timeout: float = 300) -> subprocess.CompletedProcess[s
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, check=False
     )
+
+
+#: torchrun's variables, dropped from a launched script's environment (pytest may run under one).
+_LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARIABLES}
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def launch(script: Path, *args: str, processes: int = 2, timeout: float = 120) -> tuple[int, str]:
+    """Runs ``script`` in ``processes`` gloo processes (0: plain python); ``(returncode, stderr)``.
+
+    A run still going after ``timeout`` seconds (a hang) is stopped with all its processes and
+    fails the test.
+    """
+    command = [sys.executable, str(script), *args]
+    if processes:
+        command[1:1] = ["-m", "torch.distributed.run", "--standalone"]
+        command.insert(4, f"--nproc_per_node={processes}")
+    # stderr goes to a file: a pipe would stay open as long as any worker lives.
+    with tempfile.TemporaryFile("w+") as stderr:
+        process = subprocess.Popen(
+            command,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            text=True,
+            env=_env(),
+            start_new_session=True,
+        )
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # torchrun runs each worker in a session of its own and stops them on SIGTERM.
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            stderr.seek(0)
+            pytest.fail(
+                f"{script.name} {' '.join(args)} hung for {timeout} s:\n{stderr.read()[-3000:]}"
+            )
+        stderr.seek(0)
+        return process.returncode, stderr.read()

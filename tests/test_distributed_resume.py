@@ -3,17 +3,14 @@ world-size mismatches reported, and snapshots on some ranks only never hang."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from helpers import launch
 
 import ppe_core as ppe
 from ppe_core.training.extensions._snapshot import load_snapshot
@@ -23,52 +20,6 @@ RESUME = SCRIPTS / "ddp_resume.py"
 PPE_PATTERN = SCRIPTS / "ddp_ppe_pattern.py"
 sys.path.insert(0, str(SCRIPTS))
 import ddp_resume  # noqa: E402  (the script's model and data, for the single-process check)
-
-_LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARIABLES}
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
-def launch(script: Path, *args: str, processes: int = 2, timeout: float = 120) -> tuple[int, str]:
-    """Runs ``script`` in ``processes`` gloo processes (0: plain python); ``(returncode, stderr)``.
-
-    A run still going after ``timeout`` seconds (a hang) is stopped with all its processes and
-    fails the test.
-    """
-    command = [sys.executable, str(script), *args]
-    if processes:
-        command[1:1] = ["-m", "torch.distributed.run", "--standalone"]
-        command.insert(4, f"--nproc_per_node={processes}")
-    # stderr goes to a file: a pipe would stay open as long as any worker lives.
-    with tempfile.TemporaryFile("w+") as stderr:
-        process = subprocess.Popen(
-            command,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-            text=True,
-            env=_env(),
-            start_new_session=True,
-        )
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            # torchrun runs each worker in a session of its own and stops them on SIGTERM.
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-            stderr.seek(0)
-            pytest.fail(
-                f"{script.name} {' '.join(args)} hung for {timeout} s:\n{stderr.read()[-3000:]}"
-            )
-        stderr.seek(0)
-        return process.returncode, stderr.read()
 
 
 def results(out: Path, ranks: int = 2) -> list[dict[str, Any]]:

@@ -24,6 +24,7 @@ from ppe_core.distributed import group_world, is_distributed
 from ppe_core.errors import (
     ArgumentTypeError,
     ConfigurationError,
+    ShardedStateError,
     SnapshotError,
     SnapshotRanksError,
     SnapshotRanksWarning,
@@ -49,11 +50,13 @@ from ppe_core.training.extensions._snapshot_manifest import (
     verify_snapshot,
 )
 from ppe_core.training.extensions._snapshot_retention import SnapshotSeries
+from ppe_core.training.extensions._snapshot_sharding import sharded_paths, sharded_tensors
 from ppe_core.writing import SimpleWriter, Writer
 
 __all__ = [
     "ERROR_SNAPSHOT_DIR",
     "MANIFEST_SUFFIX",
+    "ShardedStateError",
     "SnapshotError",
     "SnapshotMode",
     "SnapshotRanksError",
@@ -81,9 +84,12 @@ class SnapshotMode(enum.Enum):
     default), with every rank's RNG and loader states gathered into the file when every rank
     has the snapshot; no rank waits for the write. ``DISTRIBUTED``: the same, but the process
     group must exist when the snapshot is created, every rank must have the snapshot, and
-    every rank waits at a barrier until the saver wrote (PPE's behaviour). ``SHARDED``: every
-    rank writes its own part under ``<filename>/<rank>`` (for sharded states such as FSDP's),
-    and ``saver_rank`` marks the directory complete.
+    every rank waits at a barrier until the saver wrote (PPE's behaviour). Both refuse sharded
+    tensors (DTensors: FSDP2, tensor parallelism) with :class:`ShardedStateError`, as the file
+    would hold the saver's shards only. ``SHARDED``: every rank writes its own part under
+    ``<filename>/<rank>`` (its shards of an FSDP2 model and optimizer, its RNG and loader
+    states), and ``saver_rank`` marks the directory complete; a sharded state resumes at the
+    same world size only.
     """
 
     DEFAULT = enum.auto()
@@ -240,9 +246,14 @@ class _Snapshot(Extension):
         self._device: torch.device | None = None
         # Every rank's resume data, gathered for the save in progress (the saver's only).
         self._rank_states: list[Any] | None = None
+        # Set by initialize: whether what this snapshot saves holds sharded (DTensor) state.
+        self._sharded = False
 
     #: The mode named in :attr:`collectives` (subclasses: DISTRIBUTED, SHARDED).
     _mode = "DEFAULT"
+    #: Whether the files keep every rank's shards of sharded (DTensor) state; if not, such
+    #: state is refused (:meth:`_find_sharded`).
+    _holds_shards = False
 
     @property
     def filename(self) -> str | Callable[[Any], str]:
@@ -287,8 +298,51 @@ class _Snapshot(Extension):
             # The world size, and every rank's resume data when gathered (__call__).
             internal = state.setdefault(PPE_CORE_STATE_KEY, {})
             record_ranks(internal, group_world()[0], self._rank_states)
-        # Checked when taken, so that "saved fine, refused at resume" cannot happen.
-        return _loadable_state(state, functools.partial(_describe_path, self._target is None))
+        # Checked when taken, so that "saved fine, refused at resume" cannot happen; a sharded
+        # tensor that the check at start could not see (an extension's, a custom target's) is
+        # refused here, before anything is written.
+        return _loadable_state(
+            state,
+            functools.partial(_describe_path, self._target is None),
+            None if self._holds_shards else self._sharded_error,
+        )
+
+    def _saved_objects(self, manager: Any) -> dict[str, Any]:
+        """The models and optimizers this snapshot saves, named as in the messages."""
+        if self._target is None:
+            models = getattr(manager, "raw_models", {})
+            optimizers = getattr(manager, "optimizers", {})
+            return {
+                **{f"models[{k!r}]": v for k, v in models.items()},
+                **{f"optimizers[{k!r}]": v for k, v in optimizers.items()},
+            }
+        if isinstance(self._target, Mapping):
+            return {f"target[{k!r}]": v for k, v in self._target.items()}
+        return {"target": self._target}
+
+    def _find_sharded(self, manager: Any) -> None:
+        """Notes whether a saved model, optimizer or custom target holds sharded tensors; a
+        mode that writes one rank's state raises then, on every rank, before training."""
+        found = sharded_tensors(self._saved_objects(manager))
+        self._sharded = bool(found)
+        if found and not self._holds_shards:
+            more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+            raise self._sharded_error(", ".join(found[:3]) + more)
+
+    def _sharded_error(self, what: str) -> ShardedStateError:
+        saver = self._saver()
+        return ShardedStateError(
+            f"snapshot {self.name!r} (SnapshotMode.{self._mode}) cannot save {what}: sharded "
+            "DTensors (an FSDP2 fully_shard or tensor-parallel model, or its optimizer), of "
+            f"which each rank holds only its own shard. This mode writes one file, from rank "
+            f"{saver}, which would hold rank {saver}'s shards only, and a run resumed from it "
+            "would train other weights, so nothing was written. Use "
+            "snapshot_mode=SnapshotMode.SHARDED with saver_rank=0 (every rank writes its own "
+            "shards; it resumes at the same world size only), save a full state dict yourself "
+            "(torch.distributed.checkpoint.state_dict.get_model_state_dict with "
+            "StateDictOptions(full_state_dict=True)), or train with DDP. A sharded mode on "
+            "torch.distributed.checkpoint, with resharding, is planned (issue 24)."
+        )
 
     def _restore(self, state: Any, manager: Any) -> None:
         target = manager if self._target is None else self._target
@@ -438,8 +492,10 @@ class _Snapshot(Extension):
         The filename template is formatted with the manager (a misspelt attribute raises
         here, not after an epoch of training), and a writer of the snapshot's own is
         initialized (creating its directory and removing temporary files that writers
-        killed in an earlier run left behind).
+        killed in an earlier run left behind). A mode that writes one rank's state refuses
+        sharded models and optimizers here, on every rank, before training or autoload.
         """
+        self._find_sharded(manager)
         if isinstance(self.filename, str):
             try:
                 self.filename.format(manager)
@@ -662,6 +718,7 @@ class _ShardedSnapshot(_Snapshot):
     """
 
     _mode = "SHARDED"
+    _holds_shards = True
 
     def __init__(
         self,
@@ -704,16 +761,45 @@ class _ShardedSnapshot(_Snapshot):
     def _newest_valid(self, out_dir: str) -> tuple[str | None, Any]:
         path, state = super()._newest_valid(out_dir)
         chosen = None if path is None else os.path.dirname(os.path.relpath(path, out_dir))
+        mine = (chosen, self._sharded or bool(sharded_paths(state)))
+        everyone: list[Any] = [mine]
         if self._collective:
-            everyone: list[Any] = [None] * group_world()[0]
+            everyone = [None] * group_world()[0]
             with object_device(self._device):
-                dist.all_gather_object(everyone, chosen)
-            if any(other != chosen for other in everyone):
-                raise SnapshotError(
-                    f"the ranks found different newest sharded snapshots {everyone} in "
-                    f"{out_dir}; remove the incomplete ones"
-                )
+                dist.all_gather_object(everyone, mine)
+        # Before the ranks' choices are compared: at another world size they differ (a rank
+        # beyond the writers' finds no part), and the fix is not to remove anything.
+        self._check_same_world(out_dir, everyone)
+        if any(other[0] != chosen for other in everyone):
+            raise SnapshotError(
+                f"the ranks found different newest sharded snapshots "
+                f"{[other[0] for other in everyone]} in {out_dir}; remove the incomplete ones"
+            )
         return path, state
+
+    def _check_same_world(self, out_dir: str, everyone: list[tuple[str | None, bool]]) -> None:
+        """Refuses, on every rank alike, sharded state written by another number of ranks:
+        each part holds one rank's shards, which other ranks' shards cannot be loaded from.
+
+        Args:
+            out_dir: The output directory.
+            everyone: Each rank's ``(snapshot directory found or None, whether it or the
+                saved objects hold sharded tensors)``.
+        """
+        found = sorted({chosen for chosen, _ in everyone if chosen is not None})
+        if not found or not any(sharded for _, sharded in everyone):
+            return
+        directory = os.path.join(out_dir, found[-1])
+        parts = sum(name.isdigit() for name in os.listdir(directory))
+        world = group_world()[0]
+        if parts != world:
+            raise ShardedStateError(
+                f"the sharded snapshot {directory} was written by {parts} ranks and this run "
+                f"has {world}: its parts hold sharded DTensors (FSDP2, tensor parallelism), "
+                f"which SnapshotMode.SHARDED resumes at the same world size only. Resume with "
+                f"{parts} processes, or use another output directory to train anew; resharding "
+                "comes with the planned sharded mode on torch.distributed.checkpoint (issue 24)."
+            )
 
 
 def snapshot(

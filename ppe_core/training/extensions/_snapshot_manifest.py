@@ -31,6 +31,7 @@ from ppe_core.errors import (
     SnapshotVerificationWarning,
     UnsafeSnapshotError,
 )
+from ppe_core.training.extensions._snapshot_sharding import dtensor_type
 from ppe_core.writing import Writer
 
 __all__ = [
@@ -440,7 +441,11 @@ def _round_trips(value: Any) -> bool:
     return True
 
 
-def _loadable_state(state: Any, describe: Callable[[list[Any]], str]) -> Any:
+def _loadable_state(
+    state: Any,
+    describe: Callable[[list[Any]], str],
+    sharded: Callable[[str], Exception] | None = None,
+) -> Any:
     """``state``, checked to load back through :func:`load_snapshot`, with each
     ``defaultdict`` replaced by a form the safe loader rebuilds (containers on its path are
     copied; the rest is shared).
@@ -448,9 +453,16 @@ def _loadable_state(state: Any, describe: Callable[[list[Any]], str]) -> Any:
     Run when a snapshot is taken, so that a value the resume would refuse stops training at
     once, naming where it is, instead of being found at the resume after a crash.
 
+    Args:
+        state: The state to save.
+        describe: Where a key path (from the state's root) is, for the messages.
+        sharded: Given, a DTensor (sharded) in the state is refused with the error it makes
+            from where the tensor is (for the modes that write one rank's state).
+
     Raises:
         SnapshotStateError: a value is of a type the safe loader cannot rebuild.
     """
+    dtensor = None if sharded is None else dtensor_type()
 
     def refuse(value: Any, path: list[Any]) -> SnapshotStateError:
         kind = type(value)
@@ -482,7 +494,11 @@ def _loadable_state(state: Any, describe: Callable[[list[Any]], str]) -> Any:
 
     def walk(value: Any, path: tuple[Any, ...]) -> Any:
         kind = type(value)
-        if kind in _PLAIN_TYPES or isinstance(value, torch.Tensor):
+        if kind in _PLAIN_TYPES:
+            return value
+        if isinstance(value, torch.Tensor):
+            if sharded is not None and dtensor is not None and isinstance(value, dtensor):
+                raise sharded(describe(keys(path)))
             return value
         if kind in (dict, OrderedDict, Counter):
             changed: dict[Any, Any] = {}

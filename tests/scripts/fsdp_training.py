@@ -1,0 +1,228 @@
+"""FSDP2 (``fully_shard``) training through ``create_trainer`` under torchrun (gloo, CPU), used
+by tests/test_fsdp.py.
+
+Usage: python -m torch.distributed.run --standalone --nproc_per_node=2 fsdp_training.py OUT
+    [--phase first|resume] [--mode sharded|default|distributed]
+
+``--phase first`` (the default) runs, in one launch:
+
+* ``reference``: 2 epochs of AdamW on a sharded MLP (no dropout), with a distributed evaluator
+  on an odd-sized validation set (37 samples: ranks get 19 and 18, 4 batches each);
+* ``amp``: the same 2 epochs under CPU autocast (bfloat16), without the evaluator;
+* ``refusals``: the snapshots that cannot hold sharded state, each in a directory of its own,
+  each expected to raise ``ShardedStateError`` (the messages are kept): when training starts,
+  and, for sharded tensors only an extension's state holds, when the state is taken;
+* ``straight``: 2 epochs with dropout and per-rank seeds, snapshot (``--mode``) every 4
+  iterations with autoload, in ``OUT/straight``;
+* ``stopped``: the same run stopped at iteration 12 (mid-epoch 2), in ``OUT/run``.
+
+``--phase resume`` resumes ``OUT/run`` to the end; ``--phase reshard`` (at another world size)
+expects that resume to raise ``ShardedStateError``. Each phase writes ``OUT/{phase}_rank{N}.pt``
+with, per run, the full (gathered) weights, the final RNG state, the iteration and the snapshot
+resumed from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+import torch
+from ddp_training import dataset  # the DDP script's samples (this script's directory)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+from torch.utils.data import DataLoader, DistributedSampler
+
+import ppe_core as ppe
+from ppe_core.distributed import DistributedValidationSampler
+from ppe_core.errors import ShardedStateError
+
+BATCH = 4  # per rank; a single process takes 2 * BATCH
+STOP_AT = 12
+
+
+class Net(torch.nn.Module):
+    def __init__(self, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Linear(4, 16),
+            torch.nn.Dropout(dropout),
+            torch.nn.ReLU(),
+            torch.nn.Linear(16, 2),
+        )
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": torch.nn.functional.cross_entropy(self.body(x), t)}
+
+
+class Average(ppe.training.Extension):
+    """Holds (sharded) tensors, e.g. an average of the weights: a custom snapshot target, or
+    an extension whose state the manager's snapshot saves."""
+
+    trigger = (1000, "iteration")  # never runs: only its state matters
+
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.tensors = tensors
+
+    def __call__(self, manager: Any) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"tensors": self.tensors}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.tensors = state["tensors"]
+
+
+def optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(model.parameters(), lr=0.01)
+
+
+def sharded_model(dropout: float = 0.0) -> torch.nn.Module:
+    """``Net`` with the same initial weights on every rank, sharded over all ranks."""
+    torch.manual_seed(0)
+    model = ppe.to(Net(dropout), "cpu")
+    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+    for layer in model.body:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole weights on every rank (``full_tensor`` is a collective)."""
+    return {
+        k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in model.state_dict().items()
+    }
+
+
+def loaders() -> tuple[DataLoader[Any], DataLoader[Any]]:
+    train, val = dataset()
+    sampler: Any = DistributedSampler(train, shuffle=True, seed=1)  # type: ignore[arg-type]
+    val_sampler: Any = DistributedValidationSampler(val, shuffle=False)
+    return (
+        DataLoader(train, batch_size=BATCH, sampler=sampler),  # type: ignore[arg-type]
+        DataLoader(val, batch_size=5, sampler=val_sampler),  # type: ignore[arg-type]
+    )
+
+
+def reference(out: str, amp: bool = False) -> dict[str, Any]:
+    """2 epochs, no snapshot; with a distributed evaluator unless ``amp`` (then autocast)."""
+    model = sharded_model()
+    trainer = ppe.engine.create_trainer(
+        model,
+        optimizer(model),
+        2,
+        out_dir=out,
+        evaluator=None if amp else ppe.engine.create_evaluator(model, distributed=True),
+        options={"autocast": amp},
+    )
+    train_loader, val_loader = loaders()
+    if amp:
+        trainer.run(train_loader)
+        return {"weights": full_weights(model), "iteration": trainer.iteration}
+    trainer.run(train_loader, val_loader)
+    assert trainer.evaluator is not None
+    means = {k: float(v) for k, v in trainer.evaluator.run(val_loader).items()}
+    return {"weights": full_weights(model), "means": means, "iteration": trainer.iteration}
+
+
+def refusals(out: str) -> dict[str, str]:
+    """Each snapshot that cannot hold sharded state, expected to refuse: name -> message."""
+    E = ppe.training.extensions
+    model = sharded_model()
+    opt = optimizer(model)
+    snapshots = {
+        "default": lambda: E.snapshot(autoload=True),
+        "distributed": lambda: E.snapshot(saver_rank=0, snapshot_mode=E.SnapshotMode.DISTRIBUTED),
+        "object_model": lambda: E.snapshot_object(model, "model_{.iteration}"),
+        "object_optimizer": lambda: E.snapshot_object({"optimizer": opt}, "optimizer_{.iteration}"),
+    }
+    # Neither a module nor an optimizer: its state_dict() is looked into at start.
+    average = Average({k: v.detach().clone() for k, v in model.state_dict().items()})
+    snapshots["object_custom"] = lambda: E.snapshot_object(average, "average_{.iteration}")
+    # In an extension's state (the trained model is a plain one), which the manager's
+    # snapshot saves: found only when the state is taken, on the saver (rank 0), at the end
+    # of the epoch (the last iteration, so rank 1, which does not save, ends alike: under
+    # torchrun, rank 0's error stops every rank).
+    snapshots["extension_state"] = lambda: E.snapshot()
+    plain = ppe.to(Net(), "cpu")
+    messages = {}
+    for name, make in snapshots.items():
+        if name == "extension_state":
+            trained, extensions = (plain, optimizer(plain)), [make(), average]
+        else:
+            trained, extensions = (model, opt), [make()]
+        trainer = ppe.engine.create_trainer(
+            *trained, 1, out_dir=os.path.join(out, name), extensions=extensions
+        )
+        try:
+            trainer.run(loaders()[0])
+        except ShardedStateError as exc:
+            messages[name] = str(exc)
+        else:
+            messages[name] = "no error"
+    return messages
+
+
+def snapshotted(out: str, mode: str, stop_at: int | None) -> dict[str, Any]:
+    """2 epochs with dropout and per-rank seeds, a snapshot every 4 iterations (autoload)."""
+    model = sharded_model(dropout=0.2)
+    torch.manual_seed(100 + torch.distributed.get_rank())  # each rank's own dropout masks
+    E = ppe.training.extensions
+    modes = {"default": E.SnapshotMode.DEFAULT, "distributed": E.SnapshotMode.DISTRIBUTED}
+    snapshot = E.snapshot(
+        autoload=True,
+        filename="snapshot_{.iteration}",
+        saver_rank=0,
+        snapshot_mode=modes.get(mode, E.SnapshotMode.SHARDED),
+    )
+    trainer = ppe.engine.create_trainer(
+        model,
+        optimizer(model),
+        2,
+        out_dir=out,
+        stop_trigger=None if stop_at is None else (stop_at, "iteration"),
+    )
+    trainer.extend(snapshot, trigger=(4, "iteration"))
+    trainer.run(loaders()[0])
+    return {
+        "weights": full_weights(model),
+        "rng": torch.get_rng_state(),
+        "iteration": trainer.iteration,
+        "loaded_from": snapshot.loaded_from and os.path.relpath(snapshot.loaded_from, out),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--phase", choices=["first", "resume", "reshard"], default="first")
+    parser.add_argument("--mode", choices=["sharded", "default", "distributed"], default="sharded")
+    args = parser.parse_args()
+    world = ppe.distributed.init_from_env("cpu")
+    results: dict[str, Any] = {}
+    if args.phase == "first":
+        results["reference"] = reference(os.path.join(args.out, "reference"))
+        results["amp"] = reference(os.path.join(args.out, "amp"), amp=True)
+        if args.mode == "sharded":
+            results["refusals"] = refusals(os.path.join(args.out, "refusals"))
+        results["straight"] = snapshotted(os.path.join(args.out, "straight"), args.mode, None)
+        results["stopped"] = snapshotted(os.path.join(args.out, "run"), args.mode, STOP_AT)
+    elif args.phase == "resume":
+        results["resumed"] = snapshotted(os.path.join(args.out, "run"), args.mode, None)
+    else:  # another world size: a sharded snapshot must refuse to resume
+        try:
+            snapshotted(os.path.join(args.out, "run"), args.mode, None)
+        except ShardedStateError as exc:
+            results["refusal"] = str(exc)
+        else:
+            results["refusal"] = "no error"
+    torch.save(results, os.path.join(args.out, f"{args.phase}_rank{world.rank}.pt"))
+
+
+if __name__ == "__main__":
+    main()
