@@ -1,0 +1,554 @@
+"""Code size of ppe-core's training, runtime, handler and reporting parts beside PPE 0.9's.
+
+    .venv/bin/python -m benchmarks.code_size
+
+What is counted, per file: ``lines`` (physical lines), ``code`` (lines holding a token that is
+not a comment, a docstring or layout: blank lines, comment lines and docstring lines drop out;
+a line is counted once however many tokens it holds, and a multi-line string that is not a
+docstring counts every line it spans) and ``logical`` (logical lines as Python's tokenizer ends
+them, without docstring statements: independent of how a formatter wraps long lines). A
+docstring is a statement that is only a string literal: the module's, a class's or a
+function's, and an attribute docstring after an assignment. Source is read with ``tokenize``
+and ``ast`` (stdlib only; neither ppe-core nor PPE is imported).
+
+The parts: ``ppe_core/training/**``, ``runtime/**``, ``handler/**``, ``reporting.py`` and the
+top-level modules those parts are built from (:data:`EXTRA_MODULES`); PPE 0.9's
+``training/**``, ``runtime/**``, ``handler/**`` and ``reporting.py``, located with
+``importlib`` (skipped with a message when pytorch-pfn-extras is not installed). Every counted
+ppe-core file is classified in :data:`FILES` as ``same`` (behaviour PPE has), ``beyond-ppe``
+(behaviour PPE 0.9 does not have, with the reason) or ``compat`` (PPE's module paths and
+aliases that only re-export); every other ppe-core file is in :data:`NOT_COUNTED` with the
+reason. Files are classified whole, so a file that does something PPE does, even with
+extras (typed runtime options beside PPE's autocast options, retention that skips invalid
+snapshots beside PPE's ``n_retains``), is ``same``: ``beyond-ppe`` holds only files with no
+counterpart in PPE 0.9, so ``same`` against PPE errs against ppe-core, never for it. A file
+in neither table (or a table row without its file) is an error: a new module cannot go
+uncounted. The "Not counted" table ends with its total, so code moved out of the compared
+parts (into ``writing/``, say) stays in sight. Results and what they mean:
+docs/architecture.md ("Size").
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.metadata
+import importlib.util
+import io
+import sys
+import tokenize
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+#: The repository root (this file is ``benchmarks/code_size.py``).
+ROOT = Path(__file__).resolve().parent.parent
+
+SAME = "same"
+BEYOND = "beyond-ppe"
+COMPAT = "compat"
+#: The classes, in the order their tables are printed, with what each means.
+CLASSES: dict[str, str] = {
+    SAME: "behaviour PPE 0.9 has (some files with extras beside it)",
+    BEYOND: "behaviour with no counterpart in PPE 0.9",
+    COMPAT: "PPE's module paths and aliases that only re-export",
+}
+
+#: The directories whose every ``.py`` file is counted (relative to the repository root).
+PART_DIRS = ("ppe_core/training", "ppe_core/runtime", "ppe_core/handler")
+#: Top-level modules that belong to those parts, with the part each belongs to.
+EXTRA_MODULES: dict[str, str] = {
+    "ppe_core/reporting.py": "reporting",
+    "ppe_core/_reporting.py": "reporting",
+    "ppe_core/_resolve.py": "runtime",
+    "ppe_core/_registry.py": "runtime",
+    "ppe_core/_map.py": "runtime",
+    "ppe_core/_active_host.py": "training",
+}
+#: PPE's parts, relative to the ``pytorch_pfn_extras`` package directory.
+PPE_PART_DIRS = ("training", "runtime", "handler")
+PPE_EXTRA_MODULES = ("reporting.py",)
+
+_T = "ppe_core/training/"
+_E = "ppe_core/training/extensions/"
+_TR = "ppe_core/training/triggers/"
+
+#: Every counted ppe-core file -> (class, why). Paths are relative to the repository root.
+FILES: dict[str, tuple[str, str]] = {
+    # reporting
+    "ppe_core/reporting.py": (SAME, "the public face at PPE's path (PPE's holds the code)"),
+    "ppe_core/_reporting.py": (SAME, "Reporter, report, Summary, DictSummary"),
+    # runtime
+    "ppe_core/_resolve.py": (SAME, "runtime resolution with the active registry (ppe.to's)"),
+    "ppe_core/_registry.py": (
+        SAME,
+        "the registry base (PPE: runtime/_registry.py), plus: duplicates raise, registrants "
+        "remembered, failed lookups explained",
+    ),
+    "ppe_core/_map.py": (SAME, "ppe.map (PPE's runtime/_map.py)"),
+    "ppe_core/runtime/__init__.py": (SAME, "the runtime namespace"),
+    "ppe_core/runtime/_device.py": (
+        SAME,
+        "DeviceRuntime: device, autocast and grad scaler as PPE's PyTorchRuntime, plus the "
+        "declared options device plugins share (channels_last, compile, ...)",
+    ),
+    "ppe_core/runtime/_execute.py": (SAME, "code blocks and their execution"),
+    "ppe_core/runtime/_map.py": (COMPAT, "PPE's path of ppe.map"),
+    "ppe_core/runtime/_options.py": (
+        SAME,
+        "autocast arguments (PPE's runtime/_autocast.py), plus OptionSpec/RuntimeOptions: "
+        "typed, validated runtime options (PPE: an untyped dict)",
+    ),
+    "ppe_core/runtime/_registry.py": (SAME, "RuntimeRegistry"),
+    "ppe_core/runtime/_runtime.py": (SAME, "BaseRuntime, PyTorchRuntime, module tagging"),
+    "ppe_core/runtime/_to.py": (SAME, "ppe.to"),
+    # handler
+    "ppe_core/handler/__init__.py": (SAME, "the handler namespace"),
+    "ppe_core/handler/_code_block.py": (SAME, "CodeBlockLogic, forward, update_parameters"),
+    "ppe_core/handler/_handler.py": (SAME, "BaseHandler, Handler"),
+    "ppe_core/handler/_logic.py": (SAME, "BaseLogic, Logic, ClousureLogic"),
+    # training: the engine
+    "ppe_core/_active_host.py": (
+        BEYOND,
+        "how the Trainer/Evaluator reach the plugin host (setup/teardown hooks)",
+    ),
+    _T + "__init__.py": (SAME, "the training namespace"),
+    _T + "_evaluator.py": (SAME, "Evaluator, DistributedEvaluator"),
+    _T + "_extension.py": (SAME, "Extension, ExtensionEntry, make_extension"),
+    _T + "_ignite.py": (SAME, "IgniteExtensionsManager (in PPE's manager.py)"),
+    _T + "_manager.py": (SAME, "ExtensionsManager"),
+    _T + "_manager_protocol.py": (COMPAT, "PPE's path of the manager protocols"),
+    _T + "_protocols.py": (SAME, "the manager protocols"),
+    _T + "_ranks.py": (
+        BEYOND,
+        "ranks agree at start which extensions issue collectives (no hang on mismatch)",
+    ),
+    _T + "_resume.py": (
+        BEYOND,
+        "bit-exact resume: RNG states and epoch order, per rank, verified on load",
+    ),
+    _T + "_run_lock.py": (BEYOND, "run lock: one live run per output directory"),
+    _T + "_schedule.py": (SAME, "running extensions on their triggers, by priority"),
+    _T + "_state.py": (SAME, "the manager's state_dict and load_state_dict (PPE's layout)"),
+    _T + "_stop.py": (SAME, "the stop trigger (plus stop_reason)"),
+    _T + "_trainer.py": (SAME, "Trainer"),
+    _T + "_trigger_util.py": (COMPAT, "PPE's private path of the trigger type aliases"),
+    _T + "extension.py": (COMPAT, "PPE's path of Extension"),
+    _T + "manager.py": (COMPAT, "PPE's path of the managers"),
+    _T + "metrics.py": (SAME, "AccuracyMetric"),
+    _T + "trigger.py": (COMPAT, "PPE's path of get_trigger"),
+    # training: extensions
+    _E + "__init__.py": (SAME, "the extensions namespace"),
+    _E + "_accumulate.py": (SAME, "the accumulate extensions"),
+    _E + "_best_value.py": (SAME, "BestValue, MaxValue, MinValue"),
+    _E + "_evaluator.py": (SAME, "the extension-style evaluators"),
+    _E + "_fail_on_non_number.py": (SAME, "FailOnNonNumber"),
+    _E + "_log_report.py": (SAME, "LogReport"),
+    _E + "_log_reader.py": (
+        SAME,
+        "finding the LogReport and a new-entries trigger, for PrintReport (PPE: inline)",
+    ),
+    _E + "_lr_scheduler.py": (SAME, "LRScheduler"),
+    _E + "_micro_average.py": (SAME, "MicroAverage"),
+    _E + "_parameter_statistics.py": (SAME, "ParameterStatistics"),
+    _E + "_plot_report.py": (SAME, "PlotReport"),
+    _E + "_print_report.py": (SAME, "PrintReport"),
+    _E + "_profile_report.py": (SAME, "ProfileReport"),
+    _E + "_progress_bar.py": (SAME, "ProgressBar"),
+    _E + "_slack.py": (SAME, "Slack, SlackWebhook"),
+    _E + "_snapshot.py": (SAME, "snapshot, snapshot_object (autoload, n_retains, writers)"),
+    _E + "_snapshot_manifest.py": (
+        BEYOND,
+        "snapshot manifests: size and SHA-256 verified before loading, safe unpickling "
+        "(PPE: a bare torch.load)",
+    ),
+    _E + "_snapshot_retention.py": (
+        SAME,
+        "autoload's newest snapshot and n_retains (in PPE's _snapshot.py), plus: invalid "
+        "snapshots skipped, only complete ones counted",
+    ),
+    _E + "_snapshot_sharding.py": (BEYOND, "sharded (DTensor) state found and refused or kept"),
+    _E + "_tensorboard.py": (BEYOND, "a TensorBoard extension (PPE has only the writer)"),
+    _E + "_timeline_trace.py": (SAME, "TimelineTrace"),
+    _E + "_util.py": (SAME, "helpers the extensions share"),
+    _E + "_value_observation.py": (SAME, "observe_value, observe_lr"),
+    _E + "_variable_statistics_plot.py": (SAME, "VariableStatisticsPlot"),
+    _E + "accumulate/__init__.py": (COMPAT, "PPE's accumulate package"),
+    _E + "accumulate/_accumulate_base.py": (COMPAT, "PPE's path"),
+    _E + "accumulate/average_accumulate.py": (COMPAT, "PPE's path"),
+    _E + "accumulate/max_accumulate.py": (COMPAT, "PPE's path"),
+    _E + "accumulate/min_accumulate.py": (COMPAT, "PPE's path"),
+    _E + "accumulate/standard_deviation_accumulate.py": (COMPAT, "PPE's path"),
+    _E + "accumulate/unbiased_standard_deviation_accumulate.py": (COMPAT, "PPE's path"),
+    _E + "best_value.py": (COMPAT, "PPE's path"),
+    _E + "evaluator.py": (COMPAT, "PPE's path (replaced by the implementation module)"),
+    _E + "fail_on_non_number.py": (COMPAT, "PPE's path"),
+    _E + "log_report.py": (COMPAT, "PPE's path"),
+    _E + "lr_scheduler.py": (COMPAT, "PPE's path"),
+    _E + "micro_average.py": (COMPAT, "PPE's path"),
+    _E + "parameter_statistics.py": (COMPAT, "PPE's path"),
+    _E + "plot_report.py": (COMPAT, "PPE's path"),
+    _E + "print_report.py": (COMPAT, "PPE's path"),
+    _E + "print_report_notebook.py": (COMPAT, "PPE's path"),
+    _E + "profile_report.py": (COMPAT, "PPE's path"),
+    _E + "progress_bar.py": (COMPAT, "PPE's path"),
+    _E + "progress_bar_notebook.py": (COMPAT, "PPE's path"),
+    _E + "slack.py": (COMPAT, "PPE's path"),
+    _E + "snapshot_writers.py": (COMPAT, "PPE's path of the writers"),
+    _E + "timeline_trace.py": (COMPAT, "PPE's path"),
+    _E + "util.py": (COMPAT, "PPE's path"),
+    _E + "value_observation.py": (COMPAT, "PPE's path"),
+    _E + "variable_statistics_plot.py": (COMPAT, "PPE's path"),
+    # training: triggers
+    _TR + "__init__.py": (SAME, "the triggers namespace"),
+    _TR + "_base.py": (SAME, "Trigger and the trigger protocol"),
+    _TR + "_due.py": (SAME, "due-iteration checks for every-iteration extensions"),
+    _TR + "_factory.py": (SAME, "get_trigger"),
+    _TR + "_function.py": (SAME, "FunctionTrigger"),
+    _TR + "_interval.py": (SAME, "IntervalTrigger, ManualScheduleTrigger"),
+    _TR + "_once.py": (SAME, "OnceTrigger"),
+    _TR + "_time.py": (SAME, "TimeTrigger"),
+    _TR + "_value.py": (SAME, "MinValueTrigger, MaxValueTrigger, EarlyStoppingTrigger"),
+    _TR + "early_stopping_trigger.py": (COMPAT, "PPE's path"),
+    _TR + "function_trigger.py": (COMPAT, "PPE's path"),
+    _TR + "interval_trigger.py": (COMPAT, "PPE's path"),
+    _TR + "manual_schedule_trigger.py": (COMPAT, "PPE's path"),
+    _TR + "minmax_value_trigger.py": (COMPAT, "PPE's path"),
+    _TR + "once_trigger.py": (COMPAT, "PPE's path"),
+    _TR + "time_trigger.py": (COMPAT, "PPE's path"),
+}
+
+#: ppe-core files outside the compared parts (a path, or a directory ending in "/") -> why.
+#: PPE's counterparts of these are left out on its side too.
+NOT_COUNTED: dict[str, str] = {
+    "ppe_core/__init__.py": "the top-level face (PPE's __init__ is not counted either)",
+    "ppe_core/__main__.py": "the CLI (python -m ppe_core plugins|info)",
+    "ppe_core/_version.py": "the version",
+    "ppe_core/_compat.py": "the compatibility table the tests read (not imported at run time)",
+    "ppe_core/_not_provided.py": "PPE names left out, with what to use (every package's shims)",
+    "ppe_core/_compile.py": "ppe.compile (PPE's _dynamo)",
+    "ppe_core/_requires.py": "ppe.requires (PPE's _torch_version)",
+    "ppe_core/errors.py": "the error classes of every layer (PPE defines its few inline)",
+    "ppe_core/logging.py": "PPE's logging.py",
+    "ppe_core/_plugins.py": "the plugin host (PPE has no plugins)",
+    "ppe_core/plugins.py": "the plugin host's public face",
+    "ppe_core/hookspecs.py": "the plugin hook specs",
+    "ppe_core/_builtin/": "the built-in plugins",
+    "ppe_core/_record.py": "ppe.profiler.record (PPE's profiler/)",
+    "ppe_core/_tracing.py": "the profiler's tracer (PPE's profiler/)",
+    "ppe_core/_time_summary.py": "TimeSummary (PPE's profiler/)",
+    "ppe_core/profiler.py": "ppe.profiler (PPE's profiler/)",
+    "ppe_core/config/": "ppe.config (PPE's config.py)",
+    "ppe_core/dataloaders/": "PPE's dataloaders/",
+    "ppe_core/distributed/": "PPE's distributed/",
+    "ppe_core/engine/": "create_trainer / create_evaluator (PPE's engine.py)",
+    "ppe_core/nn/": "PPE's nn/",
+    "ppe_core/testing/": "the conformance kit and the emulated device (PPE's testing.py)",
+    "ppe_core/tracking/": "the base of experiment-tracker extensions (PPE has none)",
+    "ppe_core/writing/": "the writers (PPE's writing/)",
+}
+
+
+@dataclass(frozen=True)
+class Count:
+    """The size of some source: physical lines, code lines and logical lines."""
+
+    lines: int = 0
+    code: int = 0
+    logical: int = 0
+
+    def __add__(self, other: Count) -> Count:
+        return Count(self.lines + other.lines, self.code + other.code, self.logical + other.logical)
+
+
+#: Token types that are layout or comments, never code.
+_NOT_CODE = frozenset(
+    {
+        tokenize.COMMENT,
+        tokenize.NL,
+        tokenize.NEWLINE,
+        tokenize.INDENT,
+        tokenize.DEDENT,
+        tokenize.ENCODING,
+        tokenize.ENDMARKER,
+    }
+)
+
+Position = tuple[int, int]
+
+
+def _docstring_spans(source: str) -> list[tuple[Position, Position]]:
+    """(start, end) of every statement that is only a string literal, as tokenize positions.
+
+    ``ast`` gives columns in UTF-8 bytes, ``tokenize`` in characters: converted here.
+    """
+    lines = source.splitlines(keepends=True)
+
+    def column(lineno: int, byte_offset: int) -> int:
+        return len(lines[lineno - 1].encode("utf-8")[:byte_offset].decode("utf-8", "replace"))
+
+    spans = []
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+            and node.end_lineno is not None
+            and node.end_col_offset is not None
+        ):
+            start = (node.lineno, column(node.lineno, node.col_offset))
+            end = (node.end_lineno, column(node.end_lineno, node.end_col_offset))
+            spans.append((start, end))
+    return spans
+
+
+def count_source(source: str) -> Count:
+    """Counts ``source``: see the module docstring for what each number means."""
+    spans = _docstring_spans(source)
+    code_lines: set[int] = set()
+    logical = 0
+    in_statement = False  # a code token seen since the last NEWLINE
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.NEWLINE:
+            logical += in_statement
+            in_statement = False
+            continue
+        if token.type in _NOT_CODE:
+            continue
+        if any(start <= token.start and token.end <= end for start, end in spans):
+            continue  # a docstring
+        code_lines.update(range(token.start[0], token.end[0] + 1))
+        in_statement = True
+    logical += in_statement  # a last statement without a newline
+    return Count(len(source.splitlines()), len(code_lines), logical)
+
+
+def count_file(path: Path) -> Count:
+    """Counts the Python file at ``path`` (read in its declared encoding)."""
+    with tokenize.open(path) as stream:
+        return count_source(stream.read())
+
+
+# --- which files -----------------------------------------------------------------------------
+
+
+def _python_files(base: Path, dirs: Iterable[str], modules: Iterable[str]) -> list[str]:
+    """The ``.py`` files under ``dirs`` and the ``modules`` of ``base``, as posix paths."""
+    found = {m for m in modules if (base / m).is_file()}
+    for directory in dirs:
+        found.update(p.relative_to(base).as_posix() for p in (base / directory).rglob("*.py"))
+    return sorted(found)
+
+
+def counted_files(root: Path = ROOT) -> list[str]:
+    """The ppe-core files of the compared parts, relative to ``root``."""
+    return _python_files(root, PART_DIRS, EXTRA_MODULES)
+
+
+def _not_counted(path: str) -> bool:
+    return any(path == key or (key.endswith("/") and path.startswith(key)) for key in NOT_COUNTED)
+
+
+def problems(root: Path = ROOT) -> list[str]:
+    """What keeps the tables from covering ``root``'s ppe_core exactly (empty: nothing).
+
+    Every counted file must have a row in :data:`FILES`, every other ``ppe_core`` file must
+    be in :data:`NOT_COUNTED`, and every row must name an existing file.
+    """
+    counted = set(counted_files(root))
+    found: list[str] = []
+    for path in sorted(counted - set(FILES)):
+        found.append(f"{path}: counted but not classified; add it to FILES in {__name__}")
+    for path in sorted(set(FILES) - counted):
+        found.append(f"{path}: classified in FILES but not a counted file (moved or removed?)")
+    for path in _python_files(root, ["ppe_core"], []):
+        if path not in counted and not _not_counted(path):
+            found.append(
+                f"{path}: neither counted nor in NOT_COUNTED; add it to FILES (if it belongs "
+                "to training, runtime, handler or reporting) or to NOT_COUNTED, with the reason"
+            )
+    for key in NOT_COUNTED:
+        if not (root / key).exists():
+            found.append(f"{key}: in NOT_COUNTED but not in the tree (moved or removed?)")
+    return found
+
+
+def part_of(path: str) -> str:
+    """The part a counted file belongs to: ``training``, ``training/extensions``,
+    ``training/triggers``, ``runtime``, ``handler`` or ``reporting`` (either side's paths,
+    relative to the repository root or to ``pytorch_pfn_extras``)."""
+    if path in EXTRA_MODULES:
+        return EXTRA_MODULES[path]
+    parts = path.removeprefix("ppe_core/").split("/")
+    if parts[0] == "training" and len(parts) > 2 and parts[1] in ("extensions", "triggers"):
+        return f"training/{parts[1]}"
+    return parts[0].removesuffix(".py")
+
+
+PARTS = (
+    "training",
+    "training/extensions",
+    "training/triggers",
+    "runtime",
+    "handler",
+    "reporting",
+)
+
+
+def ppe_package() -> Path | None:
+    """The installed ``pytorch_pfn_extras`` package directory (not imported), or None."""
+    spec = importlib.util.find_spec("pytorch_pfn_extras")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def ppe_files(package: Path) -> list[str]:
+    """PPE's files of the compared parts, relative to its package directory."""
+    return _python_files(package, PPE_PART_DIRS, PPE_EXTRA_MODULES)
+
+
+# --- the report ------------------------------------------------------------------------------
+
+
+def _table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A Markdown table; columns after the first are right-aligned, except a last "why"."""
+    cells = [list(head), *(list(r) for r in rows)]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
+    text_last = head[-1] == "why"
+
+    def cell(i: int, value: str) -> str:
+        left = i == 0 or (text_last and i == len(head) - 1)
+        return value.ljust(widths[i]) if left else value.rjust(widths[i])
+
+    lines = []
+    for n, row in enumerate(cells):
+        lines.append("| " + " | ".join(cell(i, v) for i, v in enumerate(row)) + " |")
+        if n == 0:
+            rule = [
+                "-" * (w + 1) + (":" if i and not (text_last and i == len(head) - 1) else "-")
+                for i, w in enumerate(widths)
+            ]
+            lines.append("|" + "|".join(rule) + "|")
+    return "\n".join(lines)
+
+
+def _numbers(count: Count) -> list[str]:
+    return [str(count.lines), str(count.code), str(count.logical)]
+
+
+def _sum(counts: Iterable[Count]) -> Count:
+    total = Count()
+    for count in counts:
+        total += count
+    return total
+
+
+def report(root: Path = ROOT, package: Path | None = None) -> str:
+    """The whole report as text: a table per class, by part, the totals, what is not counted.
+
+    Args:
+        root: The repository root.
+        package: PPE's package directory (default: the installed one, if any).
+
+    Raises:
+        ValueError: The tables do not cover the tree (see :func:`problems`).
+    """
+    found = problems(root)
+    if found:
+        raise ValueError("the classification tables do not match the tree:\n" + "\n".join(found))
+    ppe = package if package is not None else ppe_package()
+    ours = {path: count_file(root / path) for path in counted_files(root)}
+    out: list[str] = []
+    totals: dict[str, Count] = {}
+    for cls, meaning in CLASSES.items():
+        paths = [p for p in ours if FILES[p][0] == cls]
+        totals[cls] = _sum(ours[p] for p in paths)
+        out.append(f"\n{cls}: {meaning} ({len(paths)} files)\n")
+        rows = [[p, *_numbers(ours[p]), FILES[p][1]] for p in paths]
+        rows.append(["total", *_numbers(totals[cls]), ""])
+        out.append(_table(["file", "lines", "code", "logical", "why"], rows))
+
+    theirs: dict[str, Count] = {}
+    if ppe is None:
+        out.append(
+            "\nPPE: pytorch_pfn_extras is not installed, so PPE's parts are not counted "
+            "(pip install 'ppe-core[bench]')."
+        )
+    else:
+        theirs = {path: count_file(ppe / path) for path in ppe_files(ppe)}
+
+    out.append("\nBy part (code lines)\n")
+    head = ["part", "ppe_core", "ppe_core without compat", *(["PPE 0.9"] if ppe else [])]
+    rows = []
+    for part in PARTS:
+        mine = [p for p in ours if part_of(p) == part]
+        row = [
+            part,
+            str(_sum(ours[p] for p in mine).code),
+            str(_sum(ours[p] for p in mine if FILES[p][0] != COMPAT).code),
+        ]
+        if ppe is not None:
+            row.append(str(_sum(c for p, c in theirs.items() if part_of(p) == part).code))
+        rows.append(row)
+    out.append(_table(head, rows))
+
+    out.append("\nTotals\n")
+    rows = [
+        [f"ppe_core {cls}", str(sum(FILES[p][0] == cls for p in ours)), *_numbers(totals[cls])]
+        for cls in CLASSES
+    ]
+    rows.append(
+        [
+            "ppe_core without compat",
+            str(sum(FILES[p][0] != COMPAT for p in ours)),
+            *_numbers(totals[SAME] + totals[BEYOND]),
+        ]
+    )
+    rows.append(["ppe_core all", str(len(ours)), *_numbers(_sum(ours.values()))])
+    if ppe is not None:
+        rows.append([f"PPE {_ppe_version()}", str(len(theirs)), *_numbers(_sum(theirs.values()))])
+    out.append(_table(["", "files", "lines", "code", "logical"], rows))
+
+    out.append("\nNot counted (ppe_core files outside the compared parts)\n")
+    rows = []
+    outside = Count()
+    for key, why in NOT_COUNTED.items():
+        paths = [key] if not key.endswith("/") else _python_files(root, [key], [])
+        count = _sum(count_file(root / p) for p in paths)
+        outside += count
+        rows.append([key, *_numbers(count), why])
+    # The total shows code moved out of the compared parts (into writing/, say): it leaves the
+    # comparison but not the package.
+    rows.append(["total", *_numbers(outside), ""])
+    out.append(_table(["file", "lines", "code", "logical", "why"], rows))
+    return "\n".join(out).lstrip("\n")
+
+
+def _ppe_version() -> str:
+    try:
+        return importlib.metadata.version("pytorch-pfn-extras")
+    except importlib.metadata.PackageNotFoundError:
+        return "(version unknown)"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Prints the report; returns 2 (after saying why) when a file is not classified."""
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.code_size", description=__doc__.split("\n")[0]
+    )
+    parser.parse_args(argv)
+    found = problems()
+    if found:
+        print("the classification tables do not match the tree:", file=sys.stderr)
+        for line in found:
+            print(f"  {line}", file=sys.stderr)
+        return 2
+    print("command: .venv/bin/python -m benchmarks.code_size")
+    print("code: lines with code (not blank, comment or docstring); logical: statements\n")
+    print(report())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

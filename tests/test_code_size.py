@@ -1,0 +1,172 @@
+"""The code-size counter (``python -m benchmarks.code_size``) counts what it says it counts.
+
+It backs the size claims of docs/architecture.md: lines are counted exactly as documented,
+every ppe_core file is either classified or listed as not counted (so a new module cannot go
+uncounted), and the script runs end to end. Nothing here asserts what the counts are.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from ppe_core import _compat
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def code_size() -> Iterator[ModuleType]:
+    """``benchmarks/code_size.py``, loaded from its file (benchmarks/ is not a package)."""
+    path = ROOT / "benchmarks" / "code_size.py"
+    spec = importlib.util.spec_from_file_location("code_size", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while defining
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[spec.name]
+
+
+# Line by line: D docstring, C comment, B blank, K code. The multi-line string assigned to
+# ``y`` is not a docstring: its three lines are code. Line 25 holds a docstring between code
+# tokens; the docstring on lines 28-29 follows code on its first line, after non-ASCII
+# identifiers (ast's byte columns differ from tokenize's character columns there).
+SOURCE = '''\
+"""Module docstring,
+on two lines."""
+
+# A comment line.
+import os  # a trailing comment
+
+
+def f(x):
+    """One-line docstring."""
+    y = """a multi-line
+string that is not
+a docstring"""
+    return (x,
+            y)  # the call spans two lines
+
+
+class C:
+    """Class docstring.
+
+    With a blank line inside."""
+
+    attribute = 1
+    """An attribute docstring."""
+
+    def g(self): """Inline docstring."""; return "é"
+
+
+größe = 1; """Über: a docstring after code,
+over two lines."""
+'''
+# Code lines: 5, 8, 10, 11, 12, 13, 14, 17, 22, 25, 28.
+# Logical lines (statements ending at a NEWLINE token): 5, 8, 10-12, 13-14, 17, 22, 25, 28.
+
+
+def test_the_counter_counts_a_known_source_exactly(code_size: ModuleType) -> None:
+    count = code_size.count_source(SOURCE)
+    assert count == code_size.Count(lines=29, code=11, logical=8)
+
+
+def test_the_counter_edge_cases(code_size: ModuleType) -> None:
+    count = code_size.count_source
+    assert count("") == code_size.Count(0, 0, 0)
+    assert count("x = 1") == code_size.Count(1, 1, 1)  # no final newline
+    assert count('"""Only a docstring."""\n\n# and a comment\n') == code_size.Count(3, 0, 0)
+    # A string that is an argument, not a statement, is code; so is an f-string statement.
+    assert count('print(\n    """two\nlines"""\n)\n') == code_size.Count(4, 4, 1)
+    assert count('f"""{1}\nx"""\n') == code_size.Count(2, 2, 1)
+    # Line continuations: both physical lines hold code, one statement.
+    assert count("x = 1 + \\\n    2\n") == code_size.Count(2, 2, 1)
+
+
+def test_count_file_reads_the_declared_encoding(code_size: ModuleType, tmp_path: Path) -> None:
+    path = tmp_path / "latin.py"
+    path.write_bytes(b'# -*- coding: latin-1 -*-\nname = "\xe9t\xe9"\n')
+    assert code_size.count_file(path) == code_size.Count(2, 1, 1)
+
+
+def test_every_ppe_core_file_is_classified_or_not_counted(code_size: ModuleType) -> None:
+    assert code_size.problems() == []
+    for path in code_size.counted_files():
+        cls, why = code_size.FILES[path]
+        assert cls in code_size.CLASSES and why, path
+
+
+def test_a_new_or_removed_file_is_an_error(code_size: ModuleType, tmp_path: Path) -> None:
+    # A copy of the tree's shape: every classified and not-counted path exists, empty.
+    for path in [*code_size.FILES, *code_size.NOT_COUNTED]:
+        target = tmp_path / path
+        if path.endswith("/"):
+            target.mkdir(parents=True, exist_ok=True)
+            (target / "__init__.py").touch()
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.touch()
+    assert code_size.problems(tmp_path) == []
+    (tmp_path / "ppe_core/training/_new_part.py").touch()
+    (tmp_path / "ppe_core/_new_top_level.py").touch()
+    (tmp_path / "ppe_core/handler/_logic.py").unlink()
+    found = code_size.problems(tmp_path)
+    assert len(found) == 3, found
+    assert found[0].startswith("ppe_core/training/_new_part.py: counted but not classified")
+    assert found[1].startswith("ppe_core/handler/_logic.py: classified in FILES but not")
+    assert found[2].startswith("ppe_core/_new_top_level.py: neither counted nor in NOT_COUNTED")
+    with pytest.raises(ValueError, match="do not match the tree"):
+        code_size.report(tmp_path)
+
+
+def test_compat_files_only_re_export(code_size: ModuleType) -> None:
+    # The class means what it says: no class or function of its own (a module __getattr__
+    # that says where a left-out PPE name went, or loads a lazy one, is allowed) ...
+    for path, (cls, _) in code_size.FILES.items():
+        if cls != code_size.COMPAT:
+            continue
+        tree = ast.parse((ROOT / path).read_text())
+        defined = [
+            node.name
+            for node in tree.body
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.name != "__getattr__"
+        ]
+        assert defined == [], f"{path} defines {defined}: it is not a compat shim"
+    # ... and every shim of the compat table that lies in the counted parts is counted as one.
+    shims = {module.replace(".", "/") + ".py" for module in _compat.SHIMS} | {
+        module.replace(".", "/") + "/__init__.py" for module in _compat.SHIMS
+    }
+    for path in set(code_size.counted_files()) & shims:
+        assert code_size.FILES[path][0] == code_size.COMPAT, path
+
+
+def test_the_script_runs_and_prints_the_totals() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.code_size"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    for heading in ("same: ", "beyond-ppe: ", "compat: ", "By part", "Totals", "Not counted"):
+        assert heading in out.stdout, heading
+    totals = out.stdout.split("\nTotals\n")[1].split("\nNot counted")[0]
+    for row in ("ppe_core same", "ppe_core beyond-ppe", "ppe_core compat", "ppe_core all"):
+        assert f"| {row} " in totals, row
+    if importlib.util.find_spec("pytorch_pfn_extras") is None:
+        assert "pytorch_pfn_extras is not installed" in out.stdout
+    else:
+        assert "| PPE 0.9" in totals
