@@ -1,0 +1,294 @@
+"""MLflowLogger against a real MLflow tracking server that the tests start (and stop)."""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip(
+    "mlflow", reason="ppe-mlflow's tests need mlflow: pip install -e plugins/ppe_mlflow"
+)
+
+import ppe_mlflow.plugin
+from mlflow.tracking import MlflowClient
+from ppe_mlflow import MLflowLogger
+
+import ppe_core as ppe
+import ppe_core.testing
+from ppe_core.errors import TrackerWarning
+from ppe_core.tracking import TrackerEntry
+from ppe_core.training import extensions
+from ppe_core.training.extension import ExtensionEntry
+
+pytestmark = pytest.mark.slow
+
+ITERS_PER_EPOCH = 4
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Server:
+    """An ``mlflow server`` over SQLite in a temporary directory, in its own process group."""
+
+    def __init__(self, root: Path) -> None:
+        self.port = _free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.log = root / "server.log"
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        command = [sys.executable, "-m", "mlflow", "server"]
+        command += ["--backend-store-uri", f"sqlite:///{root / 'db'}"]
+        command += ["--artifacts-destination", str(root / "artifacts")]
+        command += ["--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"mlflow server exited:\n{self.log.read_text()}")
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.25)
+        self.stop()
+        raise RuntimeError(f"mlflow server did not start in 120 s:\n{self.log.read_text()}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(30)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    started = Server(tmp_path_factory.mktemp("mlflow"))
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture(autouse=True)
+def _plugin_host() -> Iterator[None]:
+    import ppe_cpu.plugin
+
+    with ppe_core.testing.plugin_host(ppe_cpu.plugin, ppe_mlflow.plugin):
+        yield
+
+
+class Regressor(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 1)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": torch.nn.functional.mse_loss(self.fc(x), t)}
+
+
+def _trainer(out: Path, max_epochs: int, tracker: Any, *more: Any) -> Any:
+    torch.manual_seed(0)
+    model = ppe.to(Regressor(), "cpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
+    log = extensions.LogReport(trigger=(1, "iteration"), filename="log.json")
+    return ppe.engine.create_trainer(
+        model, optimizer, max_epochs, extensions=[log, tracker, *more], out_dir=str(out)
+    )
+
+
+def _data() -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(1)
+    return [
+        {"x": torch.randn(4, 3, generator=generator), "t": torch.randn(4, 1, generator=generator)}
+        for _ in range(ITERS_PER_EPOCH)
+    ]
+
+
+def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+class ThreadRecordingLogger(MLflowLogger):
+    """Records the thread of every backend call."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.threads: set[str] = set()
+        self.batches: list[int] = []
+
+    def log_metrics(self, entries: Sequence[TrackerEntry]) -> None:
+        self.threads.add(threading.current_thread().name)
+        self.batches.append(len(entries))
+        super().log_metrics(entries)
+
+    def open_run(self, run_id: str | None) -> str:
+        self.threads.add(threading.current_thread().name)
+        return super().open_run(run_id)
+
+
+def test_the_plugin_registers_the_extension() -> None:
+    assert extensions.MLflowLogger is MLflowLogger
+
+
+def test_metrics_steps_params_and_snapshots_equal_the_json_log(
+    server: Server, tmp_path: Path
+) -> None:
+    logger = ThreadRecordingLogger(server.uri, experiment_name="equal", snapshots=True)
+    snapshot = ExtensionEntry(extensions.snapshot(), trigger=(ITERS_PER_EPOCH, "iteration"))
+    trainer = _trainer(tmp_path, 2, logger, snapshot)
+    trainer.run(_data())
+
+    log = json.loads((tmp_path / "log.json").read_text())
+    client = MlflowClient(tracking_uri=server.uri)
+    run = client.get_run(logger.run_id)
+    assert run.info.status == "FINISHED"
+    assert set(run.data.metrics) == set(log[0])
+    for key in log[0]:
+        assert _history(client, run.info.run_id, key) == [(e["iteration"], e[key]) for e in log]
+    expected = {key: str(value) for key, value in logger.run_params(trainer.manager).items()}
+    assert run.data.params == expected
+    assert expected["optimizer/main/class"] == "SGD"
+    assert expected["optimizer/main/lr"] == "0.1"
+    assert expected["optimizer/main/momentum"] == "0.5"
+    assert expected["max_epochs"] == "2"
+    assert expected["device/main"] == "cpu"
+    assert expected["runtime/main"] == "CPURuntime"
+    artifacts = sorted(item.path for item in client.list_artifacts(run.info.run_id))
+    assert artifacts == ["snapshot_iter_4", "snapshot_iter_8"]
+    assert threading.current_thread().name not in logger.threads
+    assert logger.report.sent == len(log) == 8
+
+
+def test_resume_continues_the_run_id_and_its_steps(server: Server, tmp_path: Path) -> None:
+    first = MLflowLogger(server.uri, experiment_name="resume")
+    trainer = _trainer(tmp_path / "a", 1, first)
+    trainer.run(_data())
+    state = trainer.state_dict()
+
+    second = MLflowLogger(server.uri, experiment_name="resume")
+    resumed = _trainer(tmp_path / "b", 2, second)
+    resumed.load_state_dict(state)
+    resumed.run(_data())
+
+    assert second.run_id == first.run_id
+    client = MlflowClient(tracking_uri=server.uri)
+    steps = [step for step, _ in _history(client, first.run_id, "iteration")]
+    assert steps == list(range(1, 2 * ITERS_PER_EPOCH + 1))  # no restart at 0, no duplicate
+
+
+class DelayingProxy:
+    """A local HTTP proxy in front of the server that answers every request late."""
+
+    def __init__(self, upstream_port: int, delay: float) -> None:
+        self.requests: list[str] = []
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _forward(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                proxy.requests.append(self.path)
+                time.sleep(delay)
+                upstream = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                upstream.request(self.command, self.path, body=body or None, headers=headers)
+                response = upstream.getresponse()
+                data = response.read()
+                self.send_response(response.status)
+                for key, value in response.getheaders():
+                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                upstream.close()
+
+            do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _forward
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.uri = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_slow_server_never_runs_on_the_training_thread(server: Server, tmp_path: Path) -> None:
+    proxy = DelayingProxy(server.port, delay=0.3)
+    try:
+        logger = ThreadRecordingLogger(proxy.uri, experiment_name="slow", flush_timeout=30)
+        trainer = _trainer(tmp_path, 3, logger)
+        trainer.run(_data())
+    finally:
+        proxy.close()
+    # Every call ran on the worker; entries queued while a request was slow went in one batch.
+    assert logger.threads == {"ppe-tracker-ThreadRecordingLogger"}
+    assert logger.report.sent == 3 * ITERS_PER_EPOCH
+    assert len(logger.batches) < 3 * ITERS_PER_EPOCH
+    batch_requests = [path for path in proxy.requests if path.endswith("/runs/log-batch")]
+    assert len(batch_requests) == len(logger.batches) + 1  # the params' request too
+    client = MlflowClient(tracking_uri=server.uri)
+    steps = [step for step, _ in _history(client, logger.run_id, "iteration")]
+    assert steps == list(range(1, 3 * ITERS_PER_EPOCH + 1))
+
+
+def test_a_server_stopped_mid_run_does_not_stop_training(server: Server, tmp_path: Path) -> None:
+    # Runs last in this module: it stops the module's server.
+    logger = MLflowLogger(
+        server.uri,
+        experiment_name="stopped",
+        request_timeout=2,
+        max_retries=1,
+        retry_backoff=0.05,
+        flush_timeout=5,
+    )
+
+    # After the tracker (a lower priority), so this iteration's entry is queued already.
+    @ppe.training.extension.make_extension(trigger=(ITERS_PER_EPOCH, "iteration"), priority=0)
+    def stop_server(manager: Any) -> None:
+        if server.process.poll() is not None:
+            return
+        # Let the worker send what it has first, so the run exists before the server goes.
+        deadline = time.monotonic() + 30
+        while logger.report.sent < manager.iteration and time.monotonic() < deadline:
+            time.sleep(0.05)
+        server.stop()
+
+    trainer = _trainer(tmp_path, 3, logger, stop_server)
+    with pytest.warns(TrackerWarning) as record:
+        trainer.run(_data())
+
+    assert trainer.manager.iteration == 3 * ITERS_PER_EPOCH  # training finished
+    counts = logger.report
+    assert counts.sent == ITERS_PER_EPOCH
+    lost = counts.failed + counts.unsent + counts.dropped
+    assert counts.sent + lost == 3 * ITERS_PER_EPOCH
+    final = str(record[-1].message)
+    assert f"sent {ITERS_PER_EPOCH} of {3 * ITERS_PER_EPOCH} entries" in final
+    assert f"{lost} did not reach it" in final
+    assert "last error:" in final

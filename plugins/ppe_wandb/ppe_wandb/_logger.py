@@ -1,0 +1,116 @@
+"""``WandbLogger``: LogReport's entries as W&B history, sent off the training thread."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ppe_core.errors import OptionalDependencyError
+from ppe_core.tracking import BaseTracker, TrackerEntry
+
+__all__ = ["WandbLogger"]
+
+
+class WandbLogger(BaseTracker):
+    """Logs every LogReport entry to a W&B run, at its iteration as the step.
+
+    The run's params (optimizer, trainer options, runtime; see
+    :meth:`~ppe_core.tracking.BaseTracker.run_params`) go to the run's config. Every W&B call
+    runs on the tracker's worker thread (see :class:`~ppe_core.tracking.BaseTracker` for the
+    queue, retries, drops and final flush). The run id is saved in snapshots, so a resumed
+    training continues the same run (``resume="allow"``) from the resumed iteration.
+
+    Works offline (``mode="offline"`` or ``WANDB_MODE=offline``): the run is written under
+    ``dir`` and can be uploaded later with ``wandb sync``.
+
+    Args:
+        project: The W&B project.
+        name: The run's display name; W&B picks one when None.
+        dir: Where W&B writes its ``wandb/`` folder; the current directory when None.
+        mode: ``"online"``, ``"offline"`` or ``"disabled"``; W&B's default (``WANDB_MODE``)
+            when None.
+        entity: The W&B entity (user or team).
+        tags: Tags of the run.
+        init_options: More ``wandb.init`` arguments.
+        **tracker_options: ``BaseTracker`` options (``params``, ``queue_size``,
+            ``batch_size``, ``max_retries``, ``retry_backoff``, ``flush_timeout``,
+            ``log_report``).
+
+    Example::
+
+        trainer = ppe.engine.create_trainer(
+            model, optimizer, 10,
+            extensions=[extensions.LogReport(), extensions.WandbLogger(project="digits")],
+        )
+    """
+
+    def __init__(
+        self,
+        project: str | None = None,
+        *,
+        name: str | None = None,
+        dir: str | None = None,
+        mode: str | None = None,
+        entity: str | None = None,
+        tags: Sequence[str] | None = None,
+        init_options: Mapping[str, Any] | None = None,
+        **tracker_options: Any,
+    ) -> None:
+        if importlib.util.find_spec("wandb") is None:
+            raise OptionalDependencyError(
+                "WandbLogger needs wandb, which is not installed; run `pip install ppe-wandb` "
+                "(or `pip install wandb`)"
+            )
+        super().__init__(**tracker_options)
+        self.project = project
+        self.run_name = name
+        self.dir = dir
+        self.mode = mode
+        self.entity = entity
+        self.tags = list(tags or [])
+        self.init_options = dict(init_options or {})
+        self._run: Any = None
+
+    # Everything below runs on the tracker's worker thread.
+
+    def open_run(self, run_id: str | None) -> str:
+        """``wandb.init``: a new run, or ``run_id`` resumed (``resume="allow"``)."""
+        import wandb
+
+        options: dict[str, Any] = {
+            "project": self.project,
+            "name": self.run_name,
+            "dir": self.dir,
+            "mode": self.mode,
+            "entity": self.entity,
+            "tags": self.tags or None,
+            "reinit": "create_new",
+            **self.init_options,
+        }
+        if run_id is not None:
+            options.update(id=run_id, resume="allow")
+        self._run = wandb.init(**{k: v for k, v in options.items() if v is not None})
+        return str(self._run.id)
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        """The params as the run's config (a resumed run's config is updated)."""
+        self._run.config.update(dict(params), allow_val_change=True)
+
+    def log_metrics(self, entries: Sequence[TrackerEntry]) -> None:
+        """One ``run.log`` per entry, at ``step=`` its iteration."""
+        for entry in entries:
+            self._run.log(entry.metrics, step=entry.step)
+
+    def last_step(self) -> int | None:
+        """The resumed run's step (W&B refuses steps below it), or None when it has none."""
+        step = getattr(self._run, "step", None)
+        return int(step) - 1 if step else None
+
+    def log_artifact(self, path: str) -> None:
+        """Saves ``path`` with the run's files (``run.save``)."""
+        self._run.save(path, policy="now")
+
+    def close_run(self, failed: bool) -> None:
+        """``run.finish`` with exit code 1 when training raised."""
+        self._run.finish(exit_code=1 if failed else 0)

@@ -1,0 +1,166 @@
+"""WandbLogger in W&B's offline mode: the run files hold the JSON log's metrics and steps."""
+
+from __future__ import annotations
+
+import json
+import struct
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("wandb", reason="needs wandb: pip install -e plugins/ppe_wandb")
+
+import ppe_wandb.plugin
+from ppe_wandb import WandbLogger
+from wandb.proto import wandb_internal_pb2
+
+import ppe_core as ppe
+import ppe_core.testing
+from ppe_core.tracking import TrackerEntry
+from ppe_core.training import extensions
+
+pytestmark = pytest.mark.slow
+
+ITERS_PER_EPOCH = 4
+
+
+@pytest.fixture(autouse=True)
+def _offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    import ppe_cpu.plugin
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    with ppe_core.testing.plugin_host(ppe_cpu.plugin, ppe_wandb.plugin):
+        yield
+
+
+def _records(path: Path) -> Iterator[Any]:
+    """The records of a ``.wandb`` file: W&B's 7-byte header, then LevelDB-log framing
+    (32 KiB blocks; each chunk a 7-byte header: CRC-32C, length, type 1 full / 2 first /
+    3 middle / 4 last) around ``wandb_internal_pb2.Record`` messages, W&B's own schema."""
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    block, pos, pending = 32768, 7, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        payload = data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind == 0:
+            break
+        pending = payload if kind in (1, 2) else pending + payload
+        if kind in (1, 4):
+            yield wandb_internal_pb2.Record.FromString(pending)
+
+
+def _key(item: Any) -> str:
+    # A key with a "/" ("main/loss") is stored split, as nested_key.
+    return str(item.key) if item.key else "/".join(item.nested_key)
+
+
+def _history(run_dir: Path) -> list[dict[str, Any]]:
+    (path,) = run_dir.glob("run-*.wandb")
+    rows = []
+    for record in _records(path):
+        if record.WhichOneof("record_type") == "history":
+            rows.append({_key(item): json.loads(item.value_json) for item in record.history.item})
+    return rows
+
+
+def _config(run_dir: Path) -> dict[str, Any]:
+    (path,) = run_dir.glob("run-*.wandb")
+    config: dict[str, Any] = {}
+    for record in _records(path):
+        if record.WhichOneof("record_type") == "config":
+            config.update({_key(i): json.loads(i.value_json) for i in record.config.update})
+    return config
+
+
+class Regressor(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 1)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": torch.nn.functional.mse_loss(self.fc(x), t)}
+
+
+def _trainer(out: Path, max_epochs: int, tracker: Any) -> Any:
+    torch.manual_seed(0)
+    model = ppe.to(Regressor(), "cpu")
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    log = extensions.LogReport(trigger=(1, "iteration"), filename="log.json")
+    return ppe.engine.create_trainer(
+        model, optimizer, max_epochs, extensions=[log, tracker], out_dir=str(out)
+    )
+
+
+def _data() -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(1)
+    return [
+        {"x": torch.randn(4, 3, generator=generator), "t": torch.randn(4, 1, generator=generator)}
+        for _ in range(ITERS_PER_EPOCH)
+    ]
+
+
+class ThreadRecordingLogger(WandbLogger):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.threads: set[str] = set()
+
+    def log_metrics(self, entries: Sequence[TrackerEntry]) -> None:
+        self.threads.add(threading.current_thread().name)
+        super().log_metrics(entries)
+
+
+def _run_dir(root: Path, run_id: str) -> list[Path]:
+    # Oldest first: a folder made in the same second as an earlier one gets a "-1" suffix.
+    return sorted(root.glob(f"wandb/offline-run-*-{run_id}*"))
+
+
+def test_offline_run_files_hold_the_json_logs_metrics_and_steps(tmp_path: Path) -> None:
+    logger = ThreadRecordingLogger(project="ppe", dir=str(tmp_path))
+    trainer = _trainer(tmp_path / "out", 2, logger)
+    trainer.run(_data())
+
+    log = json.loads((tmp_path / "out" / "log.json").read_text())
+    assert logger.run_id is not None
+    (run_dir,) = _run_dir(tmp_path, logger.run_id)
+    history = _history(run_dir)
+    assert [row["_step"] for row in history] == [entry["iteration"] for entry in log]
+    for row, entry in zip(history, log, strict=True):
+        assert {k: v for k, v in row.items() if not k.startswith("_")} == entry
+    config = _config(run_dir)
+    assert config["optimizer/main/class"] == "Adam"
+    assert config["optimizer/main/lr"] == 0.01
+    assert config["max_epochs"] == 2
+    assert logger.threads == {"ppe-tracker-ThreadRecordingLogger"}
+    assert logger.report.sent == len(log)
+
+
+def test_resume_continues_the_run_id_and_its_steps(tmp_path: Path) -> None:
+    first = WandbLogger(project="ppe", dir=str(tmp_path))
+    trainer = _trainer(tmp_path / "a", 1, first)
+    trainer.run(_data())
+
+    second = WandbLogger(project="ppe", dir=str(tmp_path))
+    resumed = _trainer(tmp_path / "b", 2, second)
+    resumed.load_state_dict(trainer.state_dict())
+    resumed.run(_data())
+
+    assert first.run_id is not None and second.run_id == first.run_id
+    # Offline, each process writes its own run folder for the same id; `wandb sync` joins them.
+    before, after = (_history(d) for d in _run_dir(tmp_path, first.run_id))
+    assert [row["_step"] for row in before] == [1, 2, 3, 4]
+    assert [row["_step"] for row in after] == [5, 6, 7, 8]
+
+
+def test_the_plugin_registers_the_extension() -> None:
+    assert extensions.WandbLogger is WandbLogger
