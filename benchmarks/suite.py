@@ -108,12 +108,17 @@ def standard_extensions(pkg: Any, out: Any) -> list[Any]:
     ]
 
 
-def trainer(pkg: Any, extensions: bool, report: bool | None = None) -> Workload:
+def trainer(
+    pkg: Any,
+    extensions: bool,
+    report: bool | None = None,
+    extra: Callable[[Any], list[Any]] | None = None,
+) -> Workload:
     """``pkg.engine.create_trainer`` bare, or with the three extensions and a per-step report.
 
     ``pkg`` is ``ppe_core`` or ``pytorch_pfn_extras``: ppe-core keeps PPE's API, so the same
     code drives both. ``report`` (default: ``extensions``) makes ``forward`` call
-    ``pkg.reporting.report({"train/loss": loss})``.
+    ``pkg.reporting.report({"train/loss": loss})``. ``extra(pkg)`` gives more extensions.
     """
     reports = extensions if report is None else report
 
@@ -123,6 +128,7 @@ def trainer(pkg: Any, extensions: bool, report: bool | None = None) -> Workload:
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         with tempfile.TemporaryDirectory() as tmp, _sink() as out:
             ext = standard_extensions(pkg, out) if extensions else []
+            ext += extra(pkg) if extra is not None else []
             t = pkg.engine.create_trainer(model, opt, epochs, extensions=ext, out_dir=tmp)
             start = time.process_time()
             t.run(data)
@@ -183,6 +189,10 @@ def step_variants() -> tuple[dict[str, Workload], list[str]]:
     return variants, notes
 
 
+def _throughput(pkg: Any) -> list[Any]:
+    return [pkg.training.extensions.Throughput(flops=True)]
+
+
 def instruction_variants() -> dict[str, Workload]:
     """What ``bench_step_instructions.py`` counts (valgrind is slow: the main rows only)."""
     variants: dict[str, Workload] = {
@@ -190,6 +200,8 @@ def instruction_variants() -> dict[str, Workload]:
         "ppe-core bare": trainer(ppe, False),
         "ppe-core +3ext": trainer(ppe, True, report=False),
         "ppe-core +3ext+report": trainer(ppe, True),
+        # Throughput with FLOPs: its per-step cost (the sample count) over "ppe-core bare".
+        "ppe-core bare +Throughput": trainer(ppe, False, extra=_throughput),
     }
     if _installed("pytorch_pfn_extras"):
         import pytorch_pfn_extras

@@ -43,6 +43,7 @@ BUILTIN_EXTENSIONS: dict[str, str] = {
     "Slack": _EXT + "_slack:Slack",
     "SlackWebhook": _EXT + "_slack:SlackWebhook",
     "TimelineTrace": _EXT + "_timeline_trace:TimelineTrace",
+    "Throughput": _EXT + "_throughput:Throughput",
 }
 
 

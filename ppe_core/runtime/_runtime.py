@@ -164,6 +164,13 @@ class BaseRuntime:
     ) -> None:
         """Called after every evaluation step."""
 
+    # Performance ----------------------------------------------------------------------------
+    def peak_flops(self) -> float | None:
+        """The device's peak FLOP/s for the precision this runtime computes in, or None when
+        unknown (the default: no guess). ``Throughput`` divides by it for ``mfu``; called once
+        per run, never per step."""
+        return None
+
     # Reproducibility ------------------------------------------------------------------------
     def rng_state(self) -> Any:
         """The device's RNG state for snapshots (``None``: the device has none of its own).

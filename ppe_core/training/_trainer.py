@@ -444,6 +444,12 @@ class Trainer:
         # One whole step per call, post-step included, whatever the handler (chosen once).
         begin, end = manager.begin_iteration, manager.end_iteration
         train_step = self._step_function()
+        # Extensions that watch the steps (Throughput counts samples) wrap the step function
+        # once per run; none registered, the loop is unchanged.
+        for _, entry in manager.extensions:
+            wrap = getattr(entry.extension, "wrap_train_step", None)
+            if wrap is not None:
+                train_step = wrap(train_step)
         profile = self._profile
         # With enable_profile/enable_trace: PPE's sections around each step (the iteration,
         # the data fetch, run_iteration); nothing is added to the loop otherwise.

@@ -111,6 +111,18 @@ class CUDARuntime(DeviceRuntime):
         reporter = MemoryReporter(self.device, self.memory_every, length)
         self._memory_hooks.append(reporter.install(module, optimizer))
 
+    def peak_flops(self) -> float | None:
+        """The GPU's peak dense FLOP/s in the precision its matmuls run in: the autocast dtype,
+        else TF32 when ``torch.backends.cuda.matmul.allow_tf32``, else FP32 (None for a GPU
+        :data:`~ppe_cuda._peak.PEAK_TFLOPS` does not know). Asked once per run."""
+        from ppe_cuda._peak import peak_flops_for
+
+        if self.autocast is not None:
+            precision = "bf16" if self.autocast["dtype"] == torch.bfloat16 else "fp16"
+        else:
+            precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
+        return peak_flops_for(torch.cuda.get_device_name(self.device), precision)
+
     def rng_state(self) -> torch.Tensor:
         """This device's CUDA RNG state, saved in snapshots for bit-exact resume."""
         return torch.cuda.get_rng_state(self.device)

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from ppe_core.training.extensions._slack import Slack, SlackWebhook
     from ppe_core.training.extensions._snapshot import SnapshotMode, snapshot, snapshot_object
     from ppe_core.training.extensions._tensorboard import TensorBoard
+    from ppe_core.training.extensions._throughput import Throughput
     from ppe_core.training.extensions._timeline_trace import TimelineTrace
     from ppe_core.training.extensions._value_observation import observe_lr, observe_value
     from ppe_core.training.extensions._variable_statistics_plot import VariableStatisticsPlot
@@ -76,6 +77,7 @@ if TYPE_CHECKING:
         "SnapshotMode",
         "StandardDeviationAccumulate",
         "TensorBoard",
+        "Throughput",
         "TimelineTrace",
         "UnbiasedStandardDeviationAccumulate",
         "VariableStatisticsPlot",
