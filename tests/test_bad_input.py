@@ -624,8 +624,8 @@ def test_print_report_entries_as_string() -> None:
 
 def test_log_report_unknown_format() -> None:
     with pytest.raises(ConfigurationError) as info:
-        E.LogReport(filename="log.csv", format="csv")
-    says(info, "format must be one of ['json', 'json-lines', 'yaml'], got 'csv'", ".jsonl")
+        E.LogReport(filename="log.xml", format="xml")
+    says(info, "format must be one of ['json', 'json-lines', 'yaml', 'csv'], got 'xml'", ".csv")
 
 
 def test_reduce_lr_on_plateau_without_monitored_key() -> None:

@@ -149,7 +149,7 @@ def test_invalid_formats_are_rejected() -> None:
     with pytest.raises(ConfigurationError, match="json-lines"):
         LogReport(append=True)
     with pytest.raises(ConfigurationError, match="format must be one of"):
-        LogReport(format="csv")
+        LogReport(format="xml")
 
 
 def test_yaml_without_pyyaml_says_what_to_install(hide_module: Any) -> None:

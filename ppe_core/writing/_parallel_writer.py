@@ -177,6 +177,7 @@ class StandardWriter(Writer, Generic[_W]):
             return
         self._finalized = True
         self._wait()
+        self._sync_appends()  # a thread worker's appends (a process worker syncs its own)
 
 
 class ThreadWriter(StandardWriter[threading.Thread]):

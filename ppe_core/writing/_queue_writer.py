@@ -59,9 +59,16 @@ def _consume(tasks: _Queue, errors: _Queue, default_task: Any = None) -> None:
     ``default_task`` (process consumers receive it once instead of pickling it per item).
     """
     task_done = getattr(tasks, "task_done", None)
+    # The writers that performed saves: their appends are synced before the consumer stops.
+    writers: dict[int, Writer] = {}
     while True:
         item = tasks.get()
         if item is None:
+            for writer in writers.values():
+                try:
+                    writer._sync_appends()
+                except Exception as exc:
+                    errors.put(("<sync>", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
             if task_done is not None:
                 task_done()
             return
@@ -69,6 +76,8 @@ def _consume(tasks: _Queue, errors: _Queue, default_task: Any = None) -> None:
         filename = item[1]
         try:
             task = default_task if item[0] is None else item[0]
+            if isinstance(task, Writer):
+                writers.setdefault(id(task), task)
             task(item[1], item[2], item[3], savefun=item[4], append=item[5])
         except Exception as exc:
             errors.put((filename, f"{type(exc).__name__}: {exc}", traceback.format_exc()))

@@ -13,6 +13,7 @@ import secrets
 import socket
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -265,7 +266,12 @@ class Writer:
     ``fsync``-ed and then renamed onto the final name (and the directory is synced), so a kill
     at any moment leaves either the previous file or the new one under the final name, never a
     partial one. With ``append=True`` the bytes are appended to the existing file instead,
-    which never loses what the file already held (at worst the last record is partial).
+    which never loses what the file already held (at worst the last record is partial). An
+    append costs the same however long the file is: the bytes reach the operating system
+    before the call returns (a killed process loses nothing appended before), and on the
+    local file system they are ``fsync``-ed at most every :attr:`append_sync_interval`
+    seconds and by :meth:`finalize`, so a machine crash (power loss) loses at most the appends
+    of that interval.
 
     Subclasses decide where the save runs (this thread, another thread, another process) by
     overriding :meth:`__call__`; all of them end up in :meth:`save`. Work made of several
@@ -282,11 +288,20 @@ class Writer:
     #: Whether :meth:`submit` runs jobs in a background worker (False: at once, in the caller).
     in_background = False
 
+    #: Seconds between two ``fsync`` of a file appended to (``append=True``) on the local file
+    #: system; each append is flushed to the operating system at once. An append at least this
+    #: long after the file's previous sync syncs it, and :meth:`finalize` syncs the rest. 0
+    #: syncs every append (an ``fsync`` costs milliseconds on many disks).
+    append_sync_interval: float = 1.0
+
     def __init__(self, fs: FileSystem | None = None, out_dir: str | None = None) -> None:
         self.fs: FileSystem = _LocalFileSystem() if fs is None else fs
         self.out_dir = out_dir
         self._post_save_hooks: list[Callable[[], object]] = []
         self._initialized = False
+        # Appended files: when each was last fsync-ed, and those appended to since.
+        self._synced_at: dict[str, float] = {}
+        self._unsynced: set[str] = set()
 
     def __call__(
         self,
@@ -341,9 +356,13 @@ class Writer:
     def finalize(self) -> None:
         """Waits for pending saves and releases resources; later calls do nothing.
 
+        This base class syncs the files appended to since their last ``fsync`` (see
+        :attr:`append_sync_interval`); subclasses do so once their saves are done.
+
         Raises:
             WriterError: A background save failed.
         """
+        self._sync_appends()
 
     def submit(self, job: Callable[[], _T]) -> Future[_T]:
         """Runs ``job`` where this writer does its background work, after the saves before it.
@@ -465,17 +484,46 @@ class Writer:
         self, dest: str, target: Target, savefun: SaveFun, kwargs: Mapping[str, Any]
     ) -> None:
         created = not self.fs.exists(dest)
+        local = self.writes_local_files
         try:
             with self.fs.open(dest, "ab") as file_obj:
                 savefun(target, file_obj, **kwargs)
-                _sync_file(file_obj)
+                if local and not created and not self._sync_due(dest):
+                    file_obj.flush()  # in the OS: a killed process loses nothing of it
+                    self._unsynced.add(dest)
+                else:
+                    _sync_file(file_obj)
+                    if local:
+                        self._synced_at[dest] = time.monotonic()
+                        self._unsynced.discard(dest)
         except Exception as exc:
-            full = _disk_full_error(exc, dest) if self.writes_local_files else None
+            full = _disk_full_error(exc, dest) if local else None
             if full is not None:
                 raise full from exc
             raise
         if created:
             self._sync_dir(os.path.dirname(dest))
+
+    def _sync_due(self, dest: str) -> bool:
+        """Whether an append to ``dest`` must ``fsync`` (see :attr:`append_sync_interval`)."""
+        synced_at = self._synced_at.get(dest)
+        return synced_at is None or time.monotonic() - synced_at >= self.append_sync_interval
+
+    def _sync_appends(self) -> None:
+        """``fsync`` the local files appended to since their last sync."""
+        # Saves of one writer run one at a time, and finalize() waits for them first.
+        pending, self._unsynced = self._unsynced, set()
+        now = time.monotonic()
+        for dest in sorted(pending):
+            self._synced_at[dest] = now
+            try:
+                fd = os.open(dest, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+            except OSError:  # replaced or removed since: nothing of ours left to sync
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def _replace(
         self, dest: str, target: Target, savefun: SaveFun, kwargs: Mapping[str, Any]
@@ -489,6 +537,8 @@ class Writer:
             self.fs.rename(tmp, dest)
         except BaseException as exc:
             self._fail(exc, tmp, dest)
+        self._unsynced.discard(dest)  # appends to the replaced file no longer matter
+        self._synced_at[dest] = time.monotonic()
         self._sync_dir(parent)
 
     def _fail(self, exc: BaseException, tmp: str, dest: str) -> NoReturn:

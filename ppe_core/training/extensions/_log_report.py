@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import csv
 import importlib
 import importlib.util
+import io
 import json
-from collections.abc import Callable, Iterable, Mapping
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from ppe_core.distributed import group_world
@@ -15,18 +19,31 @@ from ppe_core.training._extension import PRIORITY_READER, Extension
 from ppe_core.training.extensions._util import key_tuple
 from ppe_core.training.triggers import get_trigger
 from ppe_core.training.triggers._due import DueCheck, EveryIteration
+from ppe_core.writing import SimpleWriter, Writer
+
+if sys.platform != "win32":  # Windows extends the JSON array by a truncate and an append
+    import fcntl
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
     from ppe_core.training.triggers import Trigger, TriggerLike
 
-__all__ = ["LOG_FORMATS", "LogReport", "LogSaver", "LogWriter"]
+__all__ = ["LOG_FORMATS", "LOG_REPORT_FORMATS", "LogReport", "LogSaver", "LogWriter"]
 
-#: The accepted values of ``LogReport(format=...)`` (and ProfileReport's).
+#: The formats of :class:`LogSaver` that ProfileReport accepts (PPE's three).
 LOG_FORMATS = ("json", "json-lines", "yaml")
 
+#: The accepted values of ``LogReport(format=...)``: PPE's three and ``'csv'``.
+LOG_REPORT_FORMATS = (*LOG_FORMATS, "csv")
+
 # Filename suffix -> format, used when ``format`` is None.
-_SUFFIX_FORMATS = {".json": "json", ".jsonl": "json-lines", ".yaml": "yaml", ".yml": "yaml"}
+_SUFFIX_FORMATS = {
+    ".json": "json",
+    ".jsonl": "json-lines",
+    ".yaml": "yaml",
+    ".yml": "yaml",
+    ".csv": "csv",
+}
 
 
 class LogWriter(Protocol):
@@ -59,25 +76,121 @@ def _require_yaml() -> None:
 
 
 class LogSaver:
-    """The ``savefun`` for a list of log entries in one of :data:`LOG_FORMATS`.
+    """The ``savefun`` for a list of log entries in one of :data:`LOG_REPORT_FORMATS`.
 
     A module-level class so process-based writers can pickle it. ``'json'`` writes one JSON
     list; ``'json-lines'`` one object per line (appends stay valid); ``'yaml'`` a sequence
-    (needs PyYAML; appended chunks concatenate into one longer sequence).
+    (needs PyYAML; appended chunks concatenate into one longer sequence); ``'csv'`` a header
+    row of ``columns`` (the keys of ``target`` in order of first appearance when None) and
+    one row per entry, a key an entry lacks left empty.
+
+    With ``extend=True`` the saver adds ``target`` to a file it wrote before (opened for
+    appending by the writer): the same lines for json-lines and YAML, rows without the
+    header for CSV, and for JSON the entries go into the array in place (see
+    :func:`_extend_json_array`), so each call costs what its entries cost, not the file.
     """
 
-    def __init__(self, fmt: str) -> None:
+    def __init__(
+        self, fmt: str, columns: Sequence[str] | None = None, *, extend: bool = False
+    ) -> None:
         self.fmt = fmt
+        self.columns = None if columns is None else tuple(columns)
+        self.extend = extend
 
     def __call__(self, target: list[dict[str, Any]], file_obj: IO[bytes]) -> None:
+        if self.fmt == "json" and self.extend:
+            _extend_json_array(target, file_obj)
+            return
         if self.fmt == "json":
             text = json.dumps(target, indent=4)
         elif self.fmt == "json-lines":
             text = "".join(json.dumps(entry) + "\n" for entry in target)
+        elif self.fmt == "csv":
+            columns = _columns(target) if self.columns is None else self.columns
+            text = _csv_text(target, columns, header=not self.extend)
         else:
             yaml: Any = importlib.import_module("yaml")
             text = yaml.safe_dump(target) if target else ""
         file_obj.write(text.encode("utf-8"))
+
+
+def _columns(entries: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The keys of ``entries`` in order of first appearance: a CSV log's header."""
+    return list(dict.fromkeys(key for entry in entries for key in entry))
+
+
+def _csv_text(entries: Iterable[Mapping[str, Any]], columns: Sequence[str], *, header: bool) -> str:
+    buffer = io.StringIO()
+    rows = csv.writer(buffer, lineterminator="\n")
+    if header:
+        rows.writerow(columns)
+    for entry in entries:
+        rows.writerow(["" if entry.get(key) is None else entry[key] for key in columns])
+    return buffer.getvalue()
+
+
+def _extend_json_array(entries: list[dict[str, Any]], file_obj: IO[bytes]) -> None:
+    """Adds ``entries`` to the JSON array (``json.dumps(log, indent=4)``) in ``file_obj``.
+
+    The new entries overwrite the array's closing ``\\n]`` and end with a new one, in one
+    positioned write, so the file is byte for byte ``json.dumps`` of the longer log and the
+    cost does not depend on its length. A kill can tear only that one write (the kernel
+    stops a write only between pages); the file then lacks its end, which
+    :meth:`LogReport.read` and a resumed run's first write repair. ``file_obj`` is the file
+    opened for appending by the writer; where the platform has no ``fcntl`` (Windows) the
+    end is truncated and the entries appended, two calls instead of one.
+    """
+    if not entries:
+        return
+    text = json.dumps(entries, indent=4)  # "[\n    {...},\n    {...}\n]"
+    file_obj.flush()
+    fd = file_obj.fileno()
+    size = os.fstat(fd).st_size
+    if size <= 2:  # a new (or empty, "[]") file: the whole array
+        offset, data = 0, text.encode("utf-8")
+    else:  # overwrite "\n]" with ",\n" + the entries + "\n]"
+        offset, data = size - 2, (",\n" + text[2:]).encode("utf-8")
+    if sys.platform == "win32":
+        file_obj.truncate(offset)
+        file_obj.write(data)
+        return
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_APPEND)  # appending ignores the offset
+    done = 0
+    while done < len(data):
+        done += os.pwrite(fd, data[done:], offset + done)
+
+
+def _read_json_array(text: str) -> list[dict[str, Any]]:
+    """The entries of a JSON log; of one whose end a kill tore, the complete ones."""
+    try:
+        entries: list[dict[str, Any]] = json.loads(text)
+        return entries
+    except json.JSONDecodeError:
+        pass
+    decoder = json.JSONDecoder()
+    entries = []
+    start = text.find("[")
+    if start < 0 or text[:start].strip():
+        raise ValueError("not a JSON log: it does not start with '['")
+    pos = start + 1
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        try:
+            entry, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return entries  # the torn last entry (or the missing end) of a killed write
+        entries.append(entry)
+
+
+def _csv_value(cell: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(cell)
+        except ValueError:
+            pass
+    return cell
 
 
 class LogReport(Extension):
@@ -88,7 +201,25 @@ class LogReport(Extension):
     synchronizes) and compare the iteration with the precomputed next due iteration of its
     own ``trigger``. When that trigger fires, it computes the means (one device-to-host copy),
     adds ``epoch``, ``iteration`` and ``elapsed_time``, appends the entry to :attr:`log`,
-    writes the log through the manager's writer and starts a fresh summary.
+    writes it through the manager's writer and starts a fresh summary.
+
+    Writing an entry costs the same however long the log is. The first entry a LogReport
+    writes (and the first after :meth:`load_state_dict`, and each entry whose filename
+    differs from the previous one) replaces the file atomically with the whole log; every
+    later entry is added to it: appended for json-lines, YAML and CSV, and for JSON written
+    into the array in place, before its closing bracket. A resumed run therefore continues
+    the same file with no entry lost or repeated (its first write drops what the killed run
+    wrote after the snapshot). A CSV log's header holds the keys seen, in order of first
+    appearance; an entry that brings a new key (rare: e.g. the first validation entry)
+    rewrites the file with the wider header, the earlier rows' cell for it left empty. Each
+    entry reaches the operating system before the call returns, so a killed process loses
+    none written before it; the kill can tear only the entry being written, which
+    :meth:`read` and a resumed run repair. Writers ``fsync`` appended files at most every
+    :attr:`~ppe_core.writing.Writer.append_sync_interval` seconds (1 s), so a machine crash
+    loses at most that interval's entries. Writers that are not
+    :class:`~ppe_core.writing.Writer` objects (e.g. ``TensorBoardWriter``) receive the whole
+    log at every entry with ``append=False``, as in PPE, and JSON through a writer on
+    another file system (``fs=``) is rewritten whole.
 
     Args:
         keys: Names of the observed values to log; all values when None.
@@ -98,20 +229,24 @@ class LogReport(Extension):
             may modify the entry in place.
         filename: Log file name under ``manager.out``; ``'log'`` when None. It may be a format
             string filled with the entry, e.g. ``'log_{iteration}'``.
-        append: Append new entries to the file instead of rewriting it; needs the
-            ``'json-lines'`` or ``'yaml'`` format.
-        format: ``'json'`` (a JSON list, rewritten atomically), ``'json-lines'`` or
-            ``'yaml'`` (needs PyYAML). Inferred from the filename suffix (``.json``,
-            ``.jsonl``, ``.yaml``/``.yml``) when None; ``'json'`` otherwise.
-        writer: Writer to save the file with; the manager's writer by default.
+        append: Keep what the file held before this run and append the new entries to it,
+            instead of starting the file with this run's log; needs the ``'json-lines'`` or
+            ``'yaml'`` format.
+        format: ``'json'`` (a JSON list), ``'json-lines'``, ``'yaml'`` (needs PyYAML) or
+            ``'csv'`` (readable by ``csv.DictReader`` and ``pandas.read_csv``). Inferred
+            from the filename suffix (``.json``, ``.jsonl``, ``.yaml``/``.yml``, ``.csv``)
+            when None; ``'json'`` otherwise.
+        writer: Writer to save the file with; the manager's writer by default. It is
+            finalized with the extension, as in PPE.
 
     Raises:
-        ConfigurationError: ``format`` is unknown, or ``append=True`` with ``'json'``.
+        ConfigurationError: ``format`` is unknown, or ``append=True`` with ``'json'`` or
+            ``'csv'``.
         OptionalDependencyError: The ``'yaml'`` format without PyYAML installed.
 
     Example::
 
-        manager.extend(LogReport(trigger=(100, "iteration"), filename="log.jsonl"))
+        manager.extend(LogReport(trigger=(100, "iteration"), filename="log.csv"))
     """
 
     priority = PRIORITY_READER
@@ -130,17 +265,20 @@ class LogReport(Extension):
             filename = "log"
         if format is None:
             format = _infer_format(filename)
-        if format not in LOG_FORMATS:
+        if format not in LOG_REPORT_FORMATS:
             raise ConfigurationError(
-                f"LogReport format must be one of {list(LOG_FORMATS)}, got {format!r}; pass one "
-                "of them, or leave format out and end the filename in .json, .jsonl or .yaml"
+                f"LogReport format must be one of {list(LOG_REPORT_FORMATS)}, got {format!r}; "
+                "pass one of them, or leave format out and end the filename in .json, .jsonl, "
+                ".yaml or .csv"
             )
         if format == "yaml":
             _require_yaml()
-        if append and format == "json":
+        if append and format in ("json", "csv"):
+            what = "one JSON list" if format == "json" else "one header and its rows"
             raise ConfigurationError(
-                "LogReport cannot append to a 'json' log (it is one JSON list); use "
-                "format='json-lines' (e.g. filename='log.jsonl') or append=False"
+                f"LogReport cannot append to a {format!r} log of an earlier run (it is {what}); "
+                "use format='json-lines' (e.g. filename='log.jsonl') or append=False (a "
+                "resumed run continues its own file either way)"
             )
         # The extension itself runs every iteration to accumulate; `_trigger` decides output.
         self.trigger = EveryIteration()
@@ -152,10 +290,15 @@ class LogReport(Extension):
         self._format = format
         self._writer = writer
         self._saver = LogSaver(format)
+        self._extender = LogSaver(format, extend=True)
         self._summary = DictSummary()
         self._log: list[dict[str, Any]] = []
         # Entries already in the file (append mode writes only the rest).
         self._written = 0
+        # The file this LogReport wrote the whole log into and extends since (None: the next
+        # entry rewrites it), and, for CSV, the columns of its header.
+        self._file: str | None = None
+        self._columns: dict[str, None] = {}
         self._due = DueCheck(self._trigger)
 
     def __call__(self, manager: ManagerView) -> None:
@@ -192,17 +335,30 @@ class LogReport(Extension):
             return
         writer: Any = self._writer if self._writer is not None else getattr(manager, "writer", None)
         if writer is None:
-            from ppe_core.writing import SimpleWriter
-
             writer = self._writer = SimpleWriter()
         filename = self._filename.format(**entry)
         if self._append:
             pending = self._log[self._written :]
             writer(filename, manager.out, pending, savefun=self._saver, append=True)
+        elif filename == self._file and self._extends(writer, entry):
+            writer(filename, manager.out, [entry], savefun=self._extender, append=True)
         else:
+            if self._format == "csv":
+                self._columns = dict.fromkeys(_columns(self._log))
+                self._saver = LogSaver("csv", tuple(self._columns))
+                self._extender = LogSaver("csv", tuple(self._columns), extend=True)
             # A copy: background writers serialize it after this returns.
             writer(filename, manager.out, list(self._log), savefun=self._saver, append=False)
+            self._file = filename
         self._written = len(self._log)
+
+    def _extends(self, writer: Any, entry: Mapping[str, Any]) -> bool:
+        """Whether ``entry`` can be added to the file instead of rewriting it whole."""
+        if not isinstance(writer, Writer):
+            return False  # PPE's protocol: a custom writer gets the whole log every time
+        if self._format == "csv":
+            return all(key in self._columns for key in entry)  # else: a wider header
+        return self._format != "json" or writer.writes_local_files  # JSON edits in place
 
     @property
     def log(self) -> list[dict[str, Any]]:
@@ -254,9 +410,67 @@ class LogReport(Extension):
         log = to_load.get("_log", [])
         entries = json.loads(log) if isinstance(log, str) else log
         self._log = [dict(entry) for entry in entries]
-        # The restored entries were written by the run that saved them.
+        # The restored entries were written by the run that saved them (append mode keeps the
+        # file); otherwise the next entry rewrites the file from the restored log, dropping
+        # what a killed run wrote after its snapshot.
         self._written = len(self._log)
+        self._file = None
         self._due.reset()
+
+    def finalize(self, manager: ManagerView) -> None:
+        """Finalizes the writer given as ``writer=`` (the manager finalizes its own), as PPE.
+
+        Args:
+            manager: The manager that owns the extension.
+        """
+        finalize = getattr(self._writer, "finalize", None)
+        if finalize is not None:
+            finalize()
+
+    @staticmethod
+    def read(path: str | os.PathLike[str], format: str | None = None) -> list[dict[str, Any]]:
+        """Reads a log file that a LogReport wrote, without the entry a kill tore.
+
+        A process killed while it wrote an entry can leave that entry incomplete at the end of
+        the file (nothing before it); it is dropped here, and a resumed run's first write
+        drops it from the file. CSV cells come back as ``int`` or ``float`` where they parse
+        as one (else as text), and an empty cell as a missing key.
+
+        Args:
+            path: The log file.
+            format: One of :data:`LOG_REPORT_FORMATS`; inferred from the suffix when None, as
+                ``LogReport(filename=...)`` does.
+
+        Returns:
+            The entries, as :attr:`log` held them.
+
+        Raises:
+            ConfigurationError: ``format`` is unknown.
+            ValueError: The file is damaged elsewhere than in its last entry.
+        """
+        name = os.fspath(path)
+        fmt = _infer_format(name) if format is None else format
+        if fmt not in LOG_REPORT_FORMATS:
+            raise ConfigurationError(
+                f"LogReport.read format must be one of {list(LOG_REPORT_FORMATS)}, got {fmt!r}"
+            )
+        with open(name, encoding="utf-8", newline="") as file_obj:
+            text = file_obj.read()
+        if fmt == "yaml":
+            _require_yaml()
+            yaml: Any = importlib.import_module("yaml")
+            return list(yaml.safe_load(text) or [])
+        if fmt == "json":
+            return _read_json_array(text)
+        complete = text[: text.rfind("\n") + 1]  # entries end with a newline; a torn one not
+        if fmt == "json-lines":
+            return [json.loads(line) for line in complete.splitlines() if line.strip()]
+        entries: list[dict[str, Any]] = []
+        for row in csv.DictReader(io.StringIO(complete)):
+            if None in row:  # DictReader's key for the cells beyond the header
+                raise ValueError(f"{name}: row {len(entries) + 1} has more cells than the header")
+            entries.append({key: _csv_value(value) for key, value in row.items() if value != ""})
+        return entries
 
     def to_dataframe(self) -> Any:
         """Returns the log as a ``pandas.DataFrame``.
