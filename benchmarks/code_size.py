@@ -43,6 +43,7 @@ from pathlib import Path
 
 #: The repository root (this file is ``benchmarks/code_size.py``).
 ROOT = Path(__file__).resolve().parent.parent
+_THIS_FILE = "benchmarks/code_size.py"  # named in messages (``__name__`` is "__main__" there)
 
 SAME = "same"
 BEYOND = "beyond-ppe"
@@ -358,7 +359,7 @@ def problems(root: Path = ROOT) -> list[str]:
     counted = set(counted_files(root))
     found: list[str] = []
     for path in sorted(counted - set(FILES)):
-        found.append(f"{path}: counted but not classified; add it to FILES in {__name__}")
+        found.append(f"{path}: counted but not classified; add it to FILES in {_THIS_FILE}")
     for path in sorted(set(FILES) - counted):
         found.append(f"{path}: classified in FILES but not a counted file (moved or removed?)")
     for path in _python_files(root, ["ppe_core"], []):
