@@ -170,6 +170,7 @@ FILES: dict[str, tuple[str, str]] = {
     ),
     _E + "_snapshot_sharding.py": (BEYOND, "sharded (DTensor) state found and refused or kept"),
     _E + "_tensorboard.py": (BEYOND, "a TensorBoard extension (PPE has only the writer)"),
+    _E + "_throughput.py": (BEYOND, "Throughput: samples per second, FLOPs and MFU"),
     _E + "_timeline_trace.py": (SAME, "TimelineTrace"),
     _E + "_util.py": (SAME, "helpers the extensions share"),
     _E + "_value_observation.py": (SAME, "observe_value, observe_lr"),
