@@ -219,3 +219,16 @@ def test_arguments_are_checked() -> None:
         RecordingTracker(queue_size=0)
     with pytest.raises(ConfigurationError, match="flush_timeout must be seconds >= 0"):
         RecordingTracker(flush_timeout=-1)
+
+
+@pytest.mark.parametrize(
+    ("name", "package"), [("MLflowLogger", "ppe_mlflow"), ("WandbLogger", "ppe_wandb")]
+)
+def test_a_tracker_that_is_not_installed_is_named_with_its_install_command(
+    name: str, package: str
+) -> None:
+    from ppe_core.training import extensions
+
+    # The test's plugin host has the built-ins and the device plugins only.
+    with pytest.raises(AttributeError, match=f"pip install -e plugins/{package}"):
+        getattr(extensions, name)

@@ -7,6 +7,7 @@ import functools
 import glob
 import os
 import threading
+import time
 import types
 import warnings
 from collections import deque
@@ -85,31 +86,44 @@ class TrackerReport:
 class _Outbox:
     """A bounded queue of LogReport entries between the training thread and the worker.
 
-    ``offer`` never waits: it answers False when the queue is full.
+    ``offer`` never waits: it answers False when the queue is full. It wakes the worker only
+    for the first entry of a batch and for a full batch, so the worker (and the GIL it takes)
+    runs once per batch, not once per entry.
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, batch_size: int, interval: float) -> None:
         self._capacity = capacity
+        self._batch_size = batch_size
+        self._interval = interval
         self._items: deque[Mapping[str, Any]] = deque()
         self._cond = threading.Condition()
         self._closed = False
 
     def offer(self, item: Mapping[str, Any]) -> bool:
         with self._cond:
-            if len(self._items) >= self._capacity:
+            count = len(self._items)
+            if count >= self._capacity:
                 return False
             self._items.append(item)
-            self._cond.notify()
+            if count == 0 or count + 1 == self._batch_size:
+                self._cond.notify()
             return True
 
-    def take(self, limit: int) -> list[Mapping[str, Any]] | None:
-        """Up to ``limit`` items, waiting for one; None once closed and empty."""
+    def take(self) -> list[Mapping[str, Any]] | None:
+        """The next batch: ``batch_size`` entries, or those ``interval`` seconds after the
+        first one arrived, or all that is left once closed; None once closed and empty."""
         with self._cond:
             while not self._items and not self._closed:
                 self._cond.wait()
+            deadline = time.monotonic() + self._interval
+            while not self._closed and len(self._items) < self._batch_size:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
             if not self._items:
                 return None
-            count = min(limit, len(self._items))
+            count = min(self._batch_size, len(self._items))
             return [self._items.popleft() for _ in range(count)]
 
     def close(self) -> None:
@@ -126,7 +140,8 @@ class BaseTracker(Extension):
 
     When the registered LogReport emits an entry, the tracker puts it on a bounded queue (no
     call on steps without an entry: its trigger follows LogReport's entry schedule). A daemon
-    worker thread takes the entries in batches and hands them to the backend methods below,
+    worker thread takes the entries in batches (``batch_size`` entries, or what waited
+    ``send_interval`` seconds) and hands them to the backend methods below,
     retrying a failed call with exponential backoff. The training thread never calls the
     backend, so a slow or unreachable server never slows or stops training:
 
@@ -156,6 +171,8 @@ class BaseTracker(Extension):
             worker after each batch and at the end.
         queue_size: Entries the queue holds before new ones are dropped.
         batch_size: Most entries handed to one :meth:`log_metrics` call.
+        send_interval: Seconds an entry may wait for its batch to fill before it is sent
+            (the worker wakes once per batch, not once per entry).
         max_retries: Retries of a failed backend call before its entries count as failed.
         retry_backoff: Seconds before the first retry; doubled for each next one (at most 30).
         flush_timeout: Seconds :meth:`finalize` waits for the queue to drain.
@@ -182,6 +199,7 @@ class BaseTracker(Extension):
         artifacts: str | Sequence[str] = (),
         queue_size: int = 10_000,
         batch_size: int = 100,
+        send_interval: float = 1.0,
         max_retries: int = 3,
         retry_backoff: float = 0.5,
         flush_timeout: float = 30.0,
@@ -201,7 +219,11 @@ class BaseTracker(Extension):
                 raise ConfigurationError(
                     f"{name} {arg} must be an integer >= {least}, got {value!r}"
                 )
-        for arg, seconds in (("retry_backoff", retry_backoff), ("flush_timeout", flush_timeout)):
+        for arg, seconds in (
+            ("send_interval", send_interval),
+            ("retry_backoff", retry_backoff),
+            ("flush_timeout", flush_timeout),
+        ):
             if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds < 0:
                 raise ConfigurationError(f"{name} {arg} must be seconds >= 0, got {seconds!r}")
         self.trigger = NewEntriesTrigger(self)
@@ -210,6 +232,7 @@ class BaseTracker(Extension):
         self._artifact_patterns = (artifacts,) if isinstance(artifacts, str) else tuple(artifacts)
         self._queue_size = queue_size
         self._batch_size = batch_size
+        self._send_interval = float(send_interval)
         self._max_retries = max_retries
         self._retry_backoff = float(retry_backoff)
         self._flush_timeout = float(flush_timeout)
@@ -224,7 +247,7 @@ class BaseTracker(Extension):
 
     def _reset_run_state(self) -> None:
         # Everything one Trainer.run() uses; a second run starts afresh (same run id).
-        self._outbox = _Outbox(self._queue_size)
+        self._outbox = _Outbox(self._queue_size, self._batch_size, self._send_interval)
         self._abandon = threading.Event()
         self._params: dict[str, Any] = {}
         self._out_dir = "."
@@ -233,6 +256,9 @@ class BaseTracker(Extension):
         self._run_failed = False
         self._uploaded: set[tuple[str, int, int]] = set()
         self._counts = TrackerReport()
+        # Counted by the training thread alone (no lock on its path); merged into `report`.
+        self._queued = 0
+        self._dropped = 0
         self._drop_warned = False
         self._failure_warned = False
 
@@ -323,7 +349,7 @@ class BaseTracker(Extension):
     @property
     def report(self) -> TrackerReport:
         """The counts so far (final once :meth:`finalize` returned)."""
-        return self._counts
+        return dataclasses.replace(self._counts, queued=self._queued, dropped=self._dropped)
 
     # The NewEntriesTrigger contract: consulted only when LogReport can have a new entry.
     @property
@@ -388,7 +414,8 @@ class BaseTracker(Extension):
                 queued += 1
             else:
                 dropped += 1
-        self._add(queued=queued, dropped=dropped)
+        self._queued += queued
+        self._dropped += dropped
         if dropped and not self._drop_warned:
             self._drop_warned = True
             warnings.warn(
@@ -423,10 +450,10 @@ class BaseTracker(Extension):
         timed_out = worker.is_alive()
         if timed_out:
             self._abandon.set()
-        counts = self._counts
+        counts = self.report
         unsent = counts.queued - counts.sent - counts.failed - counts.skipped
         self._update(unsent=unsent, timed_out=timed_out)
-        counts = self._counts
+        counts = self.report
         if counts.dropped or counts.failed or unsent or not counts.params_sent:
             parts = []
             if counts.dropped:
@@ -484,7 +511,7 @@ class BaseTracker(Extension):
     def _work(self) -> None:
         try:
             while not self._abandon.is_set():
-                batch = self._outbox.take(self._batch_size)
+                batch = self._outbox.take()
                 if batch is None:
                     break
                 self._send_batch(batch)

@@ -117,6 +117,10 @@ _SUBMODULES = frozenset(
     }
 )
 
+#: The tracker extensions of ppe-core's tracker packages: a script asking for one that is not
+#: installed is told which package to install.
+_TRACKER_PACKAGES = {"MLflowLogger": "ppe-mlflow", "WandbLogger": "ppe-wandb"}
+
 #: PPE names in this namespace that are not extensions: attributes of a module, not
 #: registry entries.
 _ATTRIBUTES: dict[str, str] = {
@@ -143,7 +147,14 @@ def __getattr__(name: str) -> Any:
     try:
         return active_host().extensions.get(name)
     except RegistryLookupError as exc:
-        raise AttributeError(str(exc)) from None
+        package = _TRACKER_PACKAGES.get(name)
+        if package is None:
+            raise AttributeError(str(exc)) from None
+        raise AttributeError(
+            f"{exc}\n{name} is provided by the {package} package, which is not installed (or "
+            f"its plugin did not load): run `pip install -e plugins/{package.replace('-', '_')}` "
+            "in a ppe-core checkout (see docs/tracking.md)"
+        ) from None
 
 
 def __dir__() -> list[str]:
