@@ -194,10 +194,9 @@ def test_resume_continues_the_run_and_its_steps(tmp_path: Path) -> None:
     )
     _train(manager, iterations=5)
     state = manager.state_dict()
-    assert state["extensions"]["RecordingTracker"]["extension"] == {
-        "run_id": "run-1",
-        "entries_seen": 5,
-    }
+    saved = state["extensions"]["RecordingTracker"]["extension"]
+    assert saved == {"run_id": "run-1", "run_key": first.run_key, "entries_seen": 5}
+    assert isinstance(first.run_key, str) and len(first.run_key) == 32
 
     second = RecordingTracker()
     second.held_step = 6  # the backend already holds steps up to 6 (sent after the snapshot)

@@ -9,6 +9,7 @@ import os
 import threading
 import time
 import types
+import uuid
 import warnings
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -241,6 +242,7 @@ class BaseTracker(Extension):
         self._seen = 0
         self._restored = False
         self._run_id: str | None = None
+        self._run_key: str | None = None
         self._active = False
         self._worker: threading.Thread | None = None
         self._reset_run_state()
@@ -268,7 +270,9 @@ class BaseTracker(Extension):
         """Starts the tracker run, or resumes ``run_id`` (from a snapshot); returns its id.
 
         Called once, on the worker thread, before the first batch. Raising counts as a failed
-        attempt and is retried like any backend call.
+        attempt and is retried like any backend call. When :attr:`resuming` without a
+        ``run_id`` (the snapshot was taken before the run opened), look the run up by
+        :attr:`run_key`.
 
         Args:
             run_id: The id :meth:`state_dict` saved, or None for a new run.
@@ -347,6 +351,22 @@ class BaseTracker(Extension):
         return self._run_id
 
     @property
+    def run_key(self) -> str | None:
+        """A key made up when training first starts, kept in snapshots with :attr:`run_id`.
+
+        A snapshot taken before the worker opened the run (the backend was still starting
+        or unreachable) has no run id; a backend that cannot choose its run ids tags the run
+        with this key, so that :meth:`open_run` of a resumed training finds it by the key
+        (one that can, W&B, uses the key as the id).
+        """
+        return self._run_key
+
+    @property
+    def resuming(self) -> bool:
+        """Whether this training resumed from a snapshot of this tracker."""
+        return self._restored
+
+    @property
     def report(self) -> TrackerReport:
         """The counts so far (final once :meth:`finalize` returned)."""
         return dataclasses.replace(self._counts, queued=self._queued, dropped=self._dropped)
@@ -375,6 +395,8 @@ class BaseTracker(Extension):
         log_report = self._resolve(manager)
         if not self._restored:
             self._seen = log_report.num_entries
+        if self._run_key is None:
+            self._run_key = uuid.uuid4().hex
         self._reset_run_state()
         self._active = group_world()[1] == 0
         if not self._active:
@@ -480,13 +502,15 @@ class BaseTracker(Extension):
             warnings.warn(message, TrackerWarning, stacklevel=2)
 
     def state_dict(self) -> dict[str, Any]:
-        """The tracker run id and how many LogReport entries were already handed over."""
-        return {"run_id": self._run_id, "entries_seen": self._seen}
+        """The run id and key, and how many LogReport entries were already handed over."""
+        return {"run_id": self._run_id, "run_key": self._run_key, "entries_seen": self._seen}
 
     def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
         """Restores :meth:`state_dict`: the next run resumes that tracker run."""
         run_id = to_load.get("run_id")
         self._run_id = None if run_id is None else str(run_id)
+        run_key = to_load.get("run_key")
+        self._run_key = None if run_key is None else str(run_key)
         if "entries_seen" in to_load:
             self._seen = int(to_load["entries_seen"])
             self._restored = True
@@ -530,7 +554,7 @@ class BaseTracker(Extension):
                     self._update(last_error=_describe(exc))
 
     def _open(self) -> None:
-        resumed = self._run_id is not None
+        resumed = self._run_id is not None or self._restored
         self._run_id = self.open_run(self._run_id)
         self._opened = True
         if resumed:

@@ -18,6 +18,9 @@ _METRICS_PER_REQUEST = 1000
 _PARAMS_PER_REQUEST = 100
 _PARAM_VALUE_LENGTH = 6000
 
+#: The tag holding the tracker's run key (:attr:`~ppe_core.tracking.BaseTracker.run_key`).
+RUN_KEY_TAG = "ppe.run_key"
+
 #: The default ``snapshot`` file names (``snapshot_iter_{.iteration}``).
 SNAPSHOT_PATTERN = "snapshot_iter_*"
 
@@ -102,18 +105,28 @@ class MLflowLogger(BaseTracker):
         return self._client
 
     def open_run(self, run_id: str | None) -> str:
-        """Creates the run (in ``experiment_name``), or marks the resumed one running again."""
+        """Creates the run (in ``experiment_name``, tagged with the run key), or marks the
+        resumed one running again (found by its key when the snapshot has no run id)."""
         client = self._mlflow_client()
+        if run_id is None:
+            experiment = client.get_experiment_by_name(self.experiment_name)
+            if experiment is not None:
+                experiment_id = experiment.experiment_id
+            else:
+                experiment_id = client.create_experiment(self.experiment_name)
+            if self.resuming:  # a snapshot from before the run opened: find it by its key
+                found = client.search_runs(
+                    [experiment_id],
+                    filter_string=f"tags.`{RUN_KEY_TAG}` = '{self.run_key}'",
+                    max_results=1,
+                )
+                run_id = str(found[0].info.run_id) if found else None
         self._resumed = run_id is not None
         if run_id is not None:
             client.update_run(run_id, status="RUNNING")
             return run_id
-        experiment = client.get_experiment_by_name(self.experiment_name)
-        if experiment is not None:
-            experiment_id = experiment.experiment_id
-        else:
-            experiment_id = client.create_experiment(self.experiment_name)
-        run = client.create_run(experiment_id, run_name=self.run_name, tags=self.tags)
+        tags = {**self.tags, RUN_KEY_TAG: str(self.run_key)}
+        run = client.create_run(experiment_id, run_name=self.run_name, tags=tags)
         return str(run.info.run_id)
 
     def log_metrics(self, entries: Sequence[TrackerEntry]) -> None:

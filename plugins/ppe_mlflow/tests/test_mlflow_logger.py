@@ -257,6 +257,75 @@ def test_a_slow_server_never_runs_on_the_training_thread(server: Server, tmp_pat
     assert steps == list(range(1, 3 * ITERS_PER_EPOCH + 1))
 
 
+# Trains 3 epochs with a snapshot every epoch (autoloaded); with a kill iteration, waits there
+# until the worker sent every entry, then dies by SIGKILL.
+_KILLED_SCRIPT = """
+import os, signal, sys, time
+import torch
+import ppe_core as ppe
+from ppe_core.training import extensions
+from ppe_core.training.extension import ExtensionEntry, make_extension
+from ppe_mlflow import MLflowLogger
+
+uri, out, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+class Regressor(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 1)
+
+    def forward(self, x, t):
+        return {"loss": torch.nn.functional.mse_loss(self.fc(x), t)}
+
+torch.manual_seed(0)
+model = ppe.to(Regressor(), "cpu")
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+logger = MLflowLogger(uri, experiment_name="killed", send_interval=0)
+
+@make_extension(trigger=(1, "iteration"), priority=0)
+def kill(manager):
+    if manager.iteration == kill_at:
+        while logger.report.sent < kill_at:
+            time.sleep(0.02)
+        print(logger.run_id, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+snapshot = ExtensionEntry(extensions.snapshot(autoload=True), trigger=(4, "iteration"))
+log = extensions.LogReport(trigger=(1, "iteration"))
+trainer = ppe.engine.create_trainer(
+    model, optimizer, 3, extensions=[log, logger, snapshot, kill], out_dir=out
+)
+generator = torch.Generator().manual_seed(1)
+data = [{"x": torch.randn(4, 3, generator=generator), "t": torch.randn(4, 1)} for _ in range(4)]
+trainer.run(data)
+print(logger.run_id, logger.report.sent, logger.report.skipped, flush=True)
+"""
+
+
+def test_a_killed_run_resumes_the_same_run_without_duplicate_steps(
+    server: Server, tmp_path: Path
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(_KILLED_SCRIPT)
+    out = str(tmp_path / "out")
+
+    def train(kill_at: int) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, str(script), server.uri, out, str(kill_at)]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+    killed = train(6)  # the snapshot holds iteration 4; the server holds steps 1-6
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    resumed = train(0)
+    assert resumed.returncode == 0, resumed.stderr
+    run_id, sent, skipped = resumed.stdout.split()[-3:]
+    assert run_id == killed.stdout.split()[-1]
+    assert (int(sent), int(skipped)) == (6, 2)  # 7-12 sent; 5 and 6 were on the server
+    client = MlflowClient(tracking_uri=server.uri)
+    steps = [step for step, _ in _history(client, run_id, "iteration")]
+    assert steps == list(range(1, 13))
+    assert client.get_run(run_id).info.status == "FINISHED"
+
+
 def test_a_server_stopped_mid_run_does_not_stop_training(server: Server, tmp_path: Path) -> None:
     # Runs last in this module: it stops the module's server.
     logger = MLflowLogger(

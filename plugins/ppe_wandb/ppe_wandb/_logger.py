@@ -75,7 +75,8 @@ class WandbLogger(BaseTracker):
     # Everything below runs on the tracker's worker thread.
 
     def open_run(self, run_id: str | None) -> str:
-        """``wandb.init``: a new run, or ``run_id`` resumed (``resume="allow"``)."""
+        """``wandb.init`` with ``id=`` the run id (the run key for a new run) and
+        ``resume="allow"``: the same id resumes the run."""
         import wandb
 
         options: dict[str, Any] = {
@@ -88,8 +89,9 @@ class WandbLogger(BaseTracker):
             "reinit": "create_new",
             **self.init_options,
         }
-        if run_id is not None:
-            options.update(id=run_id, resume="allow")
+        # W&B takes the run id from the client: the run key is the id, so a resumed training
+        # finds its run even from a snapshot taken before the run opened.
+        options.update(id=run_id or self.run_key, resume="allow")
         self._run = wandb.init(**{k: v for k, v in options.items() if v is not None})
         return str(self._run.id)
 
