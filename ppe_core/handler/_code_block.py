@@ -89,18 +89,28 @@ def update_parameters(
 class CodeBlockLogic(ModelLogic):
     """A Logic that runs each step as a code block, so the runtime executes the whole step.
 
-    A training step is ``update_parameters(model, all optimizers, backward_outputs)(batch)``:
-    zero_grad, forward, backward and every optimizer's step happen inside
-    ``runtime.execute``; an evaluation step is ``forward(model)(batch)``.
+    A training step is ``update_parameters(model, its optimizers, backward_outputs)(batch)``:
+    zero_grad, forward, backward and the optimizers' steps happen inside ``runtime.execute``;
+    an evaluation step is ``forward(model)(batch)``.
+
+    The optimizers stepped are those holding parameters of the model named ``model_name``
+    (PPE steps every optimizer of the trainer, which is the same set when each optimizer
+    holds parameters of the model; with several models, PPE #700, the others' optimizers
+    stay out), or those the ``optimizers`` option names.
 
     Options:
         backward_outputs: The output key to backpropagate (a str, or a list of one key;
             default: every scalar float output computed with autograd).
+        optimizers: A list of the trainer's optimizer names to step (each must hold
+            parameters of the model).
 
     Args:
         model_name: The key of the model this logic trains.
         options: The options above.
     """
+
+    #: The ``optimizers`` option; None: those holding the model's parameters.
+    _optimizer_names: tuple[str, ...] | None = None
 
     def consume_options(self, options: dict[str, Any]) -> None:
         super().consume_options(options)
@@ -114,6 +124,18 @@ class CodeBlockLogic(ModelLogic):
                 "them all and leave the option out, they are backpropagated together)"
             )
         self.backward_outputs: str | None = key
+        names = options.pop("optimizers", None)
+        if names is not None:
+            if isinstance(names, (Mapping, str)) or not all(isinstance(n, str) for n in names):
+                raise ConfigurationError(
+                    f"CodeBlockLogic option 'optimizers' must be a list of optimizer names, got "
+                    f"{names!r}; e.g. options={{'optimizers': ['adam', 'sgd']}}. A code block "
+                    "steps them all on one loss; a loss, model or grad scaler per optimizer "
+                    "needs ppe.handler.Logic's 'optimizers' option"
+                )
+            self._optimizer_names = tuple(names)
+        # (model, optimizers' items) -> the optimizers to step: chosen once per pair.
+        self._targeted: tuple[Any, list[torch.optim.Optimizer]] | None = None
 
     def train_step(
         self,
@@ -122,10 +144,49 @@ class CodeBlockLogic(ModelLogic):
         batch_idx: int,
         batch: Any,
     ) -> Any:
+        model = self._model(models)
         block = update_parameters(
-            self._model(models), list(optimizers.values()), self.backward_outputs
+            model, self._targeted_optimizers(model, optimizers), self.backward_outputs
         )
         return block(batch)
+
+    def _targeted_optimizers(
+        self, model: torch.nn.Module, optimizers: Mapping[str, torch.optim.Optimizer]
+    ) -> list[torch.optim.Optimizer]:
+        key = (model, tuple(optimizers.items()))
+        cached = self._targeted
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        held = {id(p) for p in model.parameters()}
+
+        def holds(optimizer: torch.optim.Optimizer) -> bool:
+            return any(id(p) in held for g in optimizer.param_groups for p in g["params"])
+
+        names = self._optimizer_names
+        if names is None:
+            chosen = [o for o in optimizers.values() if holds(o)]
+            if not chosen and optimizers:
+                raise ConfigurationError(
+                    f"none of the optimizers {sorted(optimizers)} holds parameters of the model "
+                    f"{self.model_name!r} CodeBlockLogic trains, so nothing would learn; build "
+                    "one from that model's parameters, or set model_name to the model they train"
+                )
+        else:
+            unknown = [n for n in names if n not in optimizers]
+            if unknown:
+                raise ConfigurationError(
+                    f"CodeBlockLogic option 'optimizers' names {unknown}, but the trainer's "
+                    f"optimizers are named {sorted(optimizers)}"
+                )
+            chosen = [optimizers[n] for n in names]
+            idle = [n for n in names if not holds(optimizers[n])]
+            if idle:
+                raise ConfigurationError(
+                    f"CodeBlockLogic option 'optimizers' names {idle}, which hold none of the "
+                    f"parameters of the model {self.model_name!r} it trains"
+                )
+        self._targeted = (key, chosen)
+        return chosen
 
     def train_step_optimizers(
         self,

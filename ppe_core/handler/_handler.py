@@ -343,16 +343,25 @@ class Handler(BaseHandler):
 
     def state_dict(self) -> dict[str, Any]:
         """``{"grad_scaler": scaler.state_dict()}`` when training with a grad scaler (from
-        the options or the runtime options), else ``{}``; saved in trainer snapshots."""
+        the options or the runtime options), and ``"logic"``: the rest of the logic's
+        ``state_dict()`` (each optimizer's own grad scaler, ...) when it has more; saved in
+        trainer snapshots."""
         scaler = self._grad_scaler()
-        return {} if scaler is None else {"grad_scaler": scaler.state_dict()}
+        state = {} if scaler is None else {"grad_scaler": scaler.state_dict()}
+        logic = {k: v for k, v in self._logic.state_dict().items() if k != "grad_scaler"}
+        if logic:
+            state["logic"] = logic
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore the grad scaler's state (ignored without a grad scaler)."""
+        """Restore the grad scaler's state (ignored without a grad scaler) and the logic's."""
         scaler = self._grad_scaler()
         scaler_state = state.get("grad_scaler")
         if scaler is not None and scaler_state is not None:
             scaler.load_state_dict(scaler_state)
+        logic = state.get("logic")
+        if isinstance(logic, Mapping) and logic:
+            self._logic.load_state_dict(logic)
 
 
 def step_function(

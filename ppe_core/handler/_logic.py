@@ -20,6 +20,13 @@ from ppe_core.errors import (
     ModelOutputError,
     NoGradientError,
 )
+from ppe_core.handler._optimizer_targets import (
+    OptimizerTarget,
+    Plan,
+    Stage,
+    build_plan,
+    parse_targets,
+)
 from ppe_core.runtime import (
     autocast_available,
     autocast_device_type_of,
@@ -313,6 +320,14 @@ class Logic(ModelLogic):
         grad_accumulation_steps: Accumulate gradients over this many batches before an
             optimizer step; losses are divided by the window size so the update equals one
             step on the concatenated batch. Windows restart at each epoch.
+        optimizers: Several optimizers, each with its own target: a dict keyed by the
+            trainer's optimizer names, ``{"gen": {"model": ..., "loss": ..., "grad_scaler":
+            ...}, ...}`` (every key optional; defaults: ``model_name``, ``backward_outputs``,
+            the ``grad_scaler``), or a list of names. Each model named runs its forward once
+            per step, in the order first named; each optimizer's loss is backpropagated to
+            that optimizer's parameters only (when there are several losses), then the
+            model's optimizers step before the next model's forward. See
+            ``docs/handler-logic.md``.
 
     Args:
         model_name: The key of the model (and optimizer) this logic trains.
@@ -330,6 +345,9 @@ class Logic(ModelLogic):
         self._warned_nothing = False
         # True until the first training step has checked that the run can train at all.
         self._first_step = True
+        #: The ``optimizers`` option; None: one optimizer, keyed like the model.
+        self._targets: dict[str, OptimizerTarget] | None = None
+        self._plan: Plan | None = None
         super().__init__(model_name, options)
 
     def consume_options(self, options: dict[str, Any]) -> None:
@@ -378,6 +396,10 @@ class Logic(ModelLogic):
                     f"option 'grad_accumulation_steps' must be an int >= 1, got {steps!r}"
                 )
             self.grad_accumulation_steps = steps
+        targets = options.pop("optimizers", None)
+        if targets is not None:
+            self._targets = parse_targets(targets)
+        self._plan = None  # options changed: planned again at the next step
 
     def bind_device(self, device_type: str) -> None:
         """Autocast on ``device_type`` unless the ``autocast`` option names a device type."""
@@ -387,18 +409,51 @@ class Logic(ModelLogic):
         """Scale losses with the runtime's scaler unless a ``grad_scaler`` option was given."""
         if self._grad_scaler is None:
             self._grad_scaler = scaler
+            self._plan = None
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"grad_scaler": scaler.state_dict()}`` with a grad scaler, else ``{}``."""
-        if self._grad_scaler is None:
-            return {}
-        return {"grad_scaler": self._grad_scaler.state_dict()}
+        """``{"grad_scaler": scaler.state_dict()}`` with a grad scaler, else ``{}``; with
+        the ``optimizers`` option, also ``"grad_scalers"``: the state of each optimizer's own
+        scaler, by optimizer name."""
+        state = {} if self._grad_scaler is None else {"grad_scaler": self._grad_scaler.state_dict()}
+        own = self._own_scalers()
+        if own:
+            state["grad_scalers"] = {name: scaler.state_dict() for name, scaler in own.items()}
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore the grad scaler's state (ignored when this logic has no grad scaler)."""
+        """Restore the grad scalers' states (each ignored when this logic has no such scaler)."""
         scaler_state = state.get("grad_scaler")
         if scaler_state is not None and self._grad_scaler is not None:
             self._grad_scaler.load_state_dict(scaler_state)
+        saved = state.get("grad_scalers")
+        if isinstance(saved, Mapping):
+            own = self._own_scalers()
+            for name, value in saved.items():
+                if name in own:
+                    own[name].load_state_dict(value)
+
+    def _own_scalers(self) -> dict[str, torch.amp.GradScaler]:
+        """The optimizers' own grad scalers (the ``optimizers`` option), by optimizer name."""
+        if self._targets is None:
+            return {}
+        return {
+            t.name: t.grad_scaler
+            for t in self._targets.values()
+            if t.grad_scaler is not None and t.grad_scaler is not self._grad_scaler
+        }
+
+    def set_mode(self, models: Mapping[str, torch.nn.Module], training: bool) -> None:
+        """Switches this logic's model only; with the ``optimizers`` option, every model it
+        names."""
+        if self._targets is None:
+            self._model(models).train(training)
+            return
+        for name in dict.fromkeys(
+            t.model if t.model is not None else self.model_name for t in self._targets.values()
+        ):
+            if name in models:  # an unknown name is explained by the first step's plan
+                models[name].train(training)
 
     def _bind_autocast(self, model: torch.nn.Module) -> None:
         """Autocast on the device type of ``model``'s runtime (unless the options name one)."""
@@ -542,6 +597,8 @@ class Logic(ModelLogic):
         batch_idx: int,
         batch: Any,
     ) -> Any:
+        if self._targets is not None:
+            return self._train_stages(models, optimizers, batch_idx, batch)
         name = self.model_name
         try:  # two subscripts inline, not two helper calls: this runs every step
             model = models[name]
@@ -586,6 +643,9 @@ class Logic(ModelLogic):
     ) -> None:
         if self.grad_accumulation_steps > 1 and not self._window(batch_idx)[1]:
             return
+        if self._targets is not None:
+            self._step_stage(self._planned(models, optimizers).stages[-1])
+            return
         try:
             optimizer = optimizers[self.model_name]
         except KeyError:
@@ -605,6 +665,134 @@ class Logic(ModelLogic):
             self._bind_autocast(model)
         with autocast.autocast():
             return self._forward(model, batch)
+
+    # Several optimizers (the ``optimizers`` option) -----------------------------------------
+    def _planned(
+        self, models: Mapping[str, torch.nn.Module], optimizers: Mapping[str, torch.optim.Optimizer]
+    ) -> Plan:
+        plan = self._plan
+        if plan is None or not plan.serves(models, optimizers):
+            assert self._targets is not None
+            keys = self.backward_outputs
+            plan = self._plan = build_plan(
+                self._targets,
+                models,
+                optimizers,
+                model_name=self.model_name,
+                loss=None if keys is None else (keys,) if isinstance(keys, str) else tuple(keys),
+                grad_scaler=self._grad_scaler,
+                backward_function=self._backward_fn,
+            )
+        return plan
+
+    def _train_stages(
+        self,
+        models: Mapping[str, torch.nn.Module],
+        optimizers: Mapping[str, torch.optim.Optimizer],
+        batch_idx: int,
+        batch: Any,
+    ) -> Any:
+        """Each stage in turn: zero_grad, its model's forward, each loss's backward; the
+        stages before the last step their optimizers here (the next forward sees the update),
+        the last in ``train_step_optimizers``."""
+        plan = self._planned(models, optimizers)
+        n = self.grad_accumulation_steps
+        window, ends = (1, True) if n == 1 else self._window(batch_idx)
+        stages = plan.stages
+        merged: dict[str, Any] = {}
+        outputs: Any = None
+        for stage in stages:
+            if n == 1 or batch_idx % n == 0:
+                for optimizer in stage.optimizers:
+                    optimizer.zero_grad()
+            model = stage.model
+            no_sync = None if ends else getattr(model, "no_sync", None)
+            with contextlib.nullcontext() if no_sync is None else no_sync():
+                outputs = self._stage_forward_backward(stage, plan.restrict, batch, window)
+            if len(stages) == 1:
+                return outputs
+            merged.update(outputs if type(outputs) is dict else normalize_outputs(outputs))
+            if ends and stage is not stages[-1]:
+                self._step_stage(stage)
+        return merged
+
+    def _stage_forward_backward(self, stage: Stage, restrict: bool, batch: Any, window: int) -> Any:
+        model = stage.model
+        # The forward as _forward_backward runs it, which keeps it inline (the hot path).
+        autocast = self._autocast
+        if not autocast.enabled:
+            outputs = self._forward(model, batch)
+        else:
+            if autocast.resolved_device_type is None:
+                self._bind_autocast(model)
+            with autocast.autocast():
+                outputs = self._forward(model, batch)
+        named = outputs if type(outputs) is dict else normalize_outputs(outputs)
+        if not stage.checked:
+            self._check_stage(stage, named)
+        groups = stage.groups
+        for i, group in enumerate(groups):
+            keys = group.loss
+            tensors = self._to_backward(named) if keys is None else [named[k] for k in keys]
+            if not tensors:
+                continue
+            if window != 1:
+                tensors = [t / window for t in tensors]
+            if group.scaler is not None:
+                tensors = [group.scaler.scale(t) for t in tensors]
+            if restrict:
+                # Only this group's parameters: a generator's loss must not leave gradients
+                # on the discriminator. Later groups of the stage reuse the graph.
+                torch.autograd.backward(
+                    tensors, inputs=group.parameters(), retain_graph=i < len(groups) - 1
+                )
+            elif self._backward_fn is not None:
+                for t in tensors:
+                    self._backward_fn(t)
+            else:
+                torch.autograd.backward(tensors)
+        if not stage.checked:
+            stage.checked = True
+            if any(group.loss is None for group in groups) and self.backward_outputs is None:
+                _check_something_trains(model, outputs)
+        return outputs
+
+    def _check_stage(self, stage: Stage, outputs: Mapping[str, Any]) -> None:
+        """At a stage's first step: each named loss is an output that backpropagates."""
+        for group in stage.groups:
+            for key in group.loss or ():
+                if key not in outputs:
+                    raise ConfigurationError(
+                        f"the optimizer(s) {group.names} step on the loss {key!r}, but the "
+                        f"model {stage.model_name!r} returns the outputs {sorted(outputs)}; "
+                        "name one of them in option 'optimizers' (its 'loss'), or return it"
+                    )
+                value = outputs[key]
+                if not isinstance(value, torch.Tensor) or value.grad_fn is None:
+                    raise ModelOutputError(
+                        f"the loss {key!r} of the optimizer(s) {group.names} has no graph to "
+                        "backpropagate (it is not a tensor computed with autograd: not under "
+                        "torch.no_grad(), not .detach()ed or .item()ed)"
+                    )
+                if value.numel() != 1:
+                    raise ModelOutputError(
+                        f"the loss {key!r} of the optimizer(s) {group.names} has shape "
+                        f"{tuple(value.shape)}, but backward needs a scalar; reduce it in "
+                        "forward (e.g. loss.mean())"
+                    )
+
+    def _step_stage(self, stage: Stage) -> None:
+        """Steps the stage's optimizers, each through its group's scaler, then updates the
+        scalers that have stepped their last optimizer of the step."""
+        for group in stage.groups:
+            scaler = group.scaler
+            for optimizer in group.optimizers:
+                if scaler is None:
+                    optimizer.step()
+                else:
+                    scaler.step(optimizer)
+        for scaler in stage.updates:
+            scaler.update()
 
 
 @dataclasses.dataclass
@@ -641,6 +829,11 @@ class ClousureLogic(Logic):
             raise ConfigurationError(
                 "ClousureLogic cannot accumulate gradients: the optimizer steps inside every "
                 "train_step. Remove the 'grad_accumulation_steps' option."
+            )
+        if self._targets is not None:
+            raise ConfigurationError(
+                "ClousureLogic steps one optimizer, with a closure; remove the 'optimizers' "
+                "option, or use ppe.handler.Logic to step several optimizers"
             )
 
     def offer_grad_scaler(self, scaler: torch.amp.GradScaler) -> None:

@@ -1,0 +1,243 @@
+"""Several optimizers per model: what each optimizer steps (the Logic's ``optimizers`` option),
+checked against the trainer's models and optimizers and planned once into ordered stages."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ppe_core.errors import ConfigurationError
+
+__all__ = ["OptimizerTarget", "Plan", "Stage", "StepGroup", "build_plan", "parse_targets"]
+
+#: The keys an optimizer's entry in the ``optimizers`` option may have.
+TARGET_KEYS = ("model", "loss", "grad_scaler")
+
+_EXAMPLE = (
+    "e.g. options={'optimizers': {'gen': {'loss': 'g_loss'}, 'dis': {'loss': 'd_loss'}}} "
+    "(keys: the trainer's optimizer names; entries may name 'model', 'loss' and 'grad_scaler')"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerTarget:
+    """One entry of the ``optimizers`` option: what the optimizer called ``name`` steps on.
+
+    ``None`` fields take the Logic's value: its ``model_name``, its ``backward_outputs`` and
+    its grad scaler (the ``grad_scaler`` option or the runtime's).
+    """
+
+    name: str
+    model: str | None = None
+    loss: tuple[str, ...] | None = None
+    grad_scaler: torch.amp.GradScaler | None = None
+
+
+def parse_targets(value: Any) -> dict[str, OptimizerTarget]:
+    """The ``optimizers`` option as targets by optimizer name, in the given order.
+
+    Accepts a list of optimizer names (each with the Logic's model, loss and scaler) or a dict
+    ``{name: {"model": ..., "loss": ..., "grad_scaler": ...}}`` (every key optional).
+
+    Raises:
+        ConfigurationError: the option or an entry has the wrong shape.
+    """
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    elif isinstance(value, Sequence) and not isinstance(value, str):
+        items = [(name, {}) for name in value]
+    else:
+        raise ConfigurationError(
+            f"option 'optimizers' must be a list of optimizer names or a dict of them, got "
+            f"{value!r}; {_EXAMPLE}"
+        )
+    if not items:
+        raise ConfigurationError(f"option 'optimizers' names no optimizer; {_EXAMPLE}")
+    targets: dict[str, OptimizerTarget] = {}
+    for name, entry in items:
+        if not isinstance(name, str):
+            raise ConfigurationError(
+                f"option 'optimizers' names optimizers by their trainer key (a str), got "
+                f"{name!r}; {_EXAMPLE}"
+            )
+        if name in targets:
+            raise ConfigurationError(f"option 'optimizers' names the optimizer {name!r} twice")
+        targets[name] = _parse_entry(name, {} if entry is None else entry)
+    return targets
+
+
+def _parse_entry(name: str, entry: Any) -> OptimizerTarget:
+    where = f"option 'optimizers', entry {name!r}"
+    if not isinstance(entry, Mapping):
+        raise ConfigurationError(
+            f"{where} must be a dict with the keys {list(TARGET_KEYS)} (each optional), got "
+            f"{entry!r}; {_EXAMPLE}"
+        )
+    unknown = sorted(set(entry) - set(TARGET_KEYS))
+    if unknown:
+        raise ConfigurationError(
+            f"{where} has unknown key(s) {unknown}; the keys are {list(TARGET_KEYS)} (an LR "
+            "scheduler is an extension: ppe.training.extensions.LRScheduler(scheduler) per "
+            "optimizer)"
+        )
+    model = entry.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ConfigurationError(f"{where}: 'model' must be a model name (a str), got {model!r}")
+    loss = entry.get("loss")
+    keys = (loss,) if isinstance(loss, str) else loss
+    if keys is not None and (
+        not isinstance(keys, (list, tuple)) or not keys or not all(isinstance(k, str) for k in keys)
+    ):
+        raise ConfigurationError(
+            f"{where}: 'loss' must be an output key or a non-empty list of them, got {loss!r}"
+        )
+    scaler = entry.get("grad_scaler")
+    if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
+        raise ConfigurationError(
+            f"{where}: 'grad_scaler' must be a torch.amp.GradScaler, got {type(scaler).__name__}"
+        )
+    return OptimizerTarget(name, model, None if keys is None else tuple(keys), scaler)
+
+
+@dataclasses.dataclass
+class StepGroup:
+    """Optimizers stepped on the same loss: one backward pass, one grad scaler."""
+
+    loss: tuple[str, ...] | None  # None: the Logic's backward_outputs
+    names: list[str]
+    optimizers: list[torch.optim.Optimizer]
+    scaler: torch.amp.GradScaler | None
+
+    def parameters(self) -> list[torch.Tensor]:
+        """The trainable parameters of the group's optimizers (read each step: layers may be
+        unfrozen during training)."""
+        return [
+            p
+            for optimizer in self.optimizers
+            for group in optimizer.param_groups
+            for p in group["params"]
+            if p.requires_grad
+        ]
+
+
+@dataclasses.dataclass
+class Stage:
+    """One model's forward pass and the optimizers stepped on its outputs."""
+
+    model_name: str
+    model: torch.nn.Module
+    groups: list[StepGroup]
+    #: The scalers whose last optimizer steps in this stage: updated after its steps.
+    updates: list[torch.amp.GradScaler]
+    #: Whether the first step's checks (loss keys, something trains) have run.
+    checked: bool = False
+
+    @property
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [optimizer for group in self.groups for optimizer in group.optimizers]
+
+
+@dataclasses.dataclass
+class Plan:
+    """The stages of a step, for one ``models``/``optimizers`` pair of dicts."""
+
+    models: Mapping[str, torch.nn.Module]
+    optimizers: Mapping[str, torch.optim.Optimizer]
+    stages: list[Stage]
+    #: Whether each group backpropagates to its own optimizers' parameters only (several
+    #: groups: a generator's loss must not leave gradients on the discriminator).
+    restrict: bool
+
+    def serves(
+        self, models: Mapping[str, torch.nn.Module], optimizers: Mapping[str, torch.optim.Optimizer]
+    ) -> bool:
+        return models is self.models and optimizers is self.optimizers
+
+
+def build_plan(
+    targets: Mapping[str, OptimizerTarget],
+    models: Mapping[str, torch.nn.Module],
+    optimizers: Mapping[str, torch.optim.Optimizer],
+    *,
+    model_name: str,
+    loss: tuple[str, ...] | None,
+    grad_scaler: torch.amp.GradScaler | None,
+    backward_function: Callable[[torch.Tensor], Any] | None,
+) -> Plan:
+    """Checks ``targets`` against the trainer's dicts and orders them into stages.
+
+    A stage per model, in the order the targets first name it; in a stage, a group per loss,
+    in the same order. Keyword arguments are the Logic's defaults.
+
+    Raises:
+        ConfigurationError: an unknown optimizer or model name, an optimizer of the trainer
+            that no target names, an optimizer holding none of its model's parameters, one
+            loss with two grad scalers, or a ``backward_function`` with several losses.
+    """
+    unknown = [name for name in targets if name not in optimizers]
+    if unknown:
+        raise ConfigurationError(
+            f"option 'optimizers' names {unknown}, but the trainer's optimizers are named "
+            f"{sorted(optimizers)}; key the option by those names (a bare optimizer is 'main')"
+        )
+    unlisted = [name for name in optimizers if name not in targets]
+    if unlisted:
+        raise ConfigurationError(
+            f"the trainer's optimizer(s) {unlisted} are not in option 'optimizers' "
+            f"({list(targets)}), so the Logic would never step them; add them to the option "
+            "or leave them out of the trainer"
+        )
+    stages: dict[str, Stage] = {}
+    groups: dict[tuple[str, tuple[str, ...] | None], StepGroup] = {}
+    last_stage: dict[int, tuple[torch.amp.GradScaler, Stage]] = {}
+    for target in targets.values():
+        name = target.model if target.model is not None else model_name
+        if name not in models:
+            raise ConfigurationError(
+                f"option 'optimizers', entry {target.name!r}, steps the model {name!r}"
+                f"{'' if target.model is not None else ' (the Logic model_name)'}, but the "
+                f"models are named {sorted(models)}; set its 'model' to one of them"
+            )
+        model = models[name]
+        optimizer = optimizers[target.name]
+        held = {id(p) for p in model.parameters()}
+        if not any(id(p) in held for g in optimizer.param_groups for p in g["params"]):
+            raise ConfigurationError(
+                f"the optimizer {target.name!r} holds none of the parameters of the model "
+                f"{name!r} it steps on; set its 'model' to the model whose forward computes its "
+                f"loss and holds its parameters (models: {sorted(models)})"
+            )
+        stage = stages.get(name)
+        if stage is None:
+            stage = stages[name] = Stage(name, model, [], [])
+        key = target.loss if target.loss is not None else loss
+        scaler = target.grad_scaler if target.grad_scaler is not None else grad_scaler
+        group = groups.get((name, key))
+        if group is None:
+            group = groups[(name, key)] = StepGroup(key, [], [], scaler)
+            stage.groups.append(group)
+        elif group.scaler is not scaler:
+            raise ConfigurationError(
+                f"the optimizers {[*group.names, target.name]} step on the same loss "
+                f"{list(key) if key is not None else '(the default)'} of model {name!r} with "
+                "different grad scalers, but a loss is scaled once; give them one "
+                "'grad_scaler', or separate losses"
+            )
+        group.names.append(target.name)
+        group.optimizers.append(optimizer)
+        if scaler is not None:
+            last_stage[id(scaler)] = (scaler, stage)
+    for scaler, stage in last_stage.values():
+        stage.updates.append(scaler)
+    restrict = len(groups) > 1
+    if restrict and backward_function is not None:
+        raise ConfigurationError(
+            "option 'backward_function' cannot be combined with optimizers stepped on "
+            "different losses or models: each loss is backpropagated to its own optimizers' "
+            "parameters only, with torch.autograd.backward(loss, inputs=...). Remove the "
+            "option, or subclass ppe.handler.BaseLogic for this step"
+        )
+    return Plan(models, optimizers, list(stages.values()), restrict)
