@@ -108,6 +108,10 @@ FILES: dict[str, tuple[str, str]] = {
     "ppe_core/handler/_code_block.py": (SAME, "CodeBlockLogic, forward, update_parameters"),
     "ppe_core/handler/_handler.py": (SAME, "BaseHandler, Handler"),
     "ppe_core/handler/_logic.py": (SAME, "BaseLogic, Logic, ClousureLogic"),
+    "ppe_core/handler/_optimizer_targets.py": (
+        BEYOND,
+        "several optimizers per model: each one's model, loss and grad scaler",
+    ),
     # training: the engine
     "ppe_core/_active_host.py": (
         BEYOND,
