@@ -274,7 +274,8 @@ def test_snapshot_accepts_ppe_s_arguments(tmp_path: Path) -> None:
     assert E.snapshot(snapshot_mode=SnapshotMode.DEFAULT, n_retains=0).n_retains == 0
     assert E.snapshot(savefun=torch.save, filename="s_{.iteration}").filename == "s_{.iteration}"
     assert E.snapshot(writer=ppe_core.writing.SimpleWriter(out_dir=str(tmp_path))).writer
-    assert [mode.name for mode in SnapshotMode] == ["DEFAULT", "DISTRIBUTED", "SHARDED"]
+    # PPE's three modes, in PPE's order; DCP is ppe-core's own (torch.distributed.checkpoint).
+    assert [mode.name for mode in SnapshotMode] == ["DEFAULT", "DISTRIBUTED", "SHARDED", "DCP"]
     with pytest.raises(SnapshotError, match=r"torch\.distributed"):
         E.snapshot(snapshot_mode=SnapshotMode.DISTRIBUTED, saver_rank=0)
     with pytest.raises(ValueError, match="saver_rank"):

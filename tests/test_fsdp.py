@@ -118,6 +118,7 @@ def test_modes_writing_one_rank_state_refuse_sharded_state_naming_the_fix(first:
             message = messages[name]
             assert "cannot save" in message and "nothing was written" in message, (name, rank)
             assert "snapshot_mode=SnapshotMode.SHARDED" in message, (name, rank)
+            assert "snapshot_mode=SnapshotMode.DCP" in message, (name, rank)
             assert "StateDictOptions(full_state_dict=True)" in message, (name, rank)
     assert "models['main'].body.0.weight" in ranks[0]["default"]
     assert "target['optimizer'].param_groups[0][0]" in ranks[0]["object_optimizer"]
@@ -155,6 +156,7 @@ def test_sharded_snapshot_of_fsdp2_refuses_another_world_size(first: Path, world
         refusal = result["refusal"]
         assert f"written by 2 ranks and this run has {world}" in refusal, (rank, refusal)
         assert "Resume with 2 processes" in refusal, rank
+        assert "SnapshotMode.DCP snapshots reshard" in refusal, rank
     assert sorted(p.name for p in (out / "run").iterdir()) == [
         "snapshot_12",
         "snapshot_4",

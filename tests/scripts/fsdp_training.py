@@ -1,8 +1,8 @@
 """FSDP2 (``fully_shard``) training through ``create_trainer`` under torchrun (gloo, CPU), used
-by tests/test_fsdp.py.
+by tests/test_fsdp.py and tests/test_fsdp_dcp.py.
 
 Usage: python -m torch.distributed.run --standalone --nproc_per_node=2 fsdp_training.py OUT
-    [--phase first|resume] [--mode sharded|default|distributed]
+    [--phase first|resume|reshard|load|kill] [--mode sharded|dcp|default|distributed]
 
 ``--phase first`` (the default) runs, in one launch:
 
@@ -16,16 +16,21 @@ Usage: python -m torch.distributed.run --standalone --nproc_per_node=2 fsdp_trai
   iterations with autoload, in ``OUT/straight``;
 * ``stopped``: the same run stopped at iteration 12 (mid-epoch 2), in ``OUT/run``.
 
+With ``--mode dcp`` (used by tests/test_fsdp_dcp.py) the first phase runs the last two only.
 ``--phase resume`` resumes ``OUT/run`` to the end; ``--phase reshard`` (at another world size)
-expects that resume to raise ``ShardedStateError``. Each phase writes ``OUT/{phase}_rank{N}.pt``
-with, per run, the full (gathered) weights, the final RNG state, the iteration and the snapshot
-resumed from.
+expects that resume to raise ``ShardedStateError``; ``--phase load`` resumes it and stops at
+once (the weights as loaded); ``--phase kill`` trains in ``OUT/run`` and SIGKILLs every rank
+at iteration 10, while the save of snapshot 8 is unfinished. Each phase writes
+``OUT/{phase}_rank{N}.pt`` with, per run, the full (gathered) weights, the final RNG state, the
+iteration, the snapshot resumed from and the DCP snapshots' blocked times.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
+import time
 from typing import Any
 
 import torch
@@ -168,12 +173,18 @@ def refusals(out: str) -> dict[str, str]:
     return messages
 
 
-def snapshotted(out: str, mode: str, stop_at: int | None) -> dict[str, Any]:
+def snapshotted(
+    out: str, mode: str, stop_at: int | None, kill_at: int | None = None
+) -> dict[str, Any]:
     """2 epochs with dropout and per-rank seeds, a snapshot every 4 iterations (autoload)."""
     model = sharded_model(dropout=0.2)
     torch.manual_seed(100 + torch.distributed.get_rank())  # each rank's own dropout masks
     E = ppe.training.extensions
-    modes = {"default": E.SnapshotMode.DEFAULT, "distributed": E.SnapshotMode.DISTRIBUTED}
+    modes = {
+        "default": E.SnapshotMode.DEFAULT,
+        "distributed": E.SnapshotMode.DISTRIBUTED,
+        "dcp": E.SnapshotMode.DCP,
+    }
     snapshot = E.snapshot(
         autoload=True,
         filename="snapshot_{.iteration}",
@@ -188,32 +199,64 @@ def snapshotted(out: str, mode: str, stop_at: int | None) -> dict[str, Any]:
         stop_trigger=None if stop_at is None else (stop_at, "iteration"),
     )
     trainer.extend(snapshot, trigger=(4, "iteration"))
+    if kill_at is not None:
+        trainer.extend(kill_during_save(kill_at), trigger=(kill_at, "iteration"))
     trainer.run(loaders()[0])
     return {
         "weights": full_weights(model),
         "rng": torch.get_rng_state(),
         "iteration": trainer.iteration,
         "loaded_from": snapshot.loaded_from and os.path.relpath(snapshot.loaded_from, out),
+        "blocked_times": getattr(snapshot, "blocked_times", None),
     }
+
+
+def kill_during_save(kill_at: int) -> Any:
+    """An extension SIGKILLing this process at ``kill_at``, while the DCP save of the last
+    snapshot before is still in progress (its manifest, written before the rename, is held
+    back), as a crash would."""
+    from ppe_core.training.extensions import _snapshot
+
+    write_manifest = _snapshot.write_manifest
+
+    def slow_write_manifest(directory: str, iteration: int, world_size: int) -> None:
+        if iteration == kill_at - kill_at % 4:
+            time.sleep(60)
+        write_manifest(directory, iteration, world_size)
+
+    _snapshot.write_manifest = slow_write_manifest  # type: ignore[assignment]
+
+    @ppe.training.make_extension(trigger=(kill_at, "iteration"))
+    def kill(manager: Any) -> None:
+        torch.distributed.barrier()  # both ranks die here, none waiting for the other
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    return kill
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    parser.add_argument("--phase", choices=["first", "resume", "reshard"], default="first")
-    parser.add_argument("--mode", choices=["sharded", "default", "distributed"], default="sharded")
+    phases = ["first", "resume", "reshard", "load", "kill"]
+    parser.add_argument("--phase", choices=phases, default="first")
+    modes = ["sharded", "default", "distributed", "dcp"]
+    parser.add_argument("--mode", choices=modes, default="sharded")
     args = parser.parse_args()
     world = ppe.distributed.init_from_env("cpu")
     results: dict[str, Any] = {}
     if args.phase == "first":
-        results["reference"] = reference(os.path.join(args.out, "reference"))
-        results["amp"] = reference(os.path.join(args.out, "amp"), amp=True)
         if args.mode == "sharded":
+            results["reference"] = reference(os.path.join(args.out, "reference"))
+            results["amp"] = reference(os.path.join(args.out, "amp"), amp=True)
             results["refusals"] = refusals(os.path.join(args.out, "refusals"))
         results["straight"] = snapshotted(os.path.join(args.out, "straight"), args.mode, None)
         results["stopped"] = snapshotted(os.path.join(args.out, "run"), args.mode, STOP_AT)
     elif args.phase == "resume":
         results["resumed"] = snapshotted(os.path.join(args.out, "run"), args.mode, None)
+    elif args.phase == "load":  # resumed and stopped at once: the weights as loaded
+        results["loaded"] = snapshotted(os.path.join(args.out, "run"), args.mode, STOP_AT)
+    elif args.phase == "kill":
+        snapshotted(os.path.join(args.out, "run"), args.mode, None, kill_at=STOP_AT - 2)
     else:  # another world size: a sharded snapshot must refuse to resume
         try:
             snapshotted(os.path.join(args.out, "run"), args.mode, None)

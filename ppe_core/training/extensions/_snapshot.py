@@ -11,7 +11,9 @@ from __future__ import annotations
 import copy
 import enum
 import functools
+import logging
 import os
+import time
 import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -32,11 +34,23 @@ from ppe_core.errors import (
     SnapshotVerificationWarning,
     UnsafeSnapshotError,
 )
+from ppe_core.reporting import report
 from ppe_core.runtime import map_tensors
 from ppe_core.training._extension import PRIORITY_SNAPSHOT, Extension
 from ppe_core.training._ranks import device_of, object_device
 from ppe_core.training._resume import record_ranks
 from ppe_core.training._state import PPE_CORE_STATE_KEY
+from ppe_core.training.extensions._snapshot_dcp import (
+    newest_valid,
+    publish,
+    remove_leftovers,
+    rest_file,
+    restore_tensor_state,
+    retain,
+    temporary_dir,
+    tensor_state,
+    write_manifest,
+)
 from ppe_core.training.extensions._snapshot_manifest import (
     MANIFEST_SUFFIX,
     _file_digest,
@@ -89,12 +103,19 @@ class SnapshotMode(enum.Enum):
     would hold the saver's shards only. ``SHARDED``: every rank writes its own part under
     ``<filename>/<rank>`` (its shards of an FSDP2 model and optimizer, its RNG and loader
     states), and ``saver_rank`` marks the directory complete; a sharded state resumes at the
-    same world size only.
+    same world size only. ``DCP``: the models and optimizers are saved with
+    ``torch.distributed.checkpoint`` (each rank its shards, in the background once staged;
+    resharded on load at another world size), the rest per rank, into a directory renamed into
+    place when complete, with a manifest hashing every file.
     """
 
     DEFAULT = enum.auto()
     DISTRIBUTED = enum.auto()
     SHARDED = enum.auto()
+    DCP = enum.auto()
+
+
+_log = logging.getLogger("ppe_core.snapshot")
 
 
 #: Host copies of tensors at least this large are kept for the next snapshot and refilled:
@@ -337,11 +358,13 @@ class _Snapshot(Extension):
             f"which each rank holds only its own shard. This mode writes one file, from rank "
             f"{saver}, which would hold rank {saver}'s shards only, and a run resumed from it "
             "would train other weights, so nothing was written. Use "
-            "snapshot_mode=SnapshotMode.SHARDED with saver_rank=0 (every rank writes its own "
-            "shards; it resumes at the same world size only), save a full state dict yourself "
-            "(torch.distributed.checkpoint.state_dict.get_model_state_dict with "
-            "StateDictOptions(full_state_dict=True)), or train with DDP. A sharded mode on "
-            "torch.distributed.checkpoint, with resharding, is planned (issue 24)."
+            "snapshot_mode=SnapshotMode.DCP with saver_rank=0 (every rank writes its shards "
+            "with torch.distributed.checkpoint, in the background; it reshards on load at "
+            "another world size) or snapshot_mode=SnapshotMode.SHARDED with saver_rank=0 "
+            "(every rank writes its own shards; it resumes at the same world size only), save "
+            "a full state dict yourself (torch.distributed.checkpoint.state_dict."
+            "get_model_state_dict with StateDictOptions(full_state_dict=True)), or train with "
+            "DDP."
         )
 
     def _restore(self, state: Any, manager: Any) -> None:
@@ -710,7 +733,31 @@ def _raise_disagreement(snapshot: _Snapshot, lacking: tuple[int, ...] | None) ->
     )
 
 
-class _ShardedSnapshot(_Snapshot):
+def _require_process_group(mode: str, more: str = "") -> None:
+    if not is_distributed():
+        raise SnapshotError(
+            f"snapshot_mode=SnapshotMode.{mode} needs torch.distributed to be initialized "
+            f"(init_process_group) before the snapshot is created{more}"
+        )
+
+
+class _EveryRankSnapshot(_Snapshot):
+    """A snapshot of which every rank writes its own part, with its own resume data (nothing
+    is gathered); every rank must have it (checked when the extensions start)."""
+
+    _holds_shards = True
+
+    def _is_saver(self) -> bool:
+        return True  # every rank writes its own shards
+
+    def _disagree(self, lacking: tuple[int, ...] | None) -> None:
+        _raise_disagreement(self, lacking)
+
+    def _gather_rank_states(self, manager: Any) -> list[Any] | None:
+        return None  # each rank's part holds its own resume data
+
+
+class _ShardedSnapshot(_EveryRankSnapshot):
     """Every rank writes ``<filename>/<rank>``; ``saver_rank`` then marks it complete.
 
     Every rank must have it (checked when the extensions start). Each rank's part holds its
@@ -718,7 +765,6 @@ class _ShardedSnapshot(_Snapshot):
     """
 
     _mode = "SHARDED"
-    _holds_shards = True
 
     def __init__(
         self,
@@ -726,23 +772,10 @@ class _ShardedSnapshot(_Snapshot):
         saver_rank: int = 0,
         **kwargs: Any,
     ) -> None:
-        if not is_distributed():
-            raise SnapshotError(
-                "snapshot_mode=SnapshotMode.SHARDED needs torch.distributed to be initialized "
-                "(init_process_group) before the snapshot is created"
-            )
+        _require_process_group("SHARDED")
         self._snapshot_dir = filename
         super().__init__(filename=os.path.join(filename, str(group_world()[1])), **kwargs)
         self._sharded_saver = saver_rank
-
-    def _is_saver(self) -> bool:
-        return True  # every rank writes its own shard
-
-    def _disagree(self, lacking: tuple[int, ...] | None) -> None:
-        _raise_disagreement(self, lacking)
-
-    def _gather_rank_states(self, manager: Any) -> list[Any] | None:
-        return None  # each rank's part holds its own resume data
 
     def _check_ranks_agree(self, path: str | None, out_dir: str) -> None:
         pass  # _newest_valid compares the ranks' snapshot directories
@@ -797,9 +830,190 @@ class _ShardedSnapshot(_Snapshot):
                 f"the sharded snapshot {directory} was written by {parts} ranks and this run "
                 f"has {world}: its parts hold sharded DTensors (FSDP2, tensor parallelism), "
                 f"which SnapshotMode.SHARDED resumes at the same world size only. Resume with "
-                f"{parts} processes, or use another output directory to train anew; resharding "
-                "comes with the planned sharded mode on torch.distributed.checkpoint (issue 24)."
+                f"{parts} processes, or use another output directory to train anew; "
+                "snapshot_mode=SnapshotMode.DCP snapshots reshard to another world size."
             )
+
+
+class _DCPSnapshot(_EveryRankSnapshot):
+    """Every rank saves its shards with ``torch.distributed.checkpoint``, asynchronously.
+
+    Training is blocked while the state is taken, then goes on while DCP's stager copies the
+    tensors in the background and DCP's thread plans (with collectives on a gloo group of its
+    own) and writes the save; the next optimizer step
+    waits for that copy (a step pre-hook), and a background thread writes the files. The
+    saver hashes every file into the manifest and renames the directory into place once every
+    rank's files are written (DCP's coordinator writes its metadata after gathering every
+    rank's results). Each snapshot's blocked time is reported as ``<name>/blocked_time`` (the
+    part in the snapshot's own iteration) and logged in full, and kept in
+    :attr:`blocked_times`.
+    """
+
+    _mode = "DCP"
+
+    def __init__(
+        self,
+        filename: str = "snapshot_iter_{.iteration}",
+        saver_rank: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        _require_process_group("DCP", " (torchrun with one process is enough)")
+        unsupported = [
+            key
+            for key in ("target", "condition", "writer", "savefun")
+            if kwargs.get(key) is not None
+        ] + (["snapshot_on_error"] if kwargs.get("snapshot_on_error") else [])
+        if unsupported or not isinstance(filename, str):
+            raise ConfigurationError(
+                f"snapshot_mode=SnapshotMode.DCP saves the trainer's whole state from every "
+                f"rank into a directory named by a str template; it does not take "
+                f"{', '.join(unsupported) or 'a callable filename'} (use SnapshotMode.SHARDED)"
+            )
+        super().__init__(filename=filename, saver_rank=saver_rank, **kwargs)
+        #: Per snapshot: ``(iteration, seconds training was blocked)``, the staging wait
+        #: included once it is known.
+        self.blocked_times: list[tuple[int, float]] = []
+        self._stager: Any = None
+        self._group: Any = None
+        self._staging: Future[Any] | None = None
+        self._step_hooks: list[Any] = []
+
+    def _check_ranks_agree(self, path: str | None, out_dir: str) -> None:
+        pass  # the saver chose for every rank (_newest_valid)
+
+    def _newest_valid(self, out_dir: str) -> tuple[str | None, Any]:
+        """The saver's choice, sent to every rank: it removes the directories of unfinished
+        saves and verifies the newest snapshots (skipping damaged ones with a warning)."""
+        template = str(self.filename)
+        chosen: list[str | None] = [None]
+        if group_world()[1] == self._saver():
+            remove_leftovers(out_dir, template)
+            chosen = [newest_valid(out_dir, template)]
+        if self._collective:
+            with object_device(self._device):
+                dist.broadcast_object_list(chosen, src=self._saver())
+        return chosen[0], chosen[0]
+
+    def _restore(self, state: Any, manager: Any) -> None:
+        from torch.distributed.checkpoint.state_dict_loader import load
+
+        path = str(state)
+        models, optimizers = manager.raw_models, manager.optimizers
+        tensors = tensor_state(models, optimizers)
+        load(tensors, checkpoint_id=path)  # resharded to this run's shards
+        restore_tensor_state(models, optimizers, tensors)
+        own = rest_file(path, group_world()[1])
+        # Another world size: every rank takes the saver's (WorldSizeMismatchWarning says so).
+        rest = load_snapshot(
+            own if os.path.exists(own) else rest_file(path, self._saver()),
+            verify=False,  # the directory's manifest was verified
+        )
+        current = manager.state_dict()
+        manager.load_state_dict(
+            {**rest, "models": current["models"], "optimizers": current["optimizers"]}
+        )
+
+    def _save(self, manager: Any, final: bool = False) -> None:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+        from torch.distributed.checkpoint.state_dict_saver import async_save
+
+        self._wait_staged()
+        self._wait_in_flight()  # the previous snapshot is complete (its rename, n_retains)
+        started = time.perf_counter()
+        world, rank = group_world()
+        path = os.path.join(self._out_dir(manager), self._filename(manager))
+        temporary = temporary_dir(path)
+        os.makedirs(temporary, exist_ok=True)
+        rest = self._state(manager)
+        del rest["models"], rest["optimizers"]
+        torch.save(rest, rest_file(temporary, rank))
+        tensors = tensor_state(manager.raw_models, manager.optimizers)
+        if self._stager is None:
+            accelerated = torch.accelerator.is_available()
+            self._stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=accelerated,
+                    use_shared_memory=False,
+                    use_async_staging=True,
+                    use_non_blocking_copy=accelerated,
+                )
+            )
+        if self._group is None:
+            # DCP's thread plans and finishes the save with collectives: on the default group
+            # they would interleave with training's (FSDP's) and hang.
+            self._group = dist.new_group(backend="gloo")
+        response: Any = async_save(
+            tensors, checkpoint_id=temporary, async_stager=self._stager, process_group=self._group
+        )
+        self._staging = response.staging_completion
+        self._step_hooks = [
+            optimizer.register_step_pre_hook(lambda *_: self._wait_staged())
+            for optimizer in manager.optimizers.values()
+        ]
+        iteration = int(manager.iteration)
+        blocked = time.perf_counter() - started
+        self.blocked_times.append((iteration, blocked))
+        report({f"{self.name}/blocked_time": blocked})
+        upload: Future[Any] = response.upload_completion
+        if rank == self._saver():
+            done: Future[None] = Future()
+
+            def finish(_: Future[Any]) -> None:  # in DCP's writing thread
+                try:
+                    upload.result()
+                    write_manifest(temporary, iteration, world)
+                    publish(temporary, path)
+                    retain(os.path.dirname(path), str(self.filename), self.n_retains)
+                except BaseException as exc:
+                    done.set_exception(exc)
+                else:
+                    done.set_result(None)
+
+            upload.add_done_callback(finish)
+            self._in_flight = done
+        else:
+            self._in_flight = upload
+        if final:
+            self._wait_staged()
+            self._wait_in_flight()
+
+    def _wait_staged(self) -> None:
+        """Waits until the stager copied the last snapshot's tensors (before they change)."""
+        staging, self._staging = self._staging, None
+        for hook in self._step_hooks:
+            hook.remove()
+        self._step_hooks = []
+        if staging is None:
+            return
+        started = time.perf_counter()
+        staging.result()
+        iteration, blocked = self.blocked_times[-1]
+        self.blocked_times[-1] = (iteration, blocked + time.perf_counter() - started)
+        _log.info(
+            "snapshot %r of iteration %d: training was blocked %.4f s (%.4f s taking the state "
+            "and planning, %.4f s waiting for staging)",
+            self.name,
+            iteration,
+            self.blocked_times[-1][1],
+            blocked,
+            self.blocked_times[-1][1] - blocked,
+        )
+
+    def on_error(self, manager: Any, exc: BaseException, tb: Any) -> None:
+        self._wait_staged()
+        super().on_error(manager, exc, tb)
+
+    def finalize(self, manager: Any) -> None:
+        self._wait_staged()
+        try:
+            super().finalize(manager)
+        finally:
+            if self._stager is not None:
+                self._stager.close()
+                self._stager = None
+            if self._group is not None:
+                dist.destroy_process_group(self._group)
+                self._group = None
 
 
 def snapshot(
@@ -858,6 +1072,8 @@ def snapshot(
             one process writes. With ``autoload``, every rank restores the same snapshot
             (checked), each with its own RNG and loader states.
         snapshot_mode: How ranks share the work under torch.distributed (:class:`SnapshotMode`).
+            ``SnapshotMode.DCP`` saves the trainer's state only (no ``target``, ``condition``,
+            ``writer``, ``savefun`` nor ``snapshot_on_error``).
 
     Raises:
         ArgumentTypeError: Both ``savefun`` and ``writer`` are given (a ``TypeError``, as in
@@ -884,7 +1100,7 @@ def snapshot(
         return _Snapshot(saver_rank=saver_rank, **kwargs)
     if not isinstance(snapshot_mode, SnapshotMode):
         raise ArgumentTypeError(
-            f"snapshot_mode must be a SnapshotMode (DEFAULT, DISTRIBUTED or SHARDED), got "
+            f"snapshot_mode must be a SnapshotMode (DEFAULT, DISTRIBUTED, SHARDED or DCP), got "
             f"{snapshot_mode!r}"
         )
     if saver_rank is None:
@@ -893,6 +1109,8 @@ def snapshot(
         )
     if snapshot_mode is SnapshotMode.DISTRIBUTED:
         return _DistributedSnapshot(saver_rank=saver_rank, **kwargs)
+    if snapshot_mode is SnapshotMode.DCP:
+        return _DCPSnapshot(saver_rank=saver_rank, **kwargs)
     return _ShardedSnapshot(saver_rank=saver_rank, **kwargs)
 
 
