@@ -173,6 +173,11 @@ FILES: dict[str, tuple[str, str]] = {
         "snapshots skipped, only complete ones counted",
     ),
     _E + "_snapshot_sharding.py": (BEYOND, "sharded (DTensor) state found and refused or kept"),
+    _E + "_snapshot_dcp.py": (
+        BEYOND,
+        "SnapshotMode.DCP: asynchronous, verified, resharding snapshots on "
+        "torch.distributed.checkpoint",
+    ),
     _E + "_tensorboard.py": (BEYOND, "a TensorBoard extension (PPE has only the writer)"),
     _E + "_throughput.py": (BEYOND, "Throughput: samples per second, FLOPs and MFU"),
     _E + "_timeline_trace.py": (SAME, "TimelineTrace"),
