@@ -467,7 +467,9 @@ def test_snapshot_mode_is_in_the_extensions_namespace() -> None:
     mode = ppe.training.extensions.SnapshotMode
     assert mode is _snapshot.SnapshotMode
     assert "SnapshotMode" in dir(ppe.training.extensions)
-    assert [m.name for m in mode] == [m.name for m in _reference().training.extensions.SnapshotMode]
+    # PPE's modes, in PPE's order, then ppe-core's own DCP mode (torch.distributed.checkpoint).
+    ppe_modes = [m.name for m in _reference().training.extensions.SnapshotMode]
+    assert [m.name for m in mode] == [*ppe_modes, "DCP"]
 
 
 def test_ppe_submodule_paths_import() -> None:
