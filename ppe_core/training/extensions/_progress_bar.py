@@ -196,12 +196,12 @@ class _TqdmDisplay:
             bar.refresh()
 
     def rebase(self, iteration: int) -> None:
-        """Counts from ``iteration`` (tqdm's rate is ``(n - initial) / elapsed`` or its EMA
-        of later updates), with the elapsed time restarted."""
+        """Counts from ``iteration``: ``reset`` restarts tqdm's clock and rate averages, and
+        ``initial`` makes its rate ``(n - initial) / elapsed`` count the resumed iterations."""
         self._progress.rebase(iteration)
         bar = self._bar
+        bar.reset(total=bar.total)
         bar.n = bar.last_print_n = bar.initial = iteration
-        bar.start_t = bar.last_print_t = bar._time()
 
     def close(self) -> None:
         self._bar.close()
