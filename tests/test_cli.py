@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import ppe_core
 
@@ -35,3 +39,43 @@ def test_the_console_script_calls_itself_ppe_core() -> None:
     usage = run(str(script), "plugins", "--bogus")
     assert usage.returncode == 2
     assert usage.stderr.startswith("usage: ppe-core ")
+
+
+@pytest.mark.parametrize(
+    ("extension", "plugin", "distribution"),
+    [("MLflowLogger", "ppe_mlflow", "ppe-mlflow"), ("WandbLogger", "ppe_wandb", "ppe-wandb")],
+)
+def test_plugins_lists_the_tracker_extensions_with_their_packages(
+    extension: str, plugin: str, distribution: str
+) -> None:
+    # The dev install (README command 2, CI) installs both tracker packages; without one, the
+    # listing must not claim its extension.
+    try:
+        version = importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    table = run(sys.executable, "-m", "ppe_core", "plugins")
+    listing = run(sys.executable, "-m", "ppe_core", "plugins", "--json")
+    assert table.returncode == 0 and listing.returncode == 0, table.stderr + listing.stderr
+    extensions = {row["name"]: row for row in json.loads(listing.stdout)["extensions"]}
+    if version is None:
+        assert extension not in extensions
+        assert extension not in table.stdout
+        return
+    assert extensions[extension] == {
+        "name": extension,
+        "object": f"{plugin}._logger.{extension}",
+        "plugin": plugin,
+        "distribution": distribution,
+        "version": version,
+    }
+    plugins = {row["name"]: row for row in json.loads(listing.stdout)["plugins"]}
+    assert plugins[plugin]["status"] == "loaded"
+    assert plugins[plugin]["distribution"] == distribution
+    row = next(line for line in table.stdout.splitlines() if line.split()[:1] == [extension])
+    assert row.split()[1:] == [
+        f"{plugin}._logger.{extension}",
+        f"[{plugin},",
+        f"{distribution}",
+        f"{version}]",
+    ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,9 @@ from helpers import linear_manager
 from ppe_core.errors import ConfigurationError, TrackerWarning
 from ppe_core.reporting import report
 from ppe_core.tracking import BaseTracker, TrackerEntry
+from ppe_core.training.extensions import snapshot
 from ppe_core.training.extensions._log_report import LogReport
+from ppe_core.writing import ProcessWriter, ThreadWriter, Writer
 
 ITERS_PER_EPOCH = 4
 
@@ -211,6 +214,48 @@ def test_resume_continues_the_run_and_its_steps(tmp_path: Path) -> None:
     assert second.opened == ["run-1"]
     assert second.steps == [7, 8]  # 6 was held already; nothing restarts at zero
     assert second.report.skipped == 1
+
+
+class ArtifactTracker(RecordingTracker):
+    """Records the artifacts it uploads (the base name of each)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.uploaded: list[str] = []
+
+    def log_artifact(self, path: str) -> None:
+        self.uploaded.append(Path(path).name)
+
+
+def _slow_save(target: Any, file_obj: Any) -> None:
+    time.sleep(0.5)  # the background save is still running when training ends
+    torch.save(target, file_obj)
+
+
+@pytest.mark.parametrize("writer_class", [ThreadWriter, ProcessWriter])
+def test_a_snapshot_of_the_last_iteration_on_a_background_writer_is_uploaded(
+    tmp_path: Path, writer_class: type[Writer]
+) -> None:
+    # Training ends before the stop trigger (a hand-written loop that stops at iteration 6),
+    # so the snapshot of iteration 6 goes to the background writer; extensions finalize
+    # before the writer, and the tracker's last look for artifacts must come after that save.
+    tracker = ArtifactTracker(artifacts="snapshot_iter_*")
+    manager = linear_manager(
+        tmp_path,
+        [LogReport(trigger=(1, "iteration")), tracker],
+        max_epochs=10,
+        iters_per_epoch=ITERS_PER_EPOCH,
+        writer=writer_class(),
+    )
+    manager.extend(
+        snapshot(filename="snapshot_iter_{.iteration}", savefun=_slow_save),
+        trigger=(3, "iteration"),
+    )
+    _train(manager, iterations=6)
+    written = sorted(p.name for p in tmp_path.glob("snapshot_iter_*") if "." not in p.name)
+    assert written == ["snapshot_iter_3", "snapshot_iter_6"]
+    assert sorted(name for name in tracker.uploaded if "." not in name) == written
+    assert tracker.report.artifacts_sent == len(tracker.uploaded)
 
 
 def test_arguments_are_checked() -> None:

@@ -21,6 +21,7 @@ from ppe_core.errors import ConfigurationError, TrackerWarning
 from ppe_core.runtime import get_runtime
 from ppe_core.training._extension import PRIORITY_READER, Extension
 from ppe_core.training.extensions._log_reader import NewEntriesTrigger, find_log_report
+from ppe_core.writing import Writer
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
@@ -467,8 +468,13 @@ class BaseTracker(Extension):
         self._worker = None
         if self._log_report is not None:
             self._queue_new(self._log_report)
+        deadline = time.monotonic() + self._flush_timeout
+        if self._artifact_patterns:
+            # A snapshot of the last iteration may still be on a background writer (extensions
+            # finalize before the writers): the worker's last look for artifacts comes after it.
+            _wait_for_writers(manager, self._flush_timeout)
         self._outbox.close()
-        worker.join(self._flush_timeout)
+        worker.join(max(0.0, deadline - time.monotonic()))
         timed_out = worker.is_alive()
         if timed_out:
             self._abandon.set()
@@ -614,6 +620,34 @@ class BaseTracker(Extension):
                 if self._retrying(functools.partial(self.log_artifact, path), opening=False):
                     self._uploaded.add(key)
                     self._add(artifacts_sent=1)
+
+
+def _wait_for_writers(manager: ManagerView, timeout: float) -> None:
+    """Waits up to ``timeout`` seconds for the saves queued on the background writers of
+    ``manager`` and its extensions (a no-op job submitted after them is done); a writer that
+    failed or was finalized is left to its owner to report."""
+    writers: dict[int, Writer] = {}
+    for candidate in (
+        getattr(manager, "writer", None),
+        *(getattr(ext, "writer", None) for ext in _extensions(manager)),
+    ):
+        if isinstance(candidate, Writer) and candidate.in_background:
+            writers[id(candidate)] = candidate
+    deadline = time.monotonic() + timeout
+    for writer in writers.values():
+        try:
+            writer.submit(_nothing).result(max(0.0, deadline - time.monotonic()))
+        except Exception:  # failed, finalized or timed out: the snapshot reports its own
+            continue
+
+
+def _extensions(manager: ManagerView) -> list[Any]:
+    entries = getattr(manager, "extensions", ())
+    return [getattr(entry, "extension", None) for _, entry in entries]
+
+
+def _nothing() -> None:
+    return None
 
 
 def _to_entry(entry: Mapping[str, Any]) -> TrackerEntry:
