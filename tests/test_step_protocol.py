@@ -286,3 +286,125 @@ def test_one_models_validator_says_the_same_everywhere() -> None:
         "torch.nn.Module), but models['main'] is str; pass e.g. models=MyModel() or "
         "models={'main': MyModel()}"
     }
+
+
+# Outputs normalised once per step ------------------------------------------------------------
+class TupleNet(Net):
+    """Returns a tuple (keys "0", "1"): the loss and a detached statistic."""
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        y = self.fc(x)
+        return torch.nn.functional.cross_entropy(y, t), y.detach().abs().mean()
+
+
+@pytest.fixture
+def normalize_calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every call of ``normalize_outputs``, through whichever module's name it is made."""
+    from ppe_core.handler import _logic
+
+    original = _logic.normalize_outputs
+    calls: list[Any] = []
+
+    def counting(outputs: Any) -> Any:
+        calls.append(outputs)
+        return original(outputs)
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("ppe_core") and module is not None:
+            for attr in ("normalize_outputs", "_normalize_outputs"):
+                if getattr(module, attr, None) is original:
+                    monkeypatch.setattr(module, attr, counting)
+    return calls
+
+
+def _five_batches(tuples: bool = True) -> list[Any]:
+    loader = make_loader(n=40)  # 5 batches of 8
+    return [(b["x"], b["t"]) if tuples else b for b in loader]
+
+
+@pytest.mark.parametrize("logic_class", [Logic, CodeBlockLogic])
+def test_a_training_step_normalises_its_outputs_once(
+    tmp_path: Path, normalize_calls: list[Any], logic_class: type[Any]
+) -> None:
+    # Code blocks need dict outputs (as in PPE): nothing to normalise there, and nothing is.
+    tuples = logic_class is Logic
+    model = ppe.to(TupleNet() if tuples else Net(), "cpu")
+    seen: list[dict[str, Any]] = []
+
+    @ppe.training.make_extension(trigger=(1, "iteration"), priority=ppe.training.PRIORITY_READER)
+    def record(manager: Any) -> None:
+        seen.append(dict(manager.observation))
+
+    trainer = ppe.engine.create_trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        1,
+        logic=logic_class(),
+        extensions=[record],
+        out_dir=str(tmp_path),
+    )
+    trainer.run(_five_batches(tuples))
+    assert len(seen) == 5
+    if tuples:
+        assert len(normalize_calls) == 5  # was 11: backward, report, and the first-step check
+        assert {"train/0", "train/1"} <= set(seen[-1])
+    else:
+        assert normalize_calls == [] and "train/loss" in seen[-1]
+
+
+@pytest.mark.parametrize("logic_class", [Logic, CodeBlockLogic])
+def test_an_evaluator_step_normalises_its_outputs_once(
+    normalize_calls: list[Any], logic_class: type[Any]
+) -> None:
+    model = ppe.to(TupleNet(), "cpu")
+    evaluator = ppe.engine.create_evaluator(model, logic=logic_class())
+    with Reporter().scope({}):
+        means = evaluator.run(_five_batches())
+    assert len(normalize_calls) == 5
+    assert set(means) == {"val/0", "val/1"}
+
+
+# Modes switched in one place -----------------------------------------------------------------
+class ModeNet(Net):
+    """Records ``(grad enabled, training)`` at each forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[bool, bool]] = []
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
+        self.seen.append((torch.is_grad_enabled(), self.training))
+        return super().forward(x, t)
+
+
+@pytest.mark.parametrize("logic_class", [Logic, CodeBlockLogic])
+def test_steps_train_in_train_mode_evaluations_in_eval_mode_and_training_resumes(
+    tmp_path: Path, logic_class: type[Any]
+) -> None:
+    model = ppe.to(ModeNet(), "cpu")
+    val = list(make_loader(seed=1))  # 2 batches
+    trainer = ppe.engine.create_trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        2,
+        logic=logic_class(),
+        # Mid-epoch evaluations: the step after each must train in train mode again.
+        evaluator=(ppe.engine.create_evaluator(model, logic=logic_class()), (2, "iteration")),
+        out_dir=str(tmp_path),
+    )
+    trainer.extend(ppe.training.extensions.Evaluator(val, model), trigger=(2, "iteration"))
+    trainer.run(make_loader(n=32), val)  # 4 iterations per epoch, 8 in all
+    training = [mode for grad, mode in model.seen if grad]
+    evaluating = [mode for grad, mode in model.seen if not grad]
+    assert training == [True] * 8
+    assert evaluating == [False] * (4 * 2 * 2)  # 4 passes of 2 batches, by each evaluator
+    # Standalone, each evaluator leaves the mode as it found it (and evaluates in eval mode).
+    evaluator = ppe.engine.create_evaluator(model, logic=logic_class())
+    extension = ppe.training.extensions.Evaluator(val, model)
+    for mode in (True, False):
+        model.train(mode)
+        model.seen.clear()
+        with Reporter().scope({}):
+            evaluator.run(val)
+        extension()
+        assert model.seen == [(False, False)] * 4 and model.training is mode

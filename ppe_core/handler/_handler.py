@@ -8,7 +8,7 @@ from typing import Any, Literal
 import torch
 
 from ppe_core.errors import ConfigurationError, NoRuntimeError, OptimizerParametersError
-from ppe_core.handler._logic import BaseLogic, Logic, normalize_outputs, set_sampler_epoch
+from ppe_core.handler._logic import BaseLogic, Logic, set_sampler_epoch, switch_mode
 from ppe_core.reporting import report
 from ppe_core.runtime import BaseRuntime, autocast_device_type_of, iter_runtime_modules
 
@@ -218,8 +218,7 @@ class Handler(BaseHandler):
     # Trainer --------------------------------------------------------------------------------
     def train_setup(self, trainer: Any, loader: Iterable[Any]) -> None:
         """Find runtimes and let each initialise its module before the first step."""
-        for model in trainer.models.values():
-            model.train()
+        switch_mode(trainer.models.values(), True)
         self._setup(trainer.models)
         optimizers = getattr(trainer, "optimizers", {})
         self._initialize(loader, optimizers)
@@ -284,7 +283,7 @@ class Handler(BaseHandler):
             self._discover(trainer.models)
         for module, runtime in self._train_post:
             runtime.train_post_step(trainer, module, batch_idx, batch, outputs)
-        _report_outputs(outputs, "train/", self._train_report_keys, self._train_names)
+        _report_outputs(outputs, "train/", self._train_report_keys, self._train_names, self._logic)
 
     def train_cleanup(self, trainer: Any) -> None:
         self._ensure(trainer.models)
@@ -294,19 +293,15 @@ class Handler(BaseHandler):
     # Evaluator ------------------------------------------------------------------------------
     def eval_setup(self, evaluator: Any, loader: Iterable[Any]) -> None:
         """Find runtimes (the evaluator may run standalone); initialise modules once."""
-        for model in evaluator.models.values():
-            model.eval()
+        switch_mode(evaluator.models.values(), False)
         self._setup(evaluator.models)
         if not self._eval_initialized:
             self._eval_initialized = True
             self._initialize(loader, {})
 
     def eval_loop_begin(self, evaluator: Any) -> None:
-        for model in evaluator.models.values():
-            model.eval()
-
-    def eval_loop_end(self, evaluator: Any) -> None:
-        pass
+        """Every model in eval mode, at each run (``eval_setup`` runs once)."""
+        switch_mode(evaluator.models.values(), False)
 
     def eval_step(
         self, evaluator: Any, batch_idx: int, batch: Any, complete_fn: CompleteFn | None = None
@@ -331,7 +326,7 @@ class Handler(BaseHandler):
             self._discover(evaluator.models)
         for module, runtime in self._eval_post:
             runtime.eval_post_step(evaluator, module, batch_idx, batch, outputs)
-        _report_outputs(outputs, "val/", self._eval_report_keys, self._eval_names)
+        _report_outputs(outputs, "val/", self._eval_report_keys, self._eval_names, self._logic)
 
     # Snapshots ------------------------------------------------------------------------------
     def _grad_scaler(self) -> torch.amp.GradScaler | None:
@@ -403,17 +398,18 @@ def _overriding(
 
 
 def _report_outputs(
-    outputs: Any, prefix: str, keys: list[str] | None, names: dict[str, str]
+    outputs: Any, prefix: str, keys: list[str] | None, names: dict[str, str], logic: BaseLogic
 ) -> None:
     """Report model outputs under ``prefix`` (the reporter detaches; nothing syncs).
 
     ``names`` caches ``prefix + key`` per output key, so a step builds no strings and the
     observation's keys keep their cached hashes. A plain dict (the common case, every step)
-    skips the ABC ``isinstance`` check.
+    skips the ABC ``isinstance`` check; other outputs are keyed by ``logic`` (which hands on
+    the mapping its step built, so they are normalised once per step).
     """
     if type(outputs) is not dict and not isinstance(outputs, Mapping):
         if isinstance(outputs, (list, tuple)) or keys is not None:
-            outputs = normalize_outputs(outputs)  # keys "0", "1", ... or namedtuple fields
+            outputs = logic.named_outputs(outputs)  # keys "0", "1", ... or namedtuple fields
         else:
             if isinstance(outputs, torch.Tensor) and outputs.ndim == 0:
                 report({_name(names, prefix, "loss"): outputs})

@@ -44,8 +44,10 @@ __all__ = [
     "Logic",
     "ModelLogic",
     "ModelOutputError",
+    "keep_modes",
     "normalize_outputs",
     "set_sampler_epoch",
+    "switch_mode",
     "torch_autocast",
 ]
 
@@ -62,6 +64,30 @@ def set_sampler_epoch(loader: Iterable[Any], epoch: int) -> None:
     for target in (sampler, inner if inner is not sampler else None):
         if target is not None and hasattr(target, "set_epoch"):
             target.set_epoch(epoch)
+
+
+def switch_mode(models: Iterable[torch.nn.Module], training: bool) -> None:
+    """Puts ``models`` in train (``True``) or eval mode: the one place ppe-core switches modes
+    (the logics' epoch and validation callbacks, the handler's setups, :func:`keep_modes`)."""
+    for model in models:
+        model.train(training)
+
+
+def keep_modes(
+    models: Iterable[torch.nn.Module], training: bool | None = None
+) -> Callable[[], None]:
+    """Remembers each model's mode, then switches them to ``training`` when it is given; the
+    function returned puts each back in the mode it had (the evaluators call it when a pass
+    ends, also after an error: an evaluation leaves the modes as it found them)."""
+    kept = [(model, model.training) for model in models]
+    if training is not None:
+        switch_mode((model for model, _ in kept), training)
+
+    def restore() -> None:
+        for model, mode in kept:
+            switch_mode((model,), mode)
+
+    return restore
 
 
 @contextlib.contextmanager
@@ -155,8 +181,32 @@ class BaseLogic:
         options: Options for :meth:`consume_options` (the dict is copied, not modified).
     """
 
+    #: ``(outputs, named)``: the outputs this logic's step normalised last, and the mapping
+    #: (see :meth:`named_outputs`).
+    _named: tuple[Any, Mapping[str, Any]] | None = None
+
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         self.consume_options(dict(options or {}))
+
+    def named_outputs(self, outputs: Any) -> Mapping[str, Any]:
+        """``outputs`` keyed by name (:func:`normalize_outputs`), for the handler's report.
+
+        When this logic's step already keyed these very outputs (a tuple's backward needs
+        the keys), that mapping is handed on, once: a step's outputs are normalised once.
+        """
+        named = self._named
+        if named is not None and named[0] is outputs:
+            self._named = None
+            return named[1]
+        return normalize_outputs(outputs)
+
+    def _keyed(self, outputs: Any) -> Mapping[str, Any]:
+        """``outputs`` keyed by name, kept for :meth:`named_outputs` (a dict is its own)."""
+        if type(outputs) is dict:
+            return outputs
+        named = normalize_outputs(outputs)
+        self._named = (outputs, named)
+        return named
 
     def consume_options(self, options: dict[str, Any]) -> None:
         """Pop the options this logic understands from ``options``; options not given keep
@@ -198,10 +248,9 @@ class BaseLogic:
         self.set_mode(models, True)
 
     def set_mode(self, models: Mapping[str, torch.nn.Module], training: bool) -> None:
-        """Puts the models this logic runs in train (``True``) or eval mode: the one place
-        modes switch (epochs, validation passes, the handler's setup). Default: every model."""
-        for model in models.values():
-            model.train(training)
+        """Puts the models this logic runs in train (``True``) or eval mode (at epochs and
+        validation passes, through :func:`switch_mode`). Default: every model."""
+        switch_mode(models.values(), training)
 
     def eval_step(self, models: Mapping[str, torch.nn.Module], batch_idx: int, batch: Any) -> Any:
         """Compute one evaluation step's outputs (called under ``torch.no_grad``)."""
@@ -257,7 +306,7 @@ class ModelLogic(BaseLogic):
 
     def set_mode(self, models: Mapping[str, torch.nn.Module], training: bool) -> None:
         """Switches this logic's model only."""
-        self._model(models).train(training)
+        switch_mode((self._model(models),), training)
 
     def train_epoch_end(self, models: Mapping[str, torch.nn.Module], epoch: int) -> None:
         self.set_mode(models, False)
@@ -447,13 +496,13 @@ class Logic(ModelLogic):
         """Switches this logic's model only; with the ``optimizers`` option, every model it
         names."""
         if self._targets is None:
-            self._model(models).train(training)
+            super().set_mode(models, training)
             return
-        for name in dict.fromkeys(
+        names = dict.fromkeys(
             t.model if t.model is not None else self.model_name for t in self._targets.values()
-        ):
-            if name in models:  # an unknown name is explained by the first step's plan
-                models[name].train(training)
+        )
+        # An unknown name is explained by the first step's plan.
+        switch_mode((models[name] for name in names if name in models), training)
 
     def _bind_autocast(self, model: torch.nn.Module) -> None:
         """Autocast on the device type of ``model``'s runtime (unless the options name one)."""
@@ -561,7 +610,7 @@ class Logic(ModelLogic):
     def _backward(self, outputs: Any, scale: int = 1) -> None:
         """Backpropagate the chosen outputs (``outputs`` raw or normalized), divided by
         ``scale`` (the accumulation window) and scaled by the grad scaler."""
-        named = outputs if type(outputs) is dict else normalize_outputs(outputs)
+        named = outputs if type(outputs) is dict else self._keyed(outputs)
         tensors = self._to_backward(named)
         if not tensors:
             return
@@ -629,11 +678,12 @@ class Logic(ModelLogic):
                 self._bind_autocast(model)
             with autocast.autocast():
                 outputs = self._forward(model, batch)
-        self._backward(outputs, window)
+        named = outputs if type(outputs) is dict else self._keyed(outputs)
+        self._backward(named, window)
         if self._first_step:  # one attribute test per step; the check itself runs once
             self._first_step = False
             if self.backward_outputs is None:
-                _check_something_trains(model, outputs)
+                _check_something_trains(model, named)
         return outputs
 
     def train_step_optimizers(
@@ -716,7 +766,7 @@ class Logic(ModelLogic):
                 outputs = self._stage_forward_backward(stage, plan.restrict, batch, window)
             if len(stages) == 1:
                 return outputs
-            merged.update(outputs if type(outputs) is dict else normalize_outputs(outputs))
+            merged.update(self.named_outputs(outputs))
             if ends and stage is not stages[-1]:
                 self._step_stage(stage)
         return merged
@@ -724,7 +774,7 @@ class Logic(ModelLogic):
     def _stage_forward_backward(self, stage: Stage, restrict: bool, batch: Any, window: int) -> Any:
         model = stage.model
         outputs = self._autocast_forward(model, batch)
-        named = outputs if type(outputs) is dict else normalize_outputs(outputs)
+        named = self._keyed(outputs)
         if not stage.checked:
             self._check_stage(stage, named)
         groups = stage.groups
@@ -751,7 +801,7 @@ class Logic(ModelLogic):
         if not stage.checked:
             stage.checked = True
             if any(group.loss is None for group in groups) and self.backward_outputs is None:
-                _check_something_trains(model, outputs)
+                _check_something_trains(model, named)
         return outputs
 
     def _check_stage(self, stage: Stage, outputs: Mapping[str, Any]) -> None:
@@ -853,7 +903,7 @@ class ClousureLogic(Logic):
             optimizer.zero_grad()
             with autocast.autocast():
                 outs = self._forward(model, batch)
-            tensors = self._to_backward(normalize_outputs(outs))
+            tensors = self._to_backward(self._keyed(outs))
             if not tensors:
                 raise ModelOutputError(
                     "ClousureLogic found no loss to backpropagate in the model's outputs; "
@@ -924,14 +974,13 @@ def _explain_forward_mismatch(model: torch.nn.Module, batch: Any, exc: TypeError
         ) from exc
 
 
-def _check_something_trains(model: torch.nn.Module, outputs: Any) -> None:
-    """Raise :class:`NoGradientError` when nothing in ``outputs`` has a graph and no parameter
-    of ``model`` has a gradient (the forward did not run backward itself).
+def _check_something_trains(model: torch.nn.Module, named: Mapping[str, Any]) -> None:
+    """Raise :class:`NoGradientError` when nothing in the step's outputs (keyed by name) has a
+    graph and no parameter of ``model`` has a gradient (the forward did not run backward).
 
     Called after the first training step with the default ``backward_outputs``: if that step
     could not train, no step can, and the run would end with the weights unchanged.
     """
-    named = outputs if type(outputs) is dict else normalize_outputs(outputs)
     if any(isinstance(v, torch.Tensor) and v.grad_fn is not None for v in named.values()):
         return  # backpropagated, or BackwardOutputWarning already said why not
     params = list(model.parameters())

@@ -15,6 +15,7 @@ from ppe_core._active_host import active_host
 from ppe_core.distributed import run_collective, timeout_error
 from ppe_core.errors import ArgumentTypeError, ConfigurationError, DistributedNotInitializedError
 from ppe_core.handler._handler import step_function
+from ppe_core.handler._logic import keep_modes
 from ppe_core.reporting import DictSummary, Reporter, report
 from ppe_core.training._manager import named_models
 
@@ -188,7 +189,7 @@ class Evaluator:
         length = loader_length(loader, eval_len, "eval_len")
         handler: Any = self.handler
         host = active_host()
-        modes = {name: model.training for name, model in self.models.items()}
+        restore_modes = keep_modes(self.models.values())
         self._setup(loader)
         host.evaluator_setup(self)
         error: BaseException | None = None
@@ -222,8 +223,7 @@ class Evaluator:
             reporter.observation = previous
             if bar is not None:
                 bar.close()
-            for name, model in self.models.items():
-                model.train(modes[name])
+            restore_modes()
             host.evaluator_teardown(self, error)
         self._gather_summaries()
         means = self._summary.compute_mean()

@@ -25,6 +25,7 @@ from ppe_core.errors import (
     MissingEvalTargetError,
     OptionalDependencyError,
 )
+from ppe_core.handler._logic import keep_modes
 from ppe_core.reporting import DictSummary, Reporter, get_current_reporter, report
 from ppe_core.training._extension import PRIORITY_WRITER, Extension
 from ppe_core.training.extensions._util import dist_gather as _dist_gather
@@ -375,11 +376,8 @@ class Evaluator(Extension):
         bar = self._progress(_length(iterator))
         if bar is not None:
             bar.advance(0)
-        targets = list(self._targets.values())
-        modes = [t.training for t in targets]
+        restore_modes = keep_modes(self._targets.values(), False)
         try:
-            for t in targets:
-                t.eval()
             for done, (batch, is_last) in enumerate(_batches(iterator), start=1):
                 observation: dict[str, Any] = {}
                 with reporter.scope(observation):
@@ -396,8 +394,7 @@ class Evaluator(Extension):
                 if bar is not None:
                     bar.advance(done)
         finally:
-            for t, was_training in zip(targets, modes, strict=True):
-                t.train(was_training)
+            restore_modes()
             if bar is not None:
                 bar.close()
         return self._gather_summaries(summary).compute_mean()
