@@ -189,17 +189,17 @@ def test_distributed_in_a_one_process_group_matches_local(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_distributed_combines_every_rank(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # A second rank whose interval held the values 200 and 300 (or held nothing at all).
-    from ppe_core.training.extensions import _util
+    from ppe_core.distributed import _env
 
     cls = getattr(ppe.training.extensions, name)
     other = cls(("value", "value/acc"))
     for value in (200.0, 300.0):
         other._summary.add(value)
     empty = cls(("value", "value/acc"))
-    real = _util.dist_gather
+    real = _env.gather_objects
     monkeypatch.setattr(
-        _util,
-        "dist_gather",
+        _env,
+        "gather_objects",
         lambda obj: [*real(obj), other._summary.state_dict(), empty._summary.state_dict()],
     )
     values = _values(5)

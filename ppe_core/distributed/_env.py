@@ -28,6 +28,7 @@ from ppe_core.errors import (
     CollectiveTimeoutError,
     ConfigurationError,
     DistributedEnvironmentError,
+    DistributedNotInitializedError,
 )
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "WorldInfo",
     "backend_for",
     "barrier",
+    "gather_objects",
     "get_local_rank",
     "get_rank",
     "get_world_size",
@@ -45,6 +47,7 @@ __all__ = [
     "init_from_env",
     "is_distributed",
     "is_main_process",
+    "require_group",
     "run_collective",
     "shutdown",
     "timeout_error",
@@ -342,6 +345,29 @@ def group_world() -> tuple[int, int]:
     if group is None:
         return 1, 0
     return int(group.get_world_size()), int(group.get_rank())
+
+
+def require_group(owner: str, fix: str = "or use the non-distributed variant") -> None:
+    """Raises unless the default process group exists (``owner`` names the feature).
+
+    Raises:
+        DistributedNotInitializedError: No process group (a ``RuntimeError``, as in PPE).
+    """
+    if _group() is None:
+        raise DistributedNotInitializedError(
+            f"{owner} needs torch.distributed to be initialised; call "
+            f"torch.distributed.init_process_group(...) first (torchrun sets up the "
+            f"environment), {fix}"
+        )
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """``obj`` of every rank of the default group, in rank order (``all_gather_object``)."""
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
 
 
 def get_local_rank() -> int:

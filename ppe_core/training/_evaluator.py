@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ppe_core._active_host import active_host
-from ppe_core.distributed import run_collective, timeout_error
+from ppe_core.distributed import is_distributed, run_collective, timeout_error
 from ppe_core.errors import ArgumentTypeError, ConfigurationError, DistributedNotInitializedError
 from ppe_core.handler._handler import step_function
 from ppe_core.handler._logic import keep_modes
@@ -258,9 +258,7 @@ class DistributedEvaluator(Evaluator):
         super().__init__(
             handler, models, progress_bar=progress_bar, metrics=metrics, profile=profile
         )
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
+        if not is_distributed():
             raise DistributedNotInitializedError(
                 "a distributed evaluator needs torch.distributed to be initialised: run under "
                 "torchrun and call ppe.distributed.init_from_env() (or "

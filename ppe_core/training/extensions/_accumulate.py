@@ -12,10 +12,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from ppe_core.distributed import _env
 from ppe_core.errors import ArgumentTypeError, MissingObservationError
 from ppe_core.training._extension import PRIORITY_EDITOR, Extension
-from ppe_core.training.extensions import _util
-from ppe_core.training.extensions._util import require_distributed
 from ppe_core.training.triggers import get_trigger
 from ppe_core.training.triggers._due import DueCheck
 
@@ -243,7 +242,7 @@ class AccumulateBase(Extension):
         self._due = DueCheck(self._trigger)
         self._distributed = distributed
         if distributed:
-            require_distributed(f"{type(self).__name__}(distributed=True)")
+            _env.require_group(f"{type(self).__name__}(distributed=True)")
         self._init_summary()
 
     def _init_summary(self) -> None:
@@ -270,7 +269,7 @@ class AccumulateBase(Extension):
 
     def _all_reduce_summaries(self) -> _Summary:
         # Looked up on the module at call time, so tests can stand in for other ranks.
-        return self._summary_class.merged(_util.dist_gather(self._summary.state_dict()))
+        return self._summary_class.merged(_env.gather_objects(self._summary.state_dict()))
 
     def state_dict(self) -> dict[str, Any]:
         """Returns the trigger's state and the running summary (PPE's keys)."""

@@ -18,6 +18,9 @@ from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
+from ppe_core.distributed import get_rank
+from ppe_core.distributed._env import gather_objects as _dist_gather
+from ppe_core.distributed._env import require_group
 from ppe_core.errors import (
     ArgumentTypeError,
     DistributedNotInitializedError,
@@ -28,7 +31,6 @@ from ppe_core.errors import (
 from ppe_core.handler._logic import keep_modes
 from ppe_core.reporting import DictSummary, Reporter, get_current_reporter, report
 from ppe_core.training._extension import PRIORITY_WRITER, Extension
-from ppe_core.training.extensions._util import dist_gather as _dist_gather
 from ppe_core.training.extensions._util import is_terminal
 
 if TYPE_CHECKING:
@@ -443,15 +445,9 @@ class DistributedEvaluator(Evaluator):
         eval_func: Callable[..., Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
-            raise DistributedNotInitializedError(
-                "DistributedEvaluator needs torch.distributed to be initialised; call "
-                "torch.distributed.init_process_group(...) first, or use Evaluator"
-            )
+        require_group("DistributedEvaluator", "or use Evaluator")
         if "progress_bar" in kwargs:
-            kwargs["progress_bar"] = bool(kwargs["progress_bar"]) and dist.get_rank() == 0
+            kwargs["progress_bar"] = bool(kwargs["progress_bar"]) and get_rank() == 0
         super().__init__(iterator, target, eval_hook, eval_func, **kwargs)
 
     def _gather_summaries(self, summary: DictSummary) -> DictSummary:

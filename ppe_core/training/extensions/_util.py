@@ -1,4 +1,7 @@
-"""Helpers shared by the extensions: triggers, writing files, log formats, distributed."""
+"""Helpers shared by the extensions: terminals, observation keys, writing files, extras.
+
+Rank checks and gathers are ``ppe_core.distributed``'s (``require_group``, ``gather_objects``).
+"""
 
 from __future__ import annotations
 
@@ -6,11 +9,7 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
-from ppe_core.errors import (
-    ArgumentTypeError,
-    DistributedNotInitializedError,
-    OptionalDependencyError,
-)
+from ppe_core.errors import ArgumentTypeError, OptionalDependencyError
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
@@ -19,12 +18,10 @@ __all__ = [
     "OptionalDependencyError",
     "SaveFun",
     "WriterLike",
-    "dist_gather",
     "in_notebook",
     "is_terminal",
     "key_tuple",
     "missing_extra_error",
-    "require_distributed",
     "write_file",
 ]
 
@@ -121,28 +118,3 @@ def write_file(
 
         chosen = SimpleWriter()
     chosen(filename, manager.out, target, savefun=savefun, append=append)
-
-
-def require_distributed(owner: str) -> None:
-    """Raises unless ``torch.distributed`` is initialised (``owner`` names the feature).
-
-    Raises:
-        DistributedNotInitializedError: No process group (a ``RuntimeError``, as in PPE).
-    """
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        raise DistributedNotInitializedError(
-            f"{owner} needs torch.distributed to be initialised; call "
-            "torch.distributed.init_process_group(...) first (torchrun sets up the "
-            "environment), or use the non-distributed variant"
-        )
-
-
-def dist_gather(obj: Any) -> list[Any]:
-    """``obj`` of every rank, in rank order (``torch.distributed.all_gather_object``)."""
-    import torch.distributed as dist
-
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, obj)
-    return gathered

@@ -11,6 +11,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from ppe_core._not_provided import module_getattr
+from ppe_core.distributed._env import gather_objects as _dist_gather
 from ppe_core.errors import MissingEvalTargetError
 from ppe_core.training.extensions import _evaluator
 from ppe_core.training.extensions._evaluator import (
@@ -20,7 +21,6 @@ from ppe_core.training.extensions._evaluator import (
     IgniteEvaluator,
     TextProgressBar,
 )
-from ppe_core.training.extensions._util import dist_gather as _dist_gather
 
 __all__ = [
     "DistributedEvaluator",
