@@ -41,6 +41,17 @@ def make_loader(n: int = 16, seed: int = 0) -> DataLoader[Any]:
     return DataLoader([{"x": x[i], "t": t[i]} for i in range(n)], batch_size=8)  # type: ignore[arg-type]
 
 
+def recorder(trigger: tuple[int, str]) -> tuple[Any, list[dict[str, Any]]]:
+    """An extension that keeps a copy of the manager's observation on ``trigger``, and them."""
+    seen: list[dict[str, Any]] = []
+
+    @ppe.training.make_extension(trigger=trigger, priority=ppe.training.PRIORITY_READER)
+    def record(manager: Any) -> None:
+        seen.append(dict(manager.observation))
+
+    return record, seen
+
+
 # Move 1: the reporter stack ----------------------------------------------------------------
 def test_reporter_push_makes_it_current_and_pop_restores_the_previous_one() -> None:
     outer, inner = Reporter(), Reporter()
@@ -162,12 +173,7 @@ def test_every_handler_runs_its_whole_step_in_one_call(
     model = ppe.to(Net(), "cpu")
     metric = [lambda batch, outputs: {"n": float(len(batch["x"]))}] if metrics else None
     evaluator = ppe.engine.create_evaluator(model, handler_class=handler_class, metrics=metric)
-    seen: list[dict[str, Any]] = []
-
-    @ppe.training.make_extension(trigger=(1, "epoch"), priority=ppe.training.PRIORITY_READER)
-    def record(manager: Any) -> None:
-        seen.append(dict(manager.observation))
-
+    record, seen = recorder((1, "epoch"))
     trainer = ppe.engine.create_trainer(
         model,
         torch.optim.SGD(model.parameters(), lr=0.1),
@@ -329,12 +335,7 @@ def test_a_training_step_normalises_its_outputs_once(
     # Code blocks need dict outputs (as in PPE): nothing to normalise there, and nothing is.
     tuples = logic_class is Logic
     model = ppe.to(TupleNet() if tuples else Net(), "cpu")
-    seen: list[dict[str, Any]] = []
-
-    @ppe.training.make_extension(trigger=(1, "iteration"), priority=ppe.training.PRIORITY_READER)
-    def record(manager: Any) -> None:
-        seen.append(dict(manager.observation))
-
+    record, seen = recorder((1, "iteration"))
     trainer = ppe.engine.create_trainer(
         model,
         torch.optim.SGD(model.parameters(), lr=0.1),
