@@ -292,6 +292,11 @@ def test_one_models_validator_says_the_same_everywhere() -> None:
         "torch.nn.Module), but models['main'] is str; pass e.g. models=MyModel() or "
         "models={'main': MyModel()}"
     }
+    # The extension Evaluator's argument is PPE's ``target``: the same validator names it.
+    for target in ("net", {"main": "net"}):
+        with pytest.raises(ArgumentTypeError) as info:
+            ppe.training.extensions.Evaluator([], target)  # type: ignore[arg-type]
+        assert str(info.value) == next(iter(messages)).replace("models", "target")
 
 
 # Outputs normalised once per step ------------------------------------------------------------

@@ -78,12 +78,13 @@ class _Writer(Protocol):
 
 
 def named_models(
-    models: torch.nn.Module | Mapping[str, torch.nn.Module],
+    models: torch.nn.Module | Mapping[str, torch.nn.Module], argument: str = "models"
 ) -> dict[str, torch.nn.Module]:
     """``models`` as a dict of names to modules (a single module is ``"main"``), checked.
 
-    The one validator of the ``models`` argument, shared by the manager, the Trainer, the
-    Evaluator and the ``create_*`` factories, so each says the same thing.
+    The one validator of the models arguments, shared by the manager, the Trainer, the
+    Evaluator, the ``create_*`` factories and the extension Evaluator (whose ``argument`` is
+    ``"target"``), so each says the same thing.
 
     Raises:
         ArgumentTypeError: An entry is not a ``torch.nn.Module`` instance (a ``ValueError``
@@ -98,9 +99,9 @@ def named_models(
                 else type(model).__name__
             )
             raise ArgumentTypeError(
-                f"models must be a torch.nn.Module or a dict of them (each model must be an "
-                f"instance of torch.nn.Module), but models[{name!r}] is {got}; pass e.g. "
-                "models=MyModel() or models={'main': MyModel()}"
+                f"{argument} must be a torch.nn.Module or a dict of them (each model must be "
+                f"an instance of torch.nn.Module), but {argument}[{name!r}] is {got}; pass "
+                f"e.g. {argument}=MyModel() or {argument}={{'main': MyModel()}}"
             )
     return named
 

@@ -31,6 +31,7 @@ from ppe_core.errors import (
 from ppe_core.handler._logic import keep_modes
 from ppe_core.reporting import DictSummary, Reporter, get_current_reporter, report
 from ppe_core.training._extension import PRIORITY_WRITER, Extension
+from ppe_core.training._manager import named_models
 from ppe_core.training.extensions._util import is_terminal
 
 if TYPE_CHECKING:
@@ -260,21 +261,8 @@ class Evaluator(Extension):
                 f"{type(self).__name__} iterator must be a loader (an iterable of batches) or "
                 f"a dict of loaders, got {type(iterator).__name__}"
             )
-        if isinstance(target, torch.nn.Module):
-            self._targets: dict[str, torch.nn.Module] = {"main": target}
-        elif isinstance(target, Mapping):
-            self._targets = dict(target)
-        else:
-            raise ArgumentTypeError(
-                f"{type(self).__name__} target must be a torch.nn.Module or a dict of them, "
-                f"got {type(target).__name__}; pass {{}} when eval_func does all the work"
-            )
-        for name, module in self._targets.items():
-            if not isinstance(module, torch.nn.Module):
-                raise ArgumentTypeError(
-                    f"{type(self).__name__} target {name!r} must be a torch.nn.Module, got "
-                    f"{type(module).__name__}"
-                )
+        # The shared validator; pass {} as target when eval_func does all the work.
+        self._targets: dict[str, torch.nn.Module] = named_models(target, "target")
         if eval_func is not None and not callable(eval_func):
             raise ArgumentTypeError(
                 f"eval_func must be callable with a batch, got {type(eval_func).__name__}"
