@@ -6,17 +6,17 @@ Rank checks and gathers are ``ppe_core.distributed``'s (``require_group``, ``gat
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from ppe_core.errors import ArgumentTypeError, OptionalDependencyError
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
+    from ppe_core.writing import SaveFun
 
 __all__ = [
     "OptionalDependencyError",
-    "SaveFun",
     "WriterLike",
     "in_notebook",
     "is_terminal",
@@ -24,9 +24,6 @@ __all__ = [
     "missing_extra_error",
     "write_file",
 ]
-
-#: ``savefun(target, file_object)``: what writers call to serialize a target.
-SaveFun = Callable[[Any, IO[bytes]], object]
 
 
 def is_terminal(out: IO[Any]) -> bool:
