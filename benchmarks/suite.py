@@ -10,7 +10,9 @@ Sections: ``step`` (per-step overhead over a raw loop, peers when installed), ``
 discovery over ``import torch``), ``snapshot`` (stall of a ~50 MB snapshot with a background
 writer), ``rss`` (memory growth with the standard extensions), ``instructions`` (valgrind
 instruction counts per step), ``gpu`` (transfer options; a stub without CUDA), ``emulated``
-(per-step cost on ppe-core's emulated device ``ppe_emu`` beside the CPU runtime).
+(per-step cost on ppe-core's emulated device ``ppe_emu`` beside the CPU runtime), ``log``
+(per-iteration LogReport at 1k, 10k and 100k entries, each format) and ``tracking``
+(MLflowLogger against a local server beside LogReport alone): see ``bench_log.py``.
 
 Method, chosen to be robust on a shared machine: one torch thread; process CPU time (wall
 time only where background work is the point, as for snapshots); per-step costs are marginal
@@ -48,6 +50,7 @@ SECTIONS = (
     "snapshot",
     "rss",
     "log",
+    "tracking",
     "instructions",
     "gpu",
     "emulated",
@@ -649,123 +652,20 @@ def section_rss(report: Report, args: argparse.Namespace) -> None:
     )
 
 
-#: The log section's windows: per-step time over the first 500 steps and over 5,500-6,000.
-LOG_MARKS = (1, 500, 5500, 6000)
-
-#: Per-step seconds over the two windows: ((CPU early, CPU late), (wall early, wall late)).
-LogTimes = tuple[tuple[float, float], tuple[float, float]]
-
-
-def _log_times(marks: list[tuple[float, float]]) -> LogTimes:
-    """Per-step CPU and wall seconds over both windows from (CPU, wall) times at LOG_MARKS."""
-    first, last = LOG_MARKS[1] - LOG_MARKS[0], LOG_MARKS[3] - LOG_MARKS[2]
-    cpu = ((marks[1][0] - marks[0][0]) / first, (marks[3][0] - marks[2][0]) / last)
-    wall = ((marks[1][1] - marks[0][1]) / first, (marks[3][1] - marks[2][1]) / last)
-    return cpu, wall
-
-
-def _mark() -> tuple[float, float]:
-    return time.process_time(), time.perf_counter()
-
-
-def _raw_marked(data: list[Batch]) -> tuple[list[tuple[float, float]], torch.nn.Module]:
-    """The raw loop over LOG_MARKS[-1] steps, with the times after each marked step."""
-    torch.manual_seed(0)
-    model = Tiny()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    marks: list[tuple[float, float]] = []
-    step = 0
-    while step < LOG_MARKS[-1]:
-        for batch in data:
-            opt.zero_grad()
-            loss = model(**batch)["loss"]
-            loss.backward()
-            opt.step()
-            step += 1
-            if step in LOG_MARKS:
-                marks.append(_mark())
-    return marks, model
-
-
-def _log_marked(
-    data: list[Batch], filename: str | None
-) -> tuple[list[tuple[float, float]], torch.nn.Module]:
-    """A trainer with ``LogReport(trigger=(1, "iteration"))`` writing ``filename`` (none when
-    None) and a per-step report, with the times after each marked step."""
-    torch.manual_seed(0)
-    model = ppe.to(Tiny(ppe.reporting.report), "cpu")
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    marks: list[tuple[float, float]] = []
-
-    @ppe.training.make_extension(
-        trigger=ppe.training.triggers.ManualScheduleTrigger(list(LOG_MARKS), "iteration"),
-        priority=ppe.training.PRIORITY_READER - 1,  # after LogReport's write of the step
-    )
-    def mark(manager: Any) -> None:
-        marks.append(_mark())
-
-    with tempfile.TemporaryDirectory() as tmp:
-        extensions = [mark]
-        if filename is not None:
-            log = ppe.training.extensions.LogReport(trigger=(1, "iteration"), filename=filename)
-            extensions.append(log)
-        epochs = LOG_MARKS[-1] // len(data)
-        t = ppe.engine.create_trainer(model, opt, epochs, extensions=extensions, out_dir=tmp)
-        t.run(data)
-    return marks, model
-
-
 def section_log(report: Report, args: argparse.Namespace) -> None:
-    """Per-step time with LogReport writing an entry every iteration, early and late in a run.
+    """Per-iteration LogReport at 1k/10k/100k entries, each format (``bench_log.py``)."""
+    sys.path.insert(0, HERE)
+    import bench_log
 
-    Process CPU time (robust on a shared machine) with wall time beside it: wall time also
-    counts waiting for the disk (``fsync``), which CPU time does not.
-    """
-    data = batches(500, seed=3)
-    variants = {
-        "trainer, no LogReport": None,
-        "LogReport json": "log",
-        "LogReport json-lines": "log.jsonl",
-        "LogReport csv": "log.csv",
-    }
-    repeats = 1 if args.quick else args.repeats
-    raws: dict[str, list[LogTimes]] = {n: [] for n in variants}
-    timed: dict[str, list[LogTimes]] = {n: [] for n in variants}
-    identical = dict.fromkeys(variants, True)
-    _log_marked(data, None)  # warm-up: imports and lazy initialisation
-    for _ in range(repeats):
-        for name, filename in variants.items():
-            raw_marks, raw_model = _raw_marked(data)
-            marks, model = _log_marked(data, filename)
-            raws[name].append(_log_times(raw_marks))
-            timed[name].append(_log_times(marks))
-            identical[name] &= same_weights(raw_model, model)
-    every_raw = [r for values in raws.values() for r in values]
-    report.add(
-        "log",
-        "raw loop",
-        f"{med_range([r[0][0] for r in every_raw], 1e6)} -> "
-        f"{med_range([r[0][1] for r in every_raw], 1e6)} us/step CPU",
-        f"steps 1-500 -> 5,500-6,000 of {LOG_MARKS[-1]}; wall "
-        f"{med_range([r[1][0] for r in every_raw], 1e6)} -> "
-        f"{med_range([r[1][1] for r in every_raw], 1e6)}; {repeats} pair(s) per variant",
-    )
-    for name, values in timed.items():
-        ratios = [
-            [v[clock][window] / r[clock][window] for v, r in zip(values, raws[name], strict=True)]
-            for clock in (0, 1)
-            for window in (0, 1)
-        ]
-        report.add(
-            "log",
-            name,
-            f"{med_range([v[0][0] for v in values], 1e6)} -> "
-            f"{med_range([v[0][1] for v in values], 1e6)} us/step CPU",
-            f"ratio to raw {med_range(ratios[0], fmt='{:.2f}')} -> "
-            f"{med_range(ratios[1], fmt='{:.2f}')} CPU, {med_range(ratios[2], fmt='{:.2f}')} -> "
-            f"{med_range(ratios[3], fmt='{:.2f}')} wall; weights "
-            + ("bit-identical to raw" if identical[name] else "DIFFER from raw"),
-        )
+    bench_log.section_log(report, args)
+
+
+def section_tracking(report: Report, args: argparse.Namespace) -> None:
+    """MLflowLogger against a local server beside LogReport alone (``bench_log.py``)."""
+    sys.path.insert(0, HERE)
+    import bench_log
+
+    bench_log.section_tracking(report, args)
 
 
 def section_instructions(report: Report, args: argparse.Namespace) -> None:
@@ -938,6 +838,7 @@ RUNNERS: dict[str, Callable[[Report, argparse.Namespace], None]] = {
     "snapshot": section_snapshot,
     "rss": section_rss,
     "log": section_log,
+    "tracking": section_tracking,
     "instructions": section_instructions,
     "gpu": section_gpu,
     "emulated": section_emulated,

@@ -624,6 +624,23 @@ class Summary:
         Raises:
             EmptySummaryError: Only numbers were added and their total weight is 0.
         """
+        pending = self._pending
+        if (
+            len(pending) == 1
+            and self._shift is None
+            and self._pending_weights is None
+            and not self._deferred
+            and self._n.__class__ is int
+            and self._n == 0
+        ):
+            # One tensor of weight 1 (LogReport with an entry per iteration): the mean is the
+            # value, what the reduction gives too, without its dozen tensor operations. A copy,
+            # so the result never aliases the reported tensor.
+            value = pending[0]
+            if value.ndim != 0:
+                value = value.reshape(())
+            dtype = _result_dtype(value.dtype)
+            return value.clone() if value.dtype == dtype else value.to(dtype)
         moments = self._moments()
         if moments is None:
             if self._host_n_is_zero():
@@ -809,6 +826,12 @@ def to_floats(values: Mapping[str, Any]) -> dict[str, Any]:
         elif value.__class__ is not float and _is_scalar(value):
             result[key] = float(value)
     for keys in by_device.values():
+        if len(keys) == 1:  # one copy to the host either way; the stack is not needed
+            tensor = result[keys[0]].detach()
+            if not tensor.is_floating_point():  # floats widen exactly; others as below
+                tensor = tensor.to(torch.promote_types(tensor.dtype, _MIN_SUM_DTYPE))
+            result[keys[0]] = float(tensor.item())
+            continue
         tensors = [result[key].detach().reshape(()) for key in keys]
         dtype = tensors[0].dtype
         for tensor in tensors[1:]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import hashlib
 import multiprocessing
@@ -110,6 +111,65 @@ def _sync_file(file_obj: IO[Any]) -> None:
     except (AttributeError, OSError, ValueError):  # not backed by a local descriptor
         return
     os.fsync(fileno)
+
+
+#: How many appended files a writer keeps open at once (the least recently opened closes).
+_OPEN_APPENDS = 8
+
+
+class _AppendFiles:
+    """Local files kept open for appending between a writer's appends, by destination path.
+
+    Opening, checking for and closing a log file per entry cost about as much as writing it.
+    A kept handle is reused while the path still names the file it opened (one ``stat``), so
+    a file replaced (a rewrite's rename) or removed meanwhile is reopened, and created again.
+    Each append is still flushed to the OS before it returns; only the open is saved. Pickles
+    empty (a process writer's worker opens its own), and a forked child drops its parent's.
+    """
+
+    def __init__(self) -> None:
+        self._files: dict[str, tuple[IO[bytes], tuple[int, int]]] = {}
+        self._pid = os.getpid()
+
+    def __reduce__(self) -> tuple[type[_AppendFiles], tuple[()]]:
+        return (_AppendFiles, ())
+
+    def get(self, dest: str) -> tuple[IO[bytes], bool]:
+        """The open handle for ``dest`` and whether this call created the file."""
+        if self._pid != os.getpid():  # a forked child: the handles are the parent's
+            self._files, self._pid = {}, os.getpid()
+        try:
+            stat = os.stat(dest)
+        except FileNotFoundError:
+            identity = None
+        else:
+            identity = (stat.st_dev, stat.st_ino)
+        kept = self._files.get(dest)
+        if kept is not None:
+            if kept[1] == identity:
+                return kept[0], False
+            self.close(dest)
+        if len(self._files) >= _OPEN_APPENDS:
+            self.close(next(iter(self._files)))
+        file_obj = open(dest, "ab")  # noqa: SIM115 (kept open; closed by close())
+        opened = os.fstat(file_obj.fileno())
+        self._files[dest] = (file_obj, (opened.st_dev, opened.st_ino))
+        return file_obj, identity is None
+
+    def close(self, dest: str) -> None:
+        """Closes the handle kept for ``dest``, if any."""
+        kept = self._files.pop(dest, None)
+        if kept is not None:
+            with contextlib.suppress(OSError):  # its bytes were flushed after each append
+                kept[0].close()
+
+    def close_all(self) -> None:
+        for dest in list(self._files):
+            self.close(dest)
+
+    def __del__(self) -> None:
+        # A writer dropped without finalize(): its appends were flushed, close quietly.
+        self.close_all()
 
 
 #: This host's tag in temporary names: a kill leaves a temporary file behind, and only a
@@ -302,6 +362,7 @@ class Writer:
         # Appended files: when each was last fsync-ed, and those appended to since.
         self._synced_at: dict[str, float] = {}
         self._unsynced: set[str] = set()
+        self._append_files = _AppendFiles()
 
     def __call__(
         self,
@@ -483,24 +544,43 @@ class Writer:
     def _append(
         self, dest: str, target: Target, savefun: SaveFun, kwargs: Mapping[str, Any]
     ) -> None:
-        created = not self.fs.exists(dest)
-        local = self.writes_local_files
+        if self.writes_local_files:
+            self._append_local(dest, target, savefun, kwargs)
+        else:
+            self._append_remote(dest, target, savefun, kwargs)
+
+    def _append_local(
+        self, dest: str, target: Target, savefun: SaveFun, kwargs: Mapping[str, Any]
+    ) -> None:
+        """Appends to a local file through a handle kept open between appends (see
+        :class:`_AppendFiles`); the bytes reach the OS before returning, as with a fresh open."""
+        file_obj, created = self._append_files.get(dest)
         try:
-            with self.fs.open(dest, "ab") as file_obj:
-                savefun(target, file_obj, **kwargs)
-                if local and not created and not self._sync_due(dest):
-                    file_obj.flush()  # in the OS: a killed process loses nothing of it
-                    self._unsynced.add(dest)
-                else:
-                    _sync_file(file_obj)
-                    if local:
-                        self._synced_at[dest] = time.monotonic()
-                        self._unsynced.discard(dest)
+            savefun(target, file_obj, **kwargs)
+            if not created and not self._sync_due(dest):
+                file_obj.flush()  # in the OS: a killed process loses nothing of it
+                self._unsynced.add(dest)
+            else:
+                _sync_file(file_obj)
+                self._synced_at[dest] = time.monotonic()
+                self._unsynced.discard(dest)
         except Exception as exc:
-            full = _disk_full_error(exc, dest) if local else None
+            self._append_files.close(dest)  # the next append reopens (and re-checks) the file
+            full = _disk_full_error(exc, dest)
             if full is not None:
                 raise full from exc
             raise
+        if created:
+            self._sync_dir(os.path.dirname(dest))
+
+    def _append_remote(
+        self, dest: str, target: Target, savefun: SaveFun, kwargs: Mapping[str, Any]
+    ) -> None:
+        """Appends through ``fs`` (not the local file system): opened, written, synced."""
+        created = not self.fs.exists(dest)
+        with self.fs.open(dest, "ab") as file_obj:
+            savefun(target, file_obj, **kwargs)
+            _sync_file(file_obj)
         if created:
             self._sync_dir(os.path.dirname(dest))
 
@@ -513,6 +593,7 @@ class Writer:
         """``fsync`` the local files appended to since their last sync."""
         # Saves of one writer run one at a time, and finalize() waits for them first.
         pending, self._unsynced = self._unsynced, set()
+        self._append_files.close_all()  # the end of the appends: their handles go
         now = time.monotonic()
         for dest in sorted(pending):
             self._synced_at[dest] = now
@@ -537,6 +618,7 @@ class Writer:
             self.fs.rename(tmp, dest)
         except BaseException as exc:
             self._fail(exc, tmp, dest)
+        self._append_files.close(dest)  # a handle kept for appends names the old file
         self._unsynced.discard(dest)  # appends to the replaced file no longer matter
         self._synced_at[dest] = time.monotonic()
         self._sync_dir(parent)

@@ -156,9 +156,12 @@ def _extend_json_array(entries: list[dict[str, Any]], file_obj: IO[bytes]) -> No
         return
     flags = fcntl.fcntl(fd, fcntl.F_GETFL)
     fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_APPEND)  # appending ignores the offset
-    done = 0
-    while done < len(data):
-        done += os.pwrite(fd, data[done:], offset + done)
+    try:
+        done = 0
+        while done < len(data):
+            done += os.pwrite(fd, data[done:], offset + done)
+    finally:  # the writer may keep the handle open for its next append
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags)
 
 
 def _read_json_array(text: str) -> list[dict[str, Any]]:

@@ -1,0 +1,322 @@
+"""The suite's ``log`` and ``tracking`` sections: per-iteration logging by log length, and a
+tracker's per-step cost beside LogReport alone.
+
+    .venv/bin/python -m benchmarks --only log
+    .venv/bin/python -m benchmarks --only tracking      # needs mlflow (plugins/ppe_mlflow)
+
+``log``: per-step cost of ``LogReport(trigger=(1, "iteration"))`` in each format once its log
+already holds 1k, 10k and 100k entries. The log is pre-filled the way a resumed run gets it:
+LogReport's state (``load_state_dict``) holds N entries shaped like the run's own, so the
+run's first entry rewrites the file whole (N + 1 entries, as after a resume) and every later
+entry is added to that file. The timed window starts after that first write (at iteration
+``LOG_SKIP``) and lasts ``LOG_WINDOW`` steps, and each run is paired with the same trainer
+without LogReport (the per-step ``report`` in ``forward`` stays): the difference is what the
+log costs per step. The file is read back at the end to check it holds N + steps entries.
+
+``tracking``: per-step time of LogReport alone and of LogReport + ``MLflowLogger`` against a
+local ``mlflow server`` (SQLite store, a free port) that the section starts and stops. Three
+clocks: the training thread's CPU time (``time.thread_time``: what the step path pays; the
+tracker's worker thread is not in it), the process's CPU time (the worker's MLflow client
+included) and wall time. Skipped, saying so, when mlflow is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import ppe_core as ppe
+
+#: Log lengths (entries already in the log) at which per-step cost is measured.
+LOG_SIZES = (1_000, 10_000, 100_000)
+
+#: The timed window: from iteration LOG_SKIP (after the first entry's whole rewrite) on.
+LOG_SKIP = 50
+LOG_WINDOW = 1_000
+
+#: Format -> the LogReport filename that selects it.
+LOG_FORMATS = {
+    "json": "log",
+    "json-lines": "log.jsonl",
+    "csv": "log.csv",
+    "yaml": "log.yaml",
+}
+
+#: (thread CPU, process CPU, wall) seconds at a point of a run.
+Clocks = tuple[float, float, float]
+
+
+def _clocks() -> Clocks:
+    return time.thread_time(), time.process_time(), time.perf_counter()
+
+
+def _per_step(start: Clocks, end: Clocks, steps: int) -> Clocks:
+    return (
+        (end[0] - start[0]) / steps,
+        (end[1] - start[1]) / steps,
+        (end[2] - start[2]) / steps,
+    )
+
+
+def prefilled_log(entries: int) -> list[dict[str, Any]]:
+    """``entries`` entries shaped like the run's (``train/loss``, epoch, iteration, time)."""
+    return [
+        {
+            "train/loss": 1.0 / (i + 1),
+            "epoch": i // 500,
+            "iteration": i + 1,
+            "elapsed_time": 0.0003 * (i + 1),
+        }
+        for i in range(entries)
+    ]
+
+
+def timed_run(
+    data: list[Any],
+    steps: int,
+    skip: int,
+    extensions: Callable[[], list[Any]],
+    out: str,
+) -> tuple[Clocks, torch.nn.Module]:
+    """Trains ``skip + steps`` steps of the suite's Tiny model with a per-step report and
+    ``extensions()``; per-step clocks over the steps after ``skip``, and the model."""
+    import suite
+
+    torch.manual_seed(0)
+    model = ppe.to(suite.Tiny(ppe.reporting.report), "cpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    marks: list[Clocks] = []
+
+    @ppe.training.make_extension(
+        trigger=ppe.training.triggers.ManualScheduleTrigger([skip, skip + steps], "iteration"),
+        priority=-1000,  # after every other extension of the step
+    )
+    def mark(manager: Any) -> None:
+        marks.append(_clocks())
+
+    epochs = -(-(skip + steps) // len(data))
+    t = ppe.engine.create_trainer(
+        model,
+        opt,
+        epochs,
+        extensions=[mark, *extensions()],
+        out_dir=out,
+        stop_trigger=(skip + steps, "iteration"),
+    )
+    t.run(data)
+    return _per_step(marks[0], marks[1], steps), model
+
+
+def _count_entries(path: str, fmt: str) -> int:
+    from ppe_core.training.extensions import LogReport
+
+    if fmt == "yaml":  # reading 100k entries back through PyYAML takes minutes
+        with open(path, encoding="utf-8") as file_obj:
+            return sum(1 for line in file_obj if line.startswith("- "))
+    return len(LogReport.read(path))
+
+
+def section_log(report: Any, args: argparse.Namespace) -> None:
+    """Per-step cost of per-iteration LogReport in each format at 1k, 10k and 100k entries."""
+    import suite
+
+    formats = dict(LOG_FORMATS)
+    if importlib.util.find_spec("yaml") is None:
+        del formats["yaml"]
+        report.add("log", "yaml", "n/a", "PyYAML not installed (not measured)")
+    window = LOG_WINDOW // 2 if args.quick else LOG_WINDOW
+    repeats = 1 if args.quick else min(args.repeats, 3)
+    data = suite.batches(500, seed=3)
+    timed_run(data, 50, 10, list, tempfile.mkdtemp())  # warm-up: imports, lazy set-up
+    costs: dict[tuple[str, int], list[Clocks]] = {}
+    bare: list[Clocks] = []
+    identical = True
+    checked: dict[tuple[str, int], bool] = {}
+    for _ in range(repeats):
+        for fmt, filename in formats.items():
+            for size in LOG_SIZES:
+                prefill = prefilled_log(size)
+
+                def with_log(filename: str = filename, prefill: list[Any] = prefill) -> list[Any]:
+                    log = ppe.training.extensions.LogReport(
+                        trigger=(1, "iteration"), filename=filename
+                    )
+                    log.load_state_dict({"_log": prefill})
+                    return [log]
+
+                out = tempfile.mkdtemp()
+                try:
+                    without, base_model = timed_run(data, window, LOG_SKIP, list, out)
+                    shutil.rmtree(out)
+                    os.makedirs(out)
+                    logged, model = timed_run(data, window, LOG_SKIP, with_log, out)
+                    total = _count_entries(os.path.join(out, filename), fmt)
+                finally:
+                    shutil.rmtree(out, ignore_errors=True)
+                checked[fmt, size] = checked.get((fmt, size), True) and (
+                    total == size + LOG_SKIP + window
+                )
+                identical &= suite.same_weights(base_model, model)
+                bare.append(without)
+                costs.setdefault((fmt, size), []).append(
+                    tuple(a - b for a, b in zip(logged, without, strict=True))  # type: ignore[arg-type]
+                )
+    report.add(
+        "log",
+        "trainer, no LogReport",
+        f"{suite.med_range([b[0] for b in bare], 1e6)} us/step thread CPU",
+        f"process CPU {suite.med_range([b[1] for b in bare], 1e6)}, wall "
+        f"{suite.med_range([b[2] for b in bare], 1e6)}; steps {LOG_SKIP + 1}-"
+        f"{LOG_SKIP + window}, {repeats} pair(s) per cell; LogReport changes no weight: "
+        + ("bit-identical" if identical else "DIFFER"),
+    )
+    for fmt in formats:
+        medians = []
+        for size in LOG_SIZES:
+            values = costs[fmt, size]
+            medians.append(statistics.median(v[0] for v in values))
+            report.add(
+                "log",
+                f"LogReport {fmt}, {size // 1000}k entries",
+                f"+{suite.med_range([v[0] for v in values], 1e6)} us/step thread CPU",
+                f"process CPU +{suite.med_range([v[1] for v in values], 1e6)}, wall "
+                f"+{suite.med_range([v[2] for v in values], 1e6)}; file holds "
+                + (
+                    f"{size:,} + {LOG_SKIP + window:,} entries"
+                    if checked[fmt, size]
+                    else "A DIFFERENT NUMBER of entries"
+                ),
+            )
+        report.add(
+            "log",
+            f"LogReport {fmt}, 100k / 1k",
+            f"{medians[-1] / medians[0]:.2f}x",
+            "ratio of the median per-step costs (1.00 = flat)",
+        )
+
+
+# --- tracking -------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class MlflowServer:
+    """``mlflow server`` over SQLite in ``root`` on a free port, in its own process group."""
+
+    def __init__(self, root: str) -> None:
+        self.port = _free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        log_path = os.path.join(root, "server.log")
+        command = [sys.executable, "-m", "mlflow", "server"]
+        command += ["--backend-store-uri", f"sqlite:///{os.path.join(root, 'db')}"]
+        command += ["--artifacts-destination", os.path.join(root, "artifacts")]
+        command += ["--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        with open(log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                with open(log_path, encoding="utf-8", errors="replace") as file_obj:
+                    raise RuntimeError(f"mlflow server exited:\n{file_obj.read()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.25)
+        self.stop()
+        raise RuntimeError("mlflow server did not start in 120 s")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(30)
+
+
+def section_tracking(report: Any, args: argparse.Namespace) -> None:
+    """Per-step time of LogReport + MLflowLogger (local server) beside LogReport alone."""
+    import suite
+
+    if importlib.util.find_spec("mlflow") is None or importlib.util.find_spec("ppe_mlflow") is None:
+        report.add(
+            "tracking",
+            "MLflowLogger",
+            "skipped",
+            "mlflow is not installed: pip install -e plugins/ppe_mlflow",
+        )
+        return
+    from ppe_mlflow import MLflowLogger
+
+    steps = 1_000 if args.quick else 2_000
+    repeats = 1 if args.quick else min(args.repeats, 3)
+    data = suite.batches(500, seed=4)
+    root = tempfile.mkdtemp()
+    started = time.perf_counter()
+    server = MlflowServer(root)
+    startup = time.perf_counter() - started
+    trackers: list[Any] = []
+
+    def alone() -> list[Any]:
+        return [ppe.training.extensions.LogReport(trigger=(1, "iteration"))]
+
+    def tracked() -> list[Any]:
+        tracker = MLflowLogger(server.uri, experiment_name="bench")
+        trackers.append(tracker)
+        return [*alone(), tracker]
+
+    variants = {"LogReport alone": alone, "LogReport + MLflowLogger": tracked}
+    clocks: dict[str, list[Clocks]] = {name: [] for name in variants}
+    try:
+        timed_run(data, 200, LOG_SKIP, tracked, tempfile.mkdtemp(dir=root))  # warm-up
+        trackers.clear()
+        for _ in range(repeats):
+            for name, extensions in variants.items():
+                out = tempfile.mkdtemp(dir=root)
+                per_step, _ = timed_run(data, steps, LOG_SKIP, extensions, out)
+                clocks[name].append(per_step)
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    for name, values in clocks.items():
+        report.add(
+            "tracking",
+            name,
+            f"{suite.med_range([v[0] for v in values], 1e6)} us/step thread CPU",
+            f"process CPU {suite.med_range([v[1] for v in values], 1e6)}, wall "
+            f"{suite.med_range([v[2] for v in values], 1e6)}; {steps} steps with an entry "
+            f"each, {repeats} run(s)",
+        )
+    gap = [
+        t[0] - a[0]
+        for t, a in zip(clocks["LogReport + MLflowLogger"], clocks["LogReport alone"], strict=True)
+    ]
+    sent = [tracker.report for tracker in trackers]
+    report.add(
+        "tracking",
+        "MLflowLogger on the training thread",
+        f"+{suite.med_range(gap, 1e6)} us/step thread CPU",
+        "goal: within 1 us of LogReport alone; entries sent "
+        + ", ".join(f"{r.sent}/{r.queued}" for r in sent)
+        + f"; server started in {startup:.0f} s",
+    )
