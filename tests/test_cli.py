@@ -20,9 +20,28 @@ def run(*command: str) -> subprocess.CompletedProcess[str]:
 def test_help_is_plain_text_and_names_the_module_form() -> None:
     result = run(sys.executable, "-m", "ppe_core", "--help")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("usage: python -m ppe_core [-h] [--version] {plugins,info}")
+    assert result.stdout.startswith("usage: python -m ppe_core [-h] [--version]")
+    assert "{plugins,info,export-snapshot}" in result.stdout
     assert "``" not in result.stdout  # no reST markup from a docstring
     assert "plugins, runtimes, logics, extensions" in result.stdout
+
+
+def test_export_snapshot_refuses_a_directory_without_a_manifest(tmp_path: Path) -> None:
+    # A save that never finished leaves its shards without the manifest: nothing verifies them.
+    (tmp_path / "snapshot_4").mkdir()
+    (tmp_path / "snapshot_4" / "__0_0.distcp").write_bytes(b"shard")
+    result = run(
+        sys.executable,
+        "-m",
+        "ppe_core",
+        "export-snapshot",
+        str(tmp_path / "snapshot_4"),
+        str(tmp_path / "model.pt"),
+    )
+    assert result.returncode == 1
+    assert "error: refusing to export" in result.stderr
+    assert "no readable snapshot manifest" in result.stderr
+    assert not (tmp_path / "model.pt").exists()
 
 
 def test_version_is_the_packages() -> None:

@@ -14,13 +14,26 @@ from typing import Any
 import pytest
 import torch
 from helpers import launch
+from test_snapshot_background import world_of_one  # noqa: F401  (a 1-process gloo group)
 
-from ppe_core.errors import SnapshotError, SnapshotVerificationWarning
+import ppe_core as ppe
+from ppe_core.__main__ import main as cli
+from ppe_core.errors import ConfigurationError, SnapshotError, SnapshotVerificationWarning
 from ppe_core.training.extensions import _snapshot_dcp as files
+from ppe_core.training.extensions import export_snapshot
 
 SCRIPTS = Path(__file__).parent / "scripts"
 FSDP = SCRIPTS / "fsdp_training.py"
 sys.path.insert(0, str(SCRIPTS))
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": torch.nn.functional.cross_entropy(self.fc(x), t)}
 
 
 def results(out: Path, phase: str, ranks: int = 2) -> list[dict[str, Any]]:
@@ -188,3 +201,208 @@ def test_publish_renames_into_place_and_replaces_an_older_directory(tmp_path: Pa
         assert not temporary.exists()
     assert (final / "rank0.pt").read_bytes() == b"new"
     assert sorted(os.listdir(tmp_path)) == ["snapshot_4"]
+
+
+def _same_state(a: Any, b: Any) -> bool:
+    """Whether two nested states hold equal values, tensors compared bit for bit."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return (
+            isinstance(b, dict) and a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
+        )
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same_state(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+@pytest.mark.slow
+def test_dcp_snapshot_of_one_process_resumes_resharded_on_two_ranks(tmp_path: Path) -> None:
+    # One process trains to iteration 12 (snapshots every 4), then 2 ranks resume from it and
+    # stop at once: their shards hold the saved full state.
+    run_phase(tmp_path, "--phase", "load", processes=1)
+    (alone,) = results(tmp_path, "load", 1)
+    saved = alone["loaded"]
+    assert saved["loaded_from"] is None and saved["iteration"] == 12
+    assert files.verify(str(tmp_path / "run" / "snapshot_12"))["world_size"] == 1
+    stderr = run_phase(tmp_path, "--phase", "load")
+    resumed = [result["loaded"] for result in results(tmp_path, "load")]
+    for rank, loaded in enumerate(resumed):
+        assert loaded["loaded_from"] == "snapshot_12" and loaded["iteration"] == 12, rank
+        # Exactly: the weights and the optimizer states (AdamW's moments and step counts).
+        for key, value in saved["weights"].items():
+            assert torch.equal(loaded["weights"][key], value), (rank, key)
+        assert _same_state(loaded["optimizer"], saved["optimizer"]), rank
+    assert "WorldSizeMismatchWarning" in stderr and "1 process(es) and this run has 2" in stderr
+    # Approximately: both ranks restore the one saving process's RNG states (applied when
+    # training goes on), so their dropout masks, different in a 2-rank run, are the same.
+    run_phase(tmp_path, "--phase", "resume")
+    finished = [result["resumed"] for result in results(tmp_path, "resume")]
+    assert [result["iteration"] for result in finished] == [16, 16]
+    assert torch.equal(finished[0]["rng"], finished[1]["rng"])
+
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A DDP model (replicated) with SnapshotMode.DCP and n_retains=2: the straight run and
+    the run stopped at iteration 12, then resumed to the end."""
+    out = tmp_path_factory.mktemp("ddp_dcp")
+    run_phase(out, "--model", "ddp", "--n-retains", "2")
+    run_phase(out, "--phase", "resume", "--model", "ddp", "--n-retains", "2")
+    return out
+
+
+@pytest.mark.slow
+def test_dcp_snapshot_of_a_ddp_model_resumes_bit_exactly_saving_replicas_once(ddp: Path) -> None:
+    straight = [result["straight"] for result in results(ddp, "first")]
+    assert not torch.equal(straight[0]["rng"], straight[1]["rng"])  # per-rank dropout seeds
+    for rank, result in enumerate(results(ddp, "resume")):
+        assert result["resumed"]["loaded_from"] == "snapshot_12", rank
+        assert_same_run(result["resumed"], straight[rank], rank)
+        assert _same_state(result["resumed"]["optimizer"], straight[rank]["optimizer"]), rank
+    # Replicated tensors are written once (by one rank), not once per rank: DCP's metadata
+    # stores each tensor as one chunk, in one rank's file.
+    from torch.distributed.checkpoint import FileSystemReader
+
+    metadata = FileSystemReader(str(ddp / "run" / "snapshot_16")).read_metadata()
+    tensors = [k for k, v in metadata.state_dict_metadata.items() if hasattr(v, "chunks")]
+    assert len(tensors) == 4 + 4 * 3  # 4 parameters, AdamW's step, exp_avg, exp_avg_sq
+    assert all(len(metadata.state_dict_metadata[k].chunks) == 1 for k in tensors)  # type: ignore[attr-defined]
+    stored = [index.fqn for index in metadata.storage_data]
+    assert all(stored.count(k) == 1 for k in tensors)
+    where = {info.relative_path for info in metadata.storage_data.values()}
+    assert where == {"__0_0.distcp", "__1_0.distcp"}  # the work shared by both ranks
+
+
+@pytest.mark.slow
+def test_n_retains_under_torchrun_keeps_the_newest_snapshots_each_loadable(ddp: Path) -> None:
+    for run in ("straight", "run"):
+        kept = sorted(p.name for p in (ddp / run).iterdir())
+        assert kept == ["snapshot_12", "snapshot_16"], (run, kept)
+        for name in kept:
+            assert files.verify(str(ddp / run / name))["world_size"] == 2
+    # Each one loads: the stopped run resumed from snapshot_12 (above), and both of the
+    # straight run's export to one state_dict, the last one holding its final weights.
+    final = results(ddp, "first")[0]["straight"]["weights"]
+    for name in ("snapshot_12", "snapshot_16"):
+        exported = export_snapshot(ddp / "straight" / name, ddp / f"{name}.pt")
+        loaded = torch.load(ddp / f"{name}.pt", weights_only=True)
+        assert sorted(loaded) == sorted(final) == sorted(exported)
+    for key, value in final.items():
+        assert torch.equal(loaded[key], value), key
+
+
+@pytest.mark.slow
+def test_export_snapshot_writes_one_state_dict_file_the_model_loads(
+    first: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import fsdp_training
+
+    # 2 ranks' shards of snapshot_12 joined into one ordinary file, by the CLI.
+    assert cli(["export-snapshot", str(first / "run" / "snapshot_12"), str(tmp_path / "m.pt")]) == 0
+    assert "wrote" in capsys.readouterr().out
+    model = fsdp_training.Net()
+    model.load_state_dict(torch.load(tmp_path / "m.pt", weights_only=True))
+    stopped = results(first, "first")[0]["stopped"]  # its weights are snapshot_12's
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, stopped["weights"][key]), key
+
+
+@pytest.mark.slow
+def test_export_snapshot_refuses_a_damaged_or_unfinished_snapshot(
+    first: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    damaged = tmp_path / "snapshot_12"
+    shutil.copytree(first / "run" / "snapshot_12", damaged)
+    shard = damaged / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 1
+    shard.write_bytes(data)
+    with pytest.raises(SnapshotError, match=r"refusing to export .*__0_0\.distcp is damaged"):
+        export_snapshot(damaged, tmp_path / "m.pt")
+    assert cli(["export-snapshot", str(damaged), str(tmp_path / "m.pt")]) == 1
+    assert "error: refusing to export" in capsys.readouterr().err
+    (damaged / files.MANIFEST_NAME).unlink()  # as a save that never finished leaves it
+    with pytest.raises(SnapshotError, match="no readable snapshot manifest"):
+        export_snapshot(damaged, tmp_path / "m.pt")
+    with pytest.raises(SnapshotError, match=r"holds no model 'other'; it holds \['main'\]"):
+        export_snapshot(first / "run" / "snapshot_12", tmp_path / "m.pt", model="other")
+    assert not (tmp_path / "m.pt").exists()
+
+
+@pytest.mark.parametrize(
+    ("given", "names"),
+    [
+        ({"writer": ppe.writing.SimpleWriter()}, "does not take writer: DCP writes its files"),
+        ({"savefun": torch.save}, "does not take savefun: DCP serializes the tensors itself"),
+        (
+            {"snapshot_on_error": True},
+            "does not take snapshot_on_error: a DCP save is a collective",
+        ),
+        ({"filename": lambda m: "s"}, "names its directories with a str template"),
+        ({"target": {"model": torch.nn.Linear(2, 2), "n": [1]}}, r"n \(list\) is neither"),
+    ],
+)
+@pytest.mark.usefixtures("world_of_one")
+def test_dcp_mode_refuses_what_it_cannot_do_at_construction_naming_the_fix(
+    given: dict[str, Any], names: str
+) -> None:
+    E = ppe.training.extensions
+    with pytest.raises(ConfigurationError, match=names) as raised:
+        E.snapshot(saver_rank=0, snapshot_mode=E.SnapshotMode.DCP, **given)
+    assert "SnapshotMode.SHARDED" in str(raised.value) or "filename" in given
+
+
+@pytest.mark.usefixtures("world_of_one")
+def test_dcp_mode_saves_a_target_when_the_saver_s_condition_says_and_resumes_it(
+    tmp_path: Path,
+) -> None:
+    E = ppe.training.extensions
+    data = [{"x": torch.randn(4, 3), "t": torch.randint(0, 2, (4,))} for _ in range(8)]
+
+    def train(stop: int, autoload: bool) -> tuple[Any, Any, torch.nn.Module]:
+        torch.manual_seed(0)
+        model = ppe.to(Tiny(), "cpu")
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+        calls: list[int] = []
+
+        def every_other() -> bool:  # asked at each trigger: True at iterations 4 and 8
+            calls.append(1)
+            return len(calls) % 2 == 0
+
+        snap = E.snapshot(
+            filename="target_{.iteration}",
+            target={"net": model, "adam": opt},
+            condition=every_other,
+            autoload=autoload,
+            saver_rank=0,
+            snapshot_mode=E.SnapshotMode.DCP,
+        )
+        trainer = ppe.engine.create_trainer(
+            model, opt, 1, out_dir=str(tmp_path / "out"), stop_trigger=(stop, "iteration")
+        )
+        trainer.extend(snap, trigger=(2, "iteration"))
+        trainer.run(data)
+        return snap, opt, model
+
+    _, opt, model = train(8, autoload=False)
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("target")) == [
+        "target_4",
+        "target_8",
+    ]
+    manifest = files.verify(str(out / "target_8"))
+    assert not [f for f in manifest["files"] if f.startswith("rank")]  # the target alone
+    exported = export_snapshot(out / "target_8", tmp_path / "net.pt", model="net")
+    for key, value in model.state_dict().items():
+        assert torch.equal(exported[key], value), key
+    # A new run autoloads the target and steps once more on the first batch: the same as the
+    # saved model and AdamW state stepping once more by hand.
+    opt.zero_grad()
+    model(**data[0])["loss"].backward()
+    opt.step()
+    snap, opt2, model2 = train(1, autoload=True)
+    assert snap.loaded_from == str(out / "target_8")
+    for key, value in model.state_dict().items():
+        assert torch.equal(model2.state_dict()[key], value), key
+    assert _same_state(opt2.state_dict(), opt.state_dict())

@@ -2,7 +2,8 @@
 by tests/test_fsdp.py and tests/test_fsdp_dcp.py.
 
 Usage: python -m torch.distributed.run --standalone --nproc_per_node=2 fsdp_training.py OUT
-    [--phase first|resume|reshard|load|kill] [--mode sharded|dcp|default|distributed]
+    [--phase first|resume|reshard|load|kill|accumulate] [--mode sharded|dcp|default|distributed]
+    [--model fsdp|ddp] [--n-retains N]
 
 ``--phase first`` (the default) runs, in one launch:
 
@@ -21,13 +22,17 @@ With ``--mode dcp`` (used by tests/test_fsdp_dcp.py) the first phase runs the la
 expects that resume to raise ``ShardedStateError``; ``--phase load`` resumes it and stops at
 once (the weights as loaded); ``--phase kill`` trains in ``OUT/run`` and SIGKILLs every rank
 at iteration 10, while the save of snapshot 8 is unfinished. Each phase writes
-``OUT/{phase}_rank{N}.pt`` with, per run, the full (gathered) weights, the final RNG state, the
-iteration, the snapshot resumed from and the DCP snapshots' blocked times.
+``OUT/{phase}_rank{N}.pt`` with, per run, the full (gathered) weights and optimizer state, the
+final RNG state, the iteration, the snapshot resumed from and the DCP snapshots' blocked times.
+``--model ddp`` trains the same net replicated by DistributedDataParallel instead of sharded;
+``--n-retains`` is the snapshot's. ``--phase accumulate`` trains the sharded net without dropout
+for 2 epochs accumulating gradients over 2 batches (``grad_accumulation_steps``).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import time
@@ -35,9 +40,11 @@ from typing import Any
 
 import torch
 from ddp_training import dataset  # the DDP script's samples (this script's directory)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 import ppe_core as ppe
@@ -97,8 +104,22 @@ def sharded_model(dropout: float = 0.0) -> torch.nn.Module:
     return model
 
 
+def replicated_model(dropout: float = 0.0) -> torch.nn.Module:
+    """``Net`` with the same initial weights on every rank, wrapped by DDP."""
+    torch.manual_seed(0)
+    return DistributedDataParallel(ppe.to(Net(dropout), "cpu"))
+
+
+def full_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """The whole optimizer state (keyed by parameter names) on every rank (a collective)."""
+    options = StateDictOptions(full_state_dict=True)
+    return dict(get_optimizer_state_dict(model, opt, options=options))
+
+
 def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The whole weights on every rank (``full_tensor`` is a collective)."""
+    if isinstance(model, DistributedDataParallel):
+        return dict(model.module.state_dict())
     return {
         k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in model.state_dict().items()
     }
@@ -173,11 +194,26 @@ def refusals(out: str) -> dict[str, str]:
     return messages
 
 
-def snapshotted(
-    out: str, mode: str, stop_at: int | None, kill_at: int | None = None
+def accumulated(out: str) -> dict[str, Any]:
+    """2 epochs without dropout, gradients accumulated over 2 batches (FSDP2's no_sync)."""
+    model = sharded_model()
+    trainer = ppe.engine.create_trainer(
+        model, optimizer(model), 2, out_dir=out, options={"grad_accumulation_steps": 2}
+    )
+    trainer.run(loaders()[0])
+    return {"weights": full_weights(model), "iteration": trainer.iteration}
+
+
+def snapshotted_run(
+    out: str,
+    mode: str,
+    stop_at: int | None,
+    kill_at: int | None = None,
+    model_kind: str = "fsdp",
+    n_retains: int = -1,
 ) -> dict[str, Any]:
     """2 epochs with dropout and per-rank seeds, a snapshot every 4 iterations (autoload)."""
-    model = sharded_model(dropout=0.2)
+    model = replicated_model(0.2) if model_kind == "ddp" else sharded_model(dropout=0.2)
     torch.manual_seed(100 + torch.distributed.get_rank())  # each rank's own dropout masks
     E = ppe.training.extensions
     modes = {
@@ -190,10 +226,12 @@ def snapshotted(
         filename="snapshot_{.iteration}",
         saver_rank=0,
         snapshot_mode=modes.get(mode, E.SnapshotMode.SHARDED),
+        n_retains=n_retains,
     )
+    opt = optimizer(model)
     trainer = ppe.engine.create_trainer(
         model,
-        optimizer(model),
+        opt,
         2,
         out_dir=out,
         stop_trigger=None if stop_at is None else (stop_at, "iteration"),
@@ -204,6 +242,7 @@ def snapshotted(
     trainer.run(loaders()[0])
     return {
         "weights": full_weights(model),
+        "optimizer": full_optimizer_state(model, opt),
         "rng": torch.get_rng_state(),
         "iteration": trainer.iteration,
         "loaded_from": snapshot.loaded_from and os.path.relpath(snapshot.loaded_from, out),
@@ -237,14 +276,21 @@ def kill_during_save(kill_at: int) -> Any:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    phases = ["first", "resume", "reshard", "load", "kill"]
+    phases = ["first", "resume", "reshard", "load", "kill", "accumulate"]
     parser.add_argument("--phase", choices=phases, default="first")
     modes = ["sharded", "default", "distributed", "dcp"]
     parser.add_argument("--mode", choices=modes, default="sharded")
+    parser.add_argument("--model", choices=["fsdp", "ddp"], default="fsdp")
+    parser.add_argument("--n-retains", type=int, default=-1)
     args = parser.parse_args()
     world = ppe.distributed.init_from_env("cpu")
     results: dict[str, Any] = {}
-    if args.phase == "first":
+    snapshotted = functools.partial(
+        snapshotted_run, model_kind=args.model, n_retains=args.n_retains
+    )
+    if args.phase == "accumulate":
+        results["accumulated"] = accumulated(os.path.join(args.out, "accumulated"))
+    elif args.phase == "first":
         if args.mode == "sharded":
             results["reference"] = reference(os.path.join(args.out, "reference"))
             results["amp"] = reference(os.path.join(args.out, "amp"), amp=True)

@@ -33,6 +33,7 @@ from ppe_core.errors import (
     SnapshotStateError,
     SnapshotVerificationWarning,
     UnsafeSnapshotError,
+    WorldSizeMismatchWarning,
 )
 from ppe_core.reporting import report
 from ppe_core.runtime import map_tensors
@@ -48,7 +49,9 @@ from ppe_core.training.extensions._snapshot_dcp import (
     restore_tensor_state,
     retain,
     temporary_dir,
+    tensor_owners,
     tensor_state,
+    verify_world,
     write_manifest,
 )
 from ppe_core.training.extensions._snapshot_manifest import (
@@ -835,6 +838,43 @@ class _ShardedSnapshot(_EveryRankSnapshot):
             )
 
 
+def _refuse_for_dcp(filename: Any, kwargs: Mapping[str, Any]) -> None:
+    """Raises, when the DCP snapshot is created, for what SnapshotMode.DCP cannot do."""
+    fixes = {
+        "writer": "DCP writes its files itself, in the background: remove writer= (the "
+        "files go to the trainer's out_dir), or use snapshot_mode=SnapshotMode.SHARDED to "
+        "write through a ppe-core writer",
+        "savefun": "DCP serializes the tensors itself: remove savefun=, or use "
+        "snapshot_mode=SnapshotMode.SHARDED to serialize with your own function",
+        "snapshot_on_error": "a DCP save is a collective of every rank, which the ranks not "
+        "failing never reach (it would hang): remove snapshot_on_error=True, and for error "
+        "snapshots add snapshot(condition=lambda: False, snapshot_on_error=True, "
+        "saver_rank=0, snapshot_mode=SnapshotMode.SHARDED) (each rank writes its own part)",
+    }
+    for key, fix in fixes.items():
+        if kwargs.get(key) not in (None, False):
+            raise ConfigurationError(f"snapshot_mode=SnapshotMode.DCP does not take {key}: {fix}")
+    if not isinstance(filename, str):
+        raise ConfigurationError(
+            "snapshot_mode=SnapshotMode.DCP names its directories with a str template (e.g. "
+            f"'snapshot_iter_{{.iteration}}'), got {filename!r}: autoload and n_retains find "
+            "the snapshots by it"
+        )
+    target = kwargs.get("target")
+    values = target.items() if isinstance(target, Mapping) else [("target", target)]
+    others = [
+        f"{key} ({type(value).__name__})"
+        for key, value in values
+        if value is not None and not isinstance(value, (torch.nn.Module, torch.optim.Optimizer))
+    ]
+    if others:
+        raise ConfigurationError(
+            "snapshot_mode=SnapshotMode.DCP saves modules and optimizers (a target that is "
+            f"one, or a dict of them); {', '.join(others)} is neither: save it with "
+            "snapshot_mode=SnapshotMode.SHARDED, or give its tensors to a module"
+        )
+
+
 class _DCPSnapshot(_EveryRankSnapshot):
     """Every rank saves its shards with ``torch.distributed.checkpoint``, asynchronously.
 
@@ -846,7 +886,8 @@ class _DCPSnapshot(_EveryRankSnapshot):
     rank's files are written (DCP's coordinator writes its metadata after gathering every
     rank's results). Each snapshot's blocked time is reported as ``<name>/blocked_time`` (the
     part in the snapshot's own iteration) and logged in full, and kept in
-    :attr:`blocked_times`.
+    :attr:`blocked_times`. With ``target`` (modules and optimizers) it saves those alone; a
+    ``condition`` is asked on every rank and the saver's answer decides for all.
     """
 
     _mode = "DCP"
@@ -858,17 +899,7 @@ class _DCPSnapshot(_EveryRankSnapshot):
         **kwargs: Any,
     ) -> None:
         _require_process_group("DCP", " (torchrun with one process is enough)")
-        unsupported = [
-            key
-            for key in ("target", "condition", "writer", "savefun")
-            if kwargs.get(key) is not None
-        ] + (["snapshot_on_error"] if kwargs.get("snapshot_on_error") else [])
-        if unsupported or not isinstance(filename, str):
-            raise ConfigurationError(
-                f"snapshot_mode=SnapshotMode.DCP saves the trainer's whole state from every "
-                f"rank into a directory named by a str template; it does not take "
-                f"{', '.join(unsupported) or 'a callable filename'} (use SnapshotMode.SHARDED)"
-            )
+        _refuse_for_dcp(filename, kwargs)
         super().__init__(filename=filename, saver_rank=saver_rank, **kwargs)
         #: Per snapshot: ``(iteration, seconds training was blocked)``, the staging wait
         #: included once it is known.
@@ -894,24 +925,73 @@ class _DCPSnapshot(_EveryRankSnapshot):
                 dist.broadcast_object_list(chosen, src=self._saver())
         return chosen[0], chosen[0]
 
+    def _objects(
+        self, manager: Any
+    ) -> tuple[Mapping[str, torch.nn.Module], Mapping[str, torch.optim.Optimizer]]:
+        """The models and optimizers saved: the trainer's, or the ``target``'s."""
+        if self._target is None:
+            return manager.raw_models, manager.optimizers
+        target = self._target if isinstance(self._target, Mapping) else {"target": self._target}
+        return (
+            {k: v for k, v in target.items() if isinstance(v, torch.nn.Module)},
+            {k: v for k, v in target.items() if isinstance(v, torch.optim.Optimizer)},
+        )
+
+    def _setup(self, manager: Any) -> None:
+        super()._setup(manager)
+        tensor_owners(*self._objects(manager))  # each optimizer's model: refused before training
+
+    def __call__(self, manager: Any) -> None:
+        condition = self.condition
+        if condition is not None:
+            # DCP's save is a collective: every rank must take it or none, as the saver says.
+            decided = [bool(condition())]
+            if self._collective:
+                with object_device(self._device):
+                    dist.broadcast_object_list(decided, src=self._saver())
+            if not decided[0]:
+                return
+        self._save(manager, final=bool(getattr(manager, "stop_trigger", False)))
+
     def _restore(self, state: Any, manager: Any) -> None:
         from torch.distributed.checkpoint.state_dict_loader import load
 
         path = str(state)
-        models, optimizers = manager.raw_models, manager.optimizers
+        models, optimizers = self._objects(manager)
         tensors = tensor_state(models, optimizers)
         load(tensors, checkpoint_id=path)  # resharded to this run's shards
         restore_tensor_state(models, optimizers, tensors)
+        if self._target is not None:
+            return  # the target's tensors are the whole snapshot
         own = rest_file(path, group_world()[1])
-        # Another world size: every rank takes the saver's (WorldSizeMismatchWarning says so).
-        rest = load_snapshot(
-            own if os.path.exists(own) else rest_file(path, self._saver()),
-            verify=False,  # the directory's manifest was verified
-        )
-        current = manager.state_dict()
-        manager.load_state_dict(
-            {**rest, "models": current["models"], "optimizers": current["optimizers"]}
-        )
+        saved_world = int(verify_world(path))
+        with warnings.catch_warnings():
+            # Its generic message is the one of the modes that do not reshard: told below.
+            warnings.simplefilter("ignore", WorldSizeMismatchWarning)
+            # Another world size: every rank takes the saver's.
+            rest = load_snapshot(
+                own if os.path.exists(own) else rest_file(path, self._saver()),
+                verify=False,  # the directory's manifest was verified
+            )
+            current = manager.state_dict()
+            manager.load_state_dict(
+                {**rest, "models": current["models"], "optimizers": current["optimizers"]}
+            )
+        world = group_world()[0]
+        if saved_world != world:
+            warnings.warn(
+                WorldSizeMismatchWarning(
+                    f"the DCP snapshot {path} was saved by a run of {saved_world} process(es) "
+                    f"and this run has {world}. SnapshotMode.DCP resharded the models and "
+                    "optimizers: the weights, the optimizer states and the iteration counts "
+                    "resume exactly (equal to the saved full state). Not exactly: each rank's "
+                    "RNG states and loader position (every rank restores the saving rank's), "
+                    f"and the data is split differently over {world} process(es), so this is "
+                    "not the run the saved one would have continued; resume with "
+                    f"{saved_world} process(es) to continue it bit-exactly."
+                ),
+                stacklevel=2,
+            )
 
     def _save(self, manager: Any, final: bool = False) -> None:
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
@@ -924,10 +1004,11 @@ class _DCPSnapshot(_EveryRankSnapshot):
         path = os.path.join(self._out_dir(manager), self._filename(manager))
         temporary = temporary_dir(path)
         os.makedirs(temporary, exist_ok=True)
-        rest = self._state(manager)
-        del rest["models"], rest["optimizers"]
-        torch.save(rest, rest_file(temporary, rank))
-        tensors = tensor_state(manager.raw_models, manager.optimizers)
+        if self._target is None:
+            rest = self._state(manager)
+            del rest["models"], rest["optimizers"]
+            torch.save(rest, rest_file(temporary, rank))
+        tensors = tensor_state(*self._objects(manager))
         if self._stager is None:
             accelerated = torch.accelerator.is_available()
             self._stager = DefaultStager(
@@ -948,7 +1029,7 @@ class _DCPSnapshot(_EveryRankSnapshot):
         self._staging = response.staging_completion
         self._step_hooks = [
             optimizer.register_step_pre_hook(lambda *_: self._wait_staged())
-            for optimizer in manager.optimizers.values()
+            for optimizer in self._objects(manager)[1].values()
         ]
         iteration = int(manager.iteration)
         blocked = time.perf_counter() - started

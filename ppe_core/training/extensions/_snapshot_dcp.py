@@ -28,6 +28,7 @@ from ppe_core.training.extensions._snapshot_retention import _glob_pattern
 
 __all__ = [
     "MANIFEST_NAME",
+    "export_snapshot",
     "newest_valid",
     "publish",
     "remove_leftovers",
@@ -35,8 +36,10 @@ __all__ = [
     "restore_tensor_state",
     "retain",
     "temporary_dir",
+    "tensor_owners",
     "tensor_state",
     "verify",
+    "verify_world",
     "write_manifest",
 ]
 
@@ -57,7 +60,7 @@ def rest_file(directory: str, rank: int) -> str:
     return os.path.join(directory, f"rank{rank}.pt")
 
 
-def _owners(
+def tensor_owners(
     models: Mapping[str, torch.nn.Module], optimizers: Mapping[str, torch.optim.Optimizer]
 ) -> dict[str, str]:
     """Optimizer name -> the name of the model whose parameters it holds (DCP's pairing)."""
@@ -87,7 +90,7 @@ def tensor_state(
         get_optimizer_state_dict,
     )
 
-    pairs = _owners(models, optimizers)
+    pairs = tensor_owners(models, optimizers)
     return {
         "models": {name: get_model_state_dict(model) for name, model in models.items()},
         "optimizers": {
@@ -108,7 +111,7 @@ def restore_tensor_state(
         set_optimizer_state_dict,
     )
 
-    pairs = _owners(models, optimizers)
+    pairs = tensor_owners(models, optimizers)
     for name, model in models.items():
         set_model_state_dict(model, state["models"][name])
     for name, optimizer in optimizers.items():
@@ -171,6 +174,12 @@ def verify(directory: str) -> dict[str, Any]:
     return dict(manifest)
 
 
+def verify_world(directory: str) -> int:
+    """The number of processes that wrote the (verified) snapshot ``directory``."""
+    with open(os.path.join(directory, MANIFEST_NAME), encoding="utf-8") as f:
+        return int(json.load(f)["world_size"])
+
+
 def publish(temporary: str, path: str) -> None:
     """Renames the complete ``temporary`` directory to ``path`` (replacing an older one)."""
     if os.path.lexists(path):  # a run without autoload saving again at the same name
@@ -221,3 +230,77 @@ def remove_leftovers(out_dir: str, template: str) -> None:
     """Removes the temporary directories of saves a killed run left unfinished."""
     for path in glob.glob(temporary_dir(os.path.join(out_dir, _glob_pattern(template)))):
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _full_state(directory: str) -> dict[str, Any]:
+    """Every tensor of the DCP checkpoint in ``directory``, whole, in this process's memory."""
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    state: dict[str, Any] = {}
+    _load_state_dict(
+        state,
+        storage_reader=FileSystemReader(directory),
+        planner=_EmptyStateDictLoadPlanner(),  # type: ignore[no-untyped-call]
+        no_dist=True,  # one process, no process group: DCP's own conversion (dcp_to_torch_save)
+    )
+    return state
+
+
+def export_snapshot(
+    directory: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+    model: str | None = None,
+) -> dict[str, torch.Tensor]:
+    """Writes one model's weights from a ``SnapshotMode.DCP`` snapshot as one ordinary file.
+
+    The snapshot directory is verified first (every file's size and SHA-256 against its
+    manifest); then the model's shards of every rank are read and joined into full tensors in
+    this process (no process group, any number of saving ranks) and saved with ``torch.save``
+    as a plain state dict, keyed as ``model.state_dict()`` of the unwrapped model (no FSDP or
+    DDP prefixes): ``model.load_state_dict(torch.load(output))`` restores it, for inference
+    or in PPE. The file appears atomically (written beside ``output``, then renamed).
+
+    Args:
+        directory: The snapshot's directory (e.g. ``result/snapshot_iter_12``).
+        output: The file to write.
+        model: The trainer's name of the model (``"main"`` for ``create_trainer``'s model);
+            needed only when the snapshot holds several models.
+
+    Returns:
+        The exported state dict (host tensors).
+
+    Raises:
+        SnapshotError: The snapshot does not verify (no manifest: unfinished or not a DCP
+            snapshot; a file damaged, missing or not listed), or ``model`` is not in it.
+    """
+    directory = os.fspath(directory)
+    try:
+        verify(directory)
+    except SnapshotError as exc:
+        raise SnapshotError(
+            f"refusing to export {directory}: it does not verify, so its weights cannot be "
+            f"trusted ({exc}). Export another snapshot of the series (autoload resumes from "
+            "the newest one that verifies)."
+        ) from exc
+    models = _full_state(directory).get("models")
+    if not isinstance(models, dict) or not models:
+        raise SnapshotError(f"{directory}: the snapshot holds no model states")
+    if model is None and len(models) > 1:
+        raise SnapshotError(
+            f"{directory} holds the models {sorted(models)}: name the one to export (model=)"
+        )
+    name = next(iter(models)) if model is None else model
+    if name not in models:
+        raise SnapshotError(f"{directory} holds no model {name!r}; it holds {sorted(models)}")
+    weights = dict(models[name])
+    output = os.fspath(output)
+    temporary = f"{output}.tmp{os.getpid()}"
+    try:
+        torch.save(weights, temporary)
+        os.replace(temporary, output)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+    return weights
