@@ -107,6 +107,7 @@ FILES: dict[str, tuple[str, str]] = {
     "ppe_core/handler/__init__.py": (SAME, "the handler namespace"),
     "ppe_core/handler/_code_block.py": (SAME, "CodeBlockLogic, forward, update_parameters"),
     "ppe_core/handler/_handler.py": (SAME, "BaseHandler, Handler"),
+    "ppe_core/handler/_grad_sync.py": (BEYOND, "DDP/FSDP2 no-sync switch for accumulation"),
     "ppe_core/handler/_logic.py": (SAME, "BaseLogic, Logic, ClousureLogic"),
     "ppe_core/handler/_optimizer_targets.py": (
         BEYOND,

@@ -45,7 +45,7 @@ def first(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def single_process(autocast: bool = False) -> torch.nn.Module:
+def single_process(autocast: bool = False, accumulate: int = 1) -> torch.nn.Module:
     """The reference run in one process: each step on both ranks' batches together.
 
     Under ``autocast`` each rank's batch goes forward and backward alone (with half the
@@ -68,14 +68,17 @@ def single_process(autocast: bool = False) -> torch.nn.Module:
             orders.append(list(sampler))
         for start in range(0, len(orders[0]), size):
             batch = [train[i] for order in orders for i in order[start : start + size]]
-            optimizer.zero_grad()
+            step = start // size
+            if step % accumulate == 0:
+                optimizer.zero_grad()
             for part in [batch[:size], batch[size:]] if autocast else [batch]:
                 with torch.autocast("cpu", enabled=autocast):
                     loss = model(
                         torch.stack([s["x"] for s in part]), torch.stack([s["t"] for s in part])
                     )["loss"]
-                (loss * len(part) / len(batch)).backward()
-            optimizer.step()
+                (loss * len(part) / len(batch) / accumulate).backward()
+            if (step + 1) % accumulate == 0:
+                optimizer.step()
     return model
 
 
@@ -162,3 +165,20 @@ def test_sharded_snapshot_of_fsdp2_refuses_another_world_size(first: Path, world
         "snapshot_4",
         "snapshot_8",
     ]  # nothing written, nothing removed
+
+
+@pytest.mark.slow
+def test_fsdp2_gradient_accumulation_equals_a_single_process_on_the_combined_batches(
+    tmp_path: Path,
+) -> None:
+    # grad_accumulation_steps=2: FSDP2 reduces only at each window's last batch
+    # (set_requires_gradient_sync(False) before), as one process stepping every 2 batches.
+    run_phase(tmp_path, "--phase", "accumulate")
+    model = single_process(accumulate=2)
+    first = results(tmp_path, "accumulate")[0]["accumulated"]["weights"]
+    assert max_difference(first, single_process()) > 1e-4  # accumulating changed the run
+    for rank, result in enumerate(results(tmp_path, "accumulate")):
+        accumulated = result["accumulated"]
+        assert accumulated["iteration"] == 16, rank
+        assert max_difference(accumulated["weights"], model) < 1e-6, rank
+        assert accumulated["unreduced"] == [True] * 8, rank

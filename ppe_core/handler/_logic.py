@@ -20,6 +20,7 @@ from ppe_core.errors import (
     ModelOutputError,
     NoGradientError,
 )
+from ppe_core.handler._grad_sync import no_sync_of
 from ppe_core.handler._optimizer_targets import (
     OptimizerTarget,
     Plan,
@@ -661,7 +662,7 @@ class Logic(ModelLogic):
         window, ends = self._window(batch_idx)
         if batch_idx % n == 0:
             optimizer.zero_grad()
-        no_sync = getattr(model, "no_sync", None)
+        no_sync = no_sync_of(model)  # DDP's no_sync, FSDP2's set_requires_gradient_sync
         if ends or no_sync is None:
             return self._forward_backward(model, batch, window)
         # DistributedDataParallel: no gradient all-reduce until the window's last batch.
@@ -761,7 +762,7 @@ class Logic(ModelLogic):
                 for optimizer in stage.optimizers:
                     optimizer.zero_grad()
             model = stage.model
-            no_sync = None if ends else getattr(model, "no_sync", None)
+            no_sync = None if ends else no_sync_of(model)
             with contextlib.nullcontext() if no_sync is None else no_sync():
                 outputs = self._stage_forward_backward(stage, plan.restrict, batch, window)
             if len(stages) == 1:

@@ -200,8 +200,16 @@ def accumulated(out: str) -> dict[str, Any]:
     trainer = ppe.engine.create_trainer(
         model, optimizer(model), 2, out_dir=out, options={"grad_accumulation_steps": 2}
     )
+    unreduced: list[bool] = []  # after each window's first batch: no sharded gradient yet
+
+    @ppe.training.make_extension(trigger=(1, "iteration"))
+    def record(manager: Any) -> None:
+        if manager.iteration % 2 == 1:
+            unreduced.append(all(p.grad is None for p in model.parameters()))
+
+    trainer.extend(record)
     trainer.run(loaders()[0])
-    return {"weights": full_weights(model), "iteration": trainer.iteration}
+    return {"weights": full_weights(model), "iteration": trainer.iteration, "unreduced": unreduced}
 
 
 def snapshotted_run(
