@@ -361,3 +361,26 @@ def test_a_server_stopped_mid_run_does_not_stop_training(server: Server, tmp_pat
     assert f"sent {ITERS_PER_EPOCH} of {3 * ITERS_PER_EPOCH} entries" in final
     assert f"{lost} did not reach it" in final
     assert "last error:" in final
+
+
+def test_under_torchrun_only_rank_0_sends_each_step_once(server: Server, tmp_path: Path) -> None:
+    # Two gloo ranks train alike with LogReport + MLflowLogger: both keep the entries, only
+    # rank 0's tracker sends, so the server holds one run with each step once.
+    sys.path.insert(0, str(Path(__file__).parents[3] / "tests"))
+    from helpers import launch
+
+    script = Path(__file__).parent / "scripts" / "ddp_tracked.py"
+    code, stderr = launch(script, server.uri, str(tmp_path), processes=2, timeout=300)
+    assert code == 0, stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [len(rank["log"]) for rank in ranks] == [8, 8]  # both ranks trained every step
+    assert (ranks[0]["queued"], ranks[0]["sent"]) == (8, 8)
+    assert (ranks[1]["queued"], ranks[1]["sent"], ranks[1]["run_id"]) == (0, 0, None)
+    client = MlflowClient(tracking_uri=server.uri)
+    experiment = client.get_experiment_by_name("ddp")
+    assert experiment is not None
+    runs = client.search_runs([experiment.experiment_id])
+    assert [run.info.run_id for run in runs] == [ranks[0]["run_id"]]
+    steps = [step for step, _ in _history(client, ranks[0]["run_id"], "iteration")]
+    assert steps == list(range(1, 9))
+    assert runs[0].data.params["world_size"] == "2"
