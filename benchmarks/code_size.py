@@ -137,6 +137,7 @@ FILES: dict[str, tuple[str, str]] = {
     _T + "_schedule.py": (SAME, "running extensions on their triggers, by priority"),
     _T + "_state.py": (SAME, "the manager's state_dict and load_state_dict (PPE's layout)"),
     _T + "_stop.py": (SAME, "the stop trigger (plus stop_reason)"),
+    _T + "_epoch_length.py": (BEYOND, "epochs of unknown length (loaders without len())"),
     _T + "_trainer.py": (SAME, "Trainer"),
     _T + "_trigger_util.py": (COMPAT, "PPE's private path of the trigger type aliases"),
     _T + "extension.py": (COMPAT, "PPE's path of Extension"),

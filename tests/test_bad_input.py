@@ -667,13 +667,13 @@ def test_evaluator_without_val_loader() -> None:
     says(info, "has an evaluator but run() got no val_loader", "run(train_loader, val_loader)")
 
 
-def test_loader_without_len() -> None:
+def test_generator_read_for_a_second_epoch() -> None:
     def stream() -> Iterator[dict[str, torch.Tensor]]:
         yield from batches()
 
     with pytest.raises(ConfigurationError) as info:
-        make_trainer().run(stream())
-    says(info, "has no len()", "pass train_len=")
+        make_trainer(max_epochs=2).run(stream())
+    says(info, "yielded no batches in epoch 2", "can be read only once", "max_epochs=1")
 
 
 def test_empty_loader() -> None:

@@ -414,12 +414,13 @@ def test_load_state_dict_before_run_with_an_evaluator() -> None:
     assert again.iteration == 4
 
 
-def test_loader_without_len_needs_train_len() -> None:
+def test_loader_without_len_trains_until_it_runs_out_or_train_len() -> None:
     model = make_model()
     batches = list(make_loader(n=16))
+    once = ppe.engine.create_trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), 1)
+    once.run(iter(batches))
+    assert (once.iteration, once.manager.iters_per_epoch) == (len(batches), len(batches))
     trainer = ppe.engine.create_trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), 2)
-    with pytest.raises(ConfigurationError, match="train_len"):
-        trainer.run(iter(batches))
 
     def generate() -> Any:
         while True:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sys
 import time
 import zlib
@@ -51,6 +52,17 @@ def loader_length(loader: Iterable[Any], given: int | None, argument: str) -> in
             "yields nothing)."
         )
     return length
+
+
+def optional_length(loader: Iterable[Any], given: int | None, argument: str) -> int | None:
+    """Like :func:`loader_length`, but None for a loader without ``len()`` and no ``given``:
+    it is read until it runs out."""
+    if given is None:
+        try:
+            len(loader)  # type: ignore[arg-type]
+        except TypeError:  # an IterableDataset's loader, a generator, a stream
+            return None
+    return loader_length(loader, given, argument)
 
 
 def _observing_reporter(models: Mapping[str, torch.nn.Module]) -> Reporter:
@@ -180,13 +192,14 @@ class Evaluator:
         """Combine ``self._summary`` over processes; a single process keeps its own."""
 
     def run(self, loader: Iterable[Any], *, eval_len: int | None = None) -> dict[str, Any]:
-        """Evaluate over ``loader`` (``eval_len`` batches when it has no ``len``).
+        """Evaluate over ``loader``: ``eval_len`` batches, else all (``len()`` or until it runs
+        out, for a loader without ``len()``).
 
         Returns:
             The mean of every reported value (PPE returns None; the same means are reported
             into the current reporter either way).
         """
-        length = loader_length(loader, eval_len, "eval_len")
+        length = optional_length(loader, eval_len, "eval_len")
         handler: Any = self.handler
         host = active_host()
         restore_modes = keep_modes(self.models.values())
@@ -206,7 +219,8 @@ class Evaluator:
             # The reporter is current for the whole run; each batch only swaps its observation.
             profiling = profile if profile is not None else contextlib.nullcontext()
             with reporter, torch.no_grad(), profiling:
-                for batch_idx, batch in zip(range(length), loader, strict=False):
+                indices = range(length) if length is not None else itertools.count()
+                for batch_idx, batch in zip(indices, loader, strict=False):
                     observation: dict[str, Any] = {}
                     reporter.observation = observation
                     step(self, batch_idx, batch)
@@ -308,7 +322,7 @@ def _metric_result_error(metric: Metric, values: object) -> ArgumentTypeError:
     )
 
 
-def _make_bar(total: int) -> Any:
+def _make_bar(total: int | None) -> Any:
     """A tqdm bar on a terminal or in Jupyter; one plain summary line anywhere else."""
     out = sys.stdout
     if _is_interactive(out):
@@ -327,7 +341,7 @@ def _is_interactive(out: Any) -> bool:
 class _PlainBar:
     """For logs and pipes: no cursor control, a single line when the pass ends."""
 
-    def __init__(self, total: int, out: Any) -> None:
+    def __init__(self, total: int | None, out: Any) -> None:
         self._total = total
         self._done = 0
         self._out = out
@@ -340,7 +354,8 @@ class _PlainBar:
         seconds = time.perf_counter() - self._start
         rate = self._done / seconds if seconds > 0 else float("inf")
         print(
-            f"validation: {self._done}/{self._total} batches in {seconds:.2f}s ({rate:.1f} it/s)",
+            f"validation: {self._done}{'' if self._total is None else f'/{self._total}'} "
+            f"batches in {seconds:.2f}s ({rate:.1f} it/s)",
             file=self._out,
             flush=True,
         )

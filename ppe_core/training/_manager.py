@@ -265,10 +265,14 @@ class ExtensionsManager:
             self._models, self._optimizers, state_objects or {}, transform_model
         )
         # Saved with the state so that a resume with another epoch length warns.
-        self._epoch_length = EpochLength(lambda: self._iters_per_epoch)
+        self._epoch_length = EpochLength(
+            lambda: self._iters_per_epoch if self._epoch_length_known else None
+        )
         self._state.add_resume_state("manager", self._epoch_length)
-        # False while the epoch length is a placeholder (IgniteExtensionsManager before start).
+        # False while the epoch length is a placeholder: IgniteExtensionsManager before start,
+        # a Trainer's first epoch over a loader without len() (set_epoch_length).
         self._epoch_length_known = True
+        self._learns_epoch_length = False  # set_epoch_length(None): learnt when the loader ends
 
         self.observation: Observation = {}
         self.reporter = Reporter()
@@ -361,8 +365,46 @@ class ExtensionsManager:
 
     @property
     def iters_per_epoch(self) -> int:
-        """Iterations in one epoch."""
+        """Iterations in one epoch (a provisional, huge count while unknown)."""
         return self._iters_per_epoch
+
+    @property
+    def epoch_length_known(self) -> bool:
+        """False while the first epoch over a loader without ``len()`` has not run out."""
+        return self._epoch_length_known
+
+    def set_epoch_length(self, iters_per_epoch: int | None) -> None:
+        """Sets the epoch length; None: unknown until the loader runs out (no ``len()``).
+
+        While unknown the manager counts with a provisional length beyond any run, so no
+        epoch-based trigger is due; the trainer sets the real length when the first epoch's
+        loader runs out, before that epoch's last iteration ends, so the end-of-epoch
+        extensions and ``max_epochs`` fire in that iteration as they would with a known length.
+
+        Raises:
+            ConfigurationError: A registered trigger needs the length inside the first epoch
+                (``(0.5, 'epoch')``), which an unknown length cannot give.
+        """
+        from ppe_core.training import _epoch_length
+
+        if iters_per_epoch is None:
+            entries: list[tuple[str, Any, object]] = [
+                (s.name, s.entry.extension, s.entry.trigger) for s in self._schedule.slots()
+            ]
+            entries.append(("the stop trigger", None, self._stop.trigger))
+            _epoch_length.check_triggers(entries, self._iteration)
+            self._iters_per_epoch = _epoch_length.PROVISIONAL_EPOCH_LENGTH
+            self._epoch_length_known = False
+            self._learns_epoch_length = True
+        else:
+            self._iters_per_epoch = iters_per_epoch
+            self._epoch_length_known = True
+            # Extensions that schedule an inner trigger (LogReport's) computed its next due
+            # iteration with the provisional length.
+            extensions = [slot.entry.extension for slot in self._schedule.slots()]
+            for due in _epoch_length.due_checks(extensions):
+                due.reset()
+        self._invalidate_schedule()
 
     @property
     def is_before_training(self) -> bool:
@@ -973,6 +1015,10 @@ class ExtensionsManager:
             self._epoch_length.load_state_dict({"iters_per_epoch": to_load.get("_epoch_length")})
         if self._epoch_length_known:
             self._epoch_length.check(counts.iteration, stacklevel=3)
+        elif self._learns_epoch_length and self._epoch_length.loaded is not None:
+            # A loader without len(): the saved run had learned its epoch length already.
+            saved, self._epoch_length.loaded = self._epoch_length.loaded, None
+            self.set_epoch_length(saved)
 
 
 if TYPE_CHECKING:

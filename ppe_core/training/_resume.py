@@ -190,9 +190,12 @@ class TrainerState:
         self._epoch_start: dict[str, Any] | None = None
         self.loader: Iterable[Any] = ()
         self.pending: dict[str, Any] | None = None  # loaded, applied at the next epoch start
+        self._held: dict[str, Any] | None = None
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        if self._held is not None:
+            return dict(self._held)
+        state = {
             "torch": torch.get_rng_state(),
             "numpy": _numpy_state(),
             "python": _python_state(),
@@ -200,6 +203,23 @@ class TrainerState:
             "loader": [g.get_state() for g in _loader_generators(self.loader)],
             "epoch_start": self._epoch_start,
         }
+        if _stateful(self.loader):
+            state["loader_state"] = self.loader.state_dict()  # type: ignore[attr-defined]
+        return state
+
+    def hold(self) -> None:
+        """Keeps the current states as what :meth:`state_dict` returns until :meth:`release`.
+
+        A loader without ``len()`` is read one batch ahead (to know which batch ends the
+        epoch); the trainer holds the states before that read, so that a snapshot taken in the
+        step's extensions resumes before the batch read ahead, as with a sized loader.
+        """
+        self._held = None
+        self._held = self.state_dict()
+
+    def release(self) -> None:
+        """Back to the current states (see :meth:`hold`)."""
+        self._held = None
 
     def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
         missing = {"torch", "python"} - set(to_load)
@@ -226,7 +246,7 @@ class TrainerState:
             state = None
         if state is None or state.get("epoch_start") is None:
             self._record_epoch_start(loader)
-            batches = _skip(loader, skip)
+            batches = _resume_batches(loader, skip, state)
             if state is not None:
                 self._restore_current(state, loader)
             return batches
@@ -237,7 +257,8 @@ class TrainerState:
         ):
             generator.set_state(saved)
         self._epoch_start = epoch_start
-        batches = _skip(loader, skip)  # draws the epoch's order exactly as the original did
+        # Draws the epoch's order exactly as the original did.
+        batches = _resume_batches(loader, skip, state)
         self._restore_current(state, loader)
         return batches
 
@@ -289,6 +310,31 @@ class _SkipFirst(torch.utils.data.Sampler[list[int]]):
     def __len__(self) -> int:
         total = len(self._batch_sampler) if isinstance(self._batch_sampler, Sized) else 0
         return max(0, total - self._n)
+
+
+def _stateful(loader: object) -> bool:
+    """Whether the loader saves its own position (torchdata's ``StatefulDataLoader``)."""
+    return callable(getattr(loader, "state_dict", None)) and callable(
+        getattr(loader, "load_state_dict", None)
+    )
+
+
+def _resume_batches(
+    loader: Iterable[Any], n: int, state: Mapping[str, Any] | None
+) -> Iterator[Any]:
+    """The epoch from batch ``n``: from the loader's own saved position when it has one.
+
+    A loader with ``state_dict``/``load_state_dict`` (torchdata's ``StatefulDataLoader``)
+    over a dataset that has them too restores its position, so consumed batches are not read
+    again. Any other loader is re-read from the epoch's start by :func:`_skip`; so is a
+    ``StatefulDataLoader`` over a dataset without a state, whose own fast-forward miscounts
+    after a resume (torchdata 0.11: a second resume ran past the end of the data).
+    """
+    saved = state.get("loader_state") if state is not None else None
+    if n and saved is not None and _stateful(getattr(loader, "dataset", None)):
+        loader.load_state_dict(saved)  # type: ignore[attr-defined]
+        return iter(loader)
+    return _skip(loader, n)
 
 
 def _skip(loader: Iterable[Any], n: int) -> Iterator[Any]:

@@ -65,10 +65,11 @@ class EpochLength:
     saved value (:attr:`loaded`) for the manager, which compares it once it knows its own.
 
     Args:
-        current: Returns the manager's iterations per epoch now.
+        current: Returns the manager's iterations per epoch now (None: not known yet, saved
+            as None so that a resume learns it again).
     """
 
-    def __init__(self, current: Callable[[], int]) -> None:
+    def __init__(self, current: Callable[[], int | None]) -> None:
         self._current = current
         #: The loaded state's iterations per epoch; None until one is loaded (or after use).
         self.loaded: int | None = None
@@ -84,7 +85,7 @@ class EpochLength:
         """Warns when the loaded epoch length differs from the current one, then forgets it."""
         saved, self.loaded = self.loaded, None
         current = self._current()
-        if saved is None or saved < 1 or saved == current:
+        if saved is None or current is None or saved < 1 or saved == current:
             return
         warnings.warn(
             EpochLengthChangedWarning(

@@ -21,7 +21,7 @@ from ppe_core.errors import (
     UnknownOptimizerError,
     ValLoaderIgnoredWarning,
 )
-from ppe_core.training._evaluator import Evaluator, loader_length
+from ppe_core.training._evaluator import Evaluator, optional_length
 from ppe_core.training._extension import PRIORITY_WRITER, Extension, ExtensionEntry
 from ppe_core.training._manager import named_models
 from ppe_core.training._resume import TrainerState, attach_resume_state
@@ -44,6 +44,10 @@ EvaluatorSpec = Evaluator | tuple[Evaluator, Any] | Mapping[str, Evaluator | tup
 
 #: The name of a single evaluator (not in a dict), as its extension is named in PPE.
 _SINGLE_EVALUATOR = "Evaluator"
+
+
+#: What ``next(batches, _END)`` returns when the loader has run out.
+_END: Any = object()
 
 
 def _should_stop(manager: ExtensionsManager) -> bool:
@@ -332,7 +336,8 @@ class Trainer:
         else:
             self._manager.load_state_dict(to_load)
 
-    def _setup_manager(self, iters_per_epoch: int) -> ExtensionsManager:
+    def _setup_manager(self, iters_per_epoch: int | None) -> ExtensionsManager:
+        from ppe_core.training._epoch_length import PROVISIONAL_EPOCH_LENGTH
         from ppe_core.training._manager import ExtensionsManager
 
         kwargs = dict(self._kwargs)
@@ -344,7 +349,7 @@ class Trainer:
         manager = ExtensionsManager(
             self.models,
             self.optimizers,
-            iters_per_epoch=iters_per_epoch,
+            iters_per_epoch=iters_per_epoch or PROVISIONAL_EPOCH_LENGTH,
             stop_trigger=self._stop_trigger,
             **kwargs,
         )
@@ -357,6 +362,8 @@ class Trainer:
             manager.extend(extension, name=name, trigger=trigger)
         for extension, extension_kwargs in self._extensions:
             manager.extend(extension, **extension_kwargs)
+        if iters_per_epoch is None:
+            manager.set_epoch_length(None)  # learnt when the first epoch's loader runs out
         attach_resume_state(manager, self._state, self.handler)
         if self._pending_state is not None:
             manager.load_state_dict(self._pending_state)
@@ -403,9 +410,12 @@ class Trainer:
         """Train until the stop trigger fires (``max_epochs`` by default).
 
         Args:
-            train_loader: Batches for training; ``train_len`` is needed when it has no ``len``.
+            train_loader: Batches for training. Without ``len()`` (an ``IterableDataset``, a
+                generator) and without ``train_len``, the first epoch ends when it runs out,
+                and every later epoch must have as many batches (docs/training.md).
             val_loader: Batches for the evaluator(s); required when one is configured.
-            train_len: Batches per epoch (default ``len(train_loader)``).
+            train_len: Batches per epoch (default ``len(train_loader)``, or the number the
+                first epoch yields).
             eval_len: Batches per evaluation (default ``len(val_loader)``).
 
         Warns:
@@ -419,9 +429,10 @@ class Trainer:
         ignored_val_loader = val_loader is not None and not self._evaluators
         if ignored_val_loader:
             val_loader = None
-        iters_per_epoch = loader_length(train_loader, train_len, "train_len")
+        iters_per_epoch = optional_length(train_loader, train_len, "train_len")
+        sized = iters_per_epoch is not None
         if val_loader is not None:
-            eval_len = loader_length(val_loader, eval_len, "eval_len")
+            eval_len = optional_length(val_loader, eval_len, "eval_len")
         for extension in self._evaluator_extensions:
             extension.set_loader(val_loader, eval_len)
         if self._manager is None:
@@ -462,7 +473,19 @@ class Trainer:
         try:
             with profile if profile is not None else contextlib.nullcontext():
                 while not _should_stop(manager):
-                    start = manager.iteration % iters_per_epoch  # > 0 when resuming mid-epoch
+                    if not manager.epoch_length_known:
+                        handler.train_epoch_begin(self, train_loader)
+                        batches = self._state.start_epoch(train_loader, manager.iteration)
+                        if scopes is not None:
+                            batches = scopes.batches(batches)
+                        self._first_epoch_of_unknown_length(
+                            manager, batches, begin, end, train_step, profile
+                        )
+                        handler.train_epoch_end(self)
+                        continue
+                    iters_per_epoch = manager.iters_per_epoch
+                    first = manager.iteration
+                    start = first % iters_per_epoch  # > 0 when resuming mid-epoch
                     handler.train_epoch_begin(self, train_loader)
                     # On resume: the interrupted epoch's order, consumed batches skipped, RNGs
                     # restored; otherwise a plain iter() with the epoch-start RNG states
@@ -481,12 +504,32 @@ class Trainer:
                         if stop:
                             break
                     else:
+                        if not sized and manager.iteration == first:
+                            raise ConfigurationError(
+                                f"the train loader ({type(train_loader).__name__}) yielded no "
+                                f"batches in epoch {manager.epoch + 1}: an iterator or "
+                                "generator can be read only once. Pass an iterable that starts "
+                                "again on each iter() (a DataLoader over an IterableDataset, a "
+                                "class with __iter__), or train one epoch (max_epochs=1)"
+                            )
                         done = manager.iteration % iters_per_epoch
                         if done != 0:
                             raise ConfigurationError(
                                 f"the train loader ran out after {done} batches but the epoch "
                                 f"length is {iters_per_epoch}; pass the real train_len, or "
                                 "leave train_len out to use len(train_loader)"
+                                if sized
+                                else f"the train loader (no len()) ran out after {done} batches "
+                                f"but its first epoch had {iters_per_epoch}; every epoch of a "
+                                "loader without len() must have as many batches (drop the "
+                                "last incomplete batch, or pass train_len=<batches per epoch>)"
+                            )
+                        if not sized and next(batches, _END) is not _END:
+                            raise ConfigurationError(
+                                f"the train loader (no len()) yields more batches than the "
+                                f"{iters_per_epoch} of its first epoch; every epoch of a loader "
+                                "without len() must have as many batches (or pass "
+                                "train_len=<batches per epoch> to cut each epoch there)"
                             )
                     handler.train_epoch_end(self)
                 if profile is not None:
@@ -507,6 +550,62 @@ class Trainer:
             handler.train_cleanup(self)
             host.trainer_teardown(self, error)
         manager.finalize()
+
+    def _first_epoch_of_unknown_length(
+        self,
+        manager: ExtensionsManager,
+        batches: Iterator[Any],
+        begin: Callable[[], None],
+        end: Callable[[], bool],
+        train_step: Callable[[Any, int, Any], Any],
+        profile: Any,
+    ) -> None:
+        """The first epoch over a loader without ``len()``, read one batch ahead.
+
+        The batch after each step is read before the step's iteration ends, so when the loader
+        runs out the manager learns the epoch length before the last iteration's extensions
+        run: epoch triggers and ``max_epochs`` fire there, as with a known length. Where an
+        extension that saves state (a snapshot) is due, the RNG and loader states are held
+        from before that read, so a resume continues with the batch read ahead.
+        """
+        state = self._state
+        batch_idx = manager.iteration  # > 0 when resuming inside the first epoch
+        batch = next(batches, _END)
+        if batch is _END:
+            raise ConfigurationError(
+                f"the train loader ({type(self._state.loader).__name__}, no len()) yielded no "
+                f"batches after {batch_idx}; check the dataset, and batch_size with "
+                "drop_last=True (a dataset smaller than one batch yields nothing)"
+            )
+        while True:
+            begin()
+            train_step(self, batch_idx, batch)
+            held = manager.needs_model_state()
+            if held:
+                state.hold()
+            try:
+                following = next(batches, _END)
+            except BaseException:
+                # The step succeeded: its iteration ends (as a sized loader's would, before
+                # the next read), then the loader's error propagates.
+                try:
+                    end()
+                finally:
+                    state.release()
+                raise
+            if following is _END:
+                manager.set_epoch_length(batch_idx + 1)
+            try:
+                stop = end()
+            finally:
+                if held:
+                    state.release()
+            if profile is not None:
+                profile.step()
+            if stop or following is _END:
+                return
+            batch = following
+            batch_idx += 1
 
 
 class _StepScopes:

@@ -61,11 +61,12 @@ class _Progress:
     def __init__(
         self,
         total: int | None,
-        iters_per_epoch: int,
+        iters_per_epoch: int | None,
         start: int,
         length: tuple[float, str] | None = None,
     ) -> None:
         self.total = total
+        #: None while the first epoch over a loader without ``len()`` runs.
         self.iters_per_epoch = iters_per_epoch
         # The training length as given, for PPE's "N iter, E epoch / L epochs" status.
         self.length = length
@@ -122,19 +123,22 @@ class _PlainDisplay:
         progress = self._progress
         speed = progress.speed(iteration)
         total = progress.total
-        status = f"{iteration} iter, {iteration // progress.iters_per_epoch} epoch"
-        if total:
+        per_epoch = progress.iters_per_epoch
+        status = f"{iteration} iter, {iteration // per_epoch if per_epoch else 0} epoch"
+        if total and per_epoch:
             if progress.length is not None:
                 amount, unit = progress.length
                 status += f" / {amount:g} {unit}s"
             eta = (total - iteration) / speed if speed > 0 else math.inf
             line = (
                 f"{status} | {iteration}/{total} iters ({min(iteration / total, 1.0):.2%}), "
-                f"epoch {epoch_detail:.2f}/{total / progress.iters_per_epoch:g}, "
+                f"epoch {epoch_detail:.2f}/{total / per_epoch:g}, "
                 f"{_format_speed(speed)} iters/sec, ETA {_format_eta(eta)}\n"
             )
-        else:
+        elif per_epoch:
             line = f"{status} | epoch {epoch_detail:.2f}, {_format_speed(speed)} iters/sec\n"
+        else:
+            line = f"{status} | epoch length not known yet, {_format_speed(speed)} iters/sec\n"
         self._out.write(line)
         flush = getattr(self._out, "flush", None)
         if flush is not None:
@@ -174,9 +178,10 @@ class _TqdmDisplay:
                 f"{{desc}} {{percentage:3.0f}}%|{{bar:{bar_length}}}| {{n_fmt}}/{{total_fmt}} "
                 "iters [{elapsed}<{remaining}, {rate_fmt}]"
             )
-        self._epochs = f"/{total / progress.iters_per_epoch:g}" if total else ""
+        per_epoch = progress.iters_per_epoch
+        self._epochs = f"/{total / per_epoch:g}" if total and per_epoch else ""
         self._bar = tqdm_class(
-            desc=f"epoch {start / progress.iters_per_epoch:.2f}{self._epochs}",
+            desc=f"epoch {start / per_epoch:.2f}{self._epochs}" if per_epoch else "epoch 0",
             total=total,
             initial=start,
             file=out,
@@ -278,6 +283,8 @@ class ProgressBar(Extension):
         self._schedule = _EveryN(update_interval)
         self.trigger = self._schedule
         self._display: _PlainDisplay | _TqdmDisplay | _NoDisplay | None = None
+        #: Whether the display was made before the epoch length was known (no total).
+        self._length_unknown = False
         #: The iteration at initialize until the first update (then None).
         self._initial: int | None = None
 
@@ -298,6 +305,8 @@ class ProgressBar(Extension):
         amount, unit = length
         if unit == "iteration":
             return int(amount)
+        if not _length_known(manager):
+            return None  # counts without a total until the loader runs out
         return math.ceil(amount * manager.iters_per_epoch)
 
     def initialize(self, manager: ManagerView) -> None:
@@ -306,7 +315,10 @@ class ProgressBar(Extension):
         if total:
             self._schedule.interval = max(1, min(self._update_interval, total // _MIN_UPDATES))
         start = self._initial = manager.iteration
-        progress = _Progress(total, manager.iters_per_epoch, start, self._length(manager))
+        known = _length_known(manager)
+        self._length_unknown = not known
+        per_epoch = manager.iters_per_epoch if known else None
+        progress = _Progress(total, per_epoch, start, self._length(manager))
         out = self._out
         if group_world()[1] != 0:
             self._display = _NoDisplay()
@@ -321,6 +333,11 @@ class ProgressBar(Extension):
 
     def __call__(self, manager: ManagerView) -> None:
         """Redraws the bar (or prints a line) for the current iteration."""
+        if self._length_unknown and _length_known(manager):
+            # The first epoch ran out: the bar starts again, with its total.
+            if self._display is not None:
+                self._display.close()
+            self._display = None
         if self._display is None:
             self.initialize(manager)
         assert self._display is not None
@@ -343,6 +360,11 @@ class ProgressBar(Extension):
             display.update(manager.iteration, manager.epoch_detail, final=True)
         finally:
             display.close()
+
+
+def _length_known(manager: ManagerView) -> bool:
+    # Not part of ManagerView (PPE's managers always know it): an ExtensionsManager has it.
+    return getattr(manager, "epoch_length_known", True) is not False
 
 
 def _check_length(length: Any) -> tuple[float, str]:
