@@ -48,6 +48,7 @@ SECTIONS = (
     "eval",
     "import",
     "snapshot",
+    "dcp",
     "rss",
     "log",
     "tracking",
@@ -668,6 +669,14 @@ def section_tracking(report: Report, args: argparse.Namespace) -> None:
     bench_log.section_tracking(report, args)
 
 
+def section_dcp(report: Report, args: argparse.Namespace) -> None:
+    """Blocked time and host memory per ~150 MB snapshot, DCP and others (``bench_dcp.py``)."""
+    sys.path.insert(0, HERE)
+    import bench_dcp
+
+    bench_dcp.section_dcp(report, args)
+
+
 def section_instructions(report: Report, args: argparse.Namespace) -> None:
     """Valgrind instruction counts per step (``bench_step_instructions.py``)."""
     import shutil
@@ -836,6 +845,7 @@ RUNNERS: dict[str, Callable[[Report, argparse.Namespace], None]] = {
     "eval": section_eval,
     "import": section_import,
     "snapshot": section_snapshot,
+    "dcp": section_dcp,
     "rss": section_rss,
     "log": section_log,
     "tracking": section_tracking,

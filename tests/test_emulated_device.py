@@ -402,3 +402,59 @@ def test_an_unused_or_reset_grad_scaler_fails_the_kit_on_the_device(tmp_path: Pa
     message = _fails(check_grad_scaler_state, ResetsItsScalerWhenARunStarts, tmp_path / "reset")
     assert message.startswith("after resuming from a snapshot the GradScaler state is")
     assert "do not replace or reset it" in message
+
+
+# torch.distributed.checkpoint on the device ------------------------------------------------
+def test_a_dcp_snapshot_of_a_model_on_the_device_resumes_it_bit_identically(
+    tmp_path: Path,
+) -> None:
+    # DCP's file writer asks the registered device module for streams (current_stream,
+    # stream, wait_stream, synchronize); a device module without them failed every DCP save
+    # in a process that had enabled the emulated device, CPU models' saves included.
+    import torch.distributed as dist
+
+    import ppe_core as ppe
+
+    E = ppe.training.extensions
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", world_size=1, rank=0
+    )
+    try:
+        data = [
+            {"x": torch.randn(5, 4, generator=torch.Generator().manual_seed(i))} for i in range(6)
+        ]
+
+        class Net(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.net = _net()
+
+            def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+                return {"loss": self.net(x).pow(2).mean()}
+
+        def train(epochs: int, out: Path) -> torch.nn.Module:
+            torch.manual_seed(0)
+            model = ppe.to(Net(), EMU, runtime_class=EmulatedDeviceRuntime)
+            opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+            trainer = ppe.engine.create_trainer(
+                model,
+                opt,
+                epochs,
+                device=EMU,
+                out_dir=str(out),
+                extensions=[
+                    E.snapshot(autoload=True, saver_rank=0, snapshot_mode=E.SnapshotMode.DCP)
+                ],
+            )
+            trainer.run(data)
+            return model
+
+        straight = train(2, tmp_path / "straight")
+        train(1, tmp_path / "resumed")
+        assert (tmp_path / "resumed" / "snapshot_iter_6").is_dir()
+        resumed = train(2, tmp_path / "resumed")  # loads snapshot_iter_6, trains epoch 2
+        assert {p.device.type for p in resumed.parameters()} == {EMU}
+        for name, value in straight.state_dict().items():
+            assert torch.equal(resumed.state_dict()[name].cpu(), value.cpu()), name
+    finally:
+        dist.destroy_process_group()

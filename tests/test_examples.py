@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +22,7 @@ EXAMPLES = Path(__file__).parent.parent / "examples"
 QUICKSTART = EXAMPLES / "quickstart.py"
 DIGITS = EXAMPLES / "train_digits.py"
 CUSTOM = EXAMPLES / "train_digits_custom_logic.py"
+FSDP = EXAMPLES / "train_fsdp.py"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -180,3 +183,114 @@ def test_accumulation_steps_below_one_is_refused(example_modules: None) -> None:
 
     with pytest.raises(ValueError, match="accumulation_steps must be >= 1"):
         AccumulateClipLogic(0)
+
+
+# FSDP2 under torchrun ------------------------------------------------------------------------
+
+
+def run_torchrun(script: Path, cwd: Path, *args: str, timeout: float = 300) -> str:
+    """Runs ``script`` as `torchrun --nproc_per_node=2 examples/<script>` would; its stdout.
+
+    Output goes to files (a pipe would stay open as long as any worker lives); a run still
+    going after ``timeout`` seconds is killed with its workers and fails the test.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PPE_")}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    env["OMP_NUM_THREADS"] = "1"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc_per_node=2", str(script), *args]
+    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
+        process = subprocess.Popen(
+            command, cwd=cwd, stdout=stdout, stderr=stderr, env=env, start_new_session=True
+        )
+        try:
+            returncode = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)  # torchrun and its workers
+            process.wait()
+            returncode = None
+        stdout.seek(0)
+        stderr.seek(0)
+        output, errors = stdout.read(), stderr.read()
+    assert returncode == 0, f"{script.name} {' '.join(args)}: exit {returncode}\n{errors[-3000:]}"
+    return output
+
+
+def epochs_and_iterations(out: Path) -> list[tuple[int, int]]:
+    return [(entry["epoch"], entry["iteration"]) for entry in json.loads((out / "log").read_text())]
+
+
+def check_export(out: Path, stdout: str) -> None:
+    """``out/model.pt`` is a plain state dict of the unsharded Classifier whose validation
+    loss and accuracy are the final ones the sharded run logged (and printed)."""
+    from train_digits import load_digits_split
+    from train_fsdp import Classifier
+
+    state = torch.load(out / "model.pt", weights_only=True)
+    assert all(type(value) is torch.Tensor for value in state.values())  # no DTensors
+    model = Classifier()
+    model.load_state_dict(state)  # strict: the unsharded model's keys, no FSDP prefixes
+    _, val = load_digits_split(seed=0)
+    x = torch.stack([val[i]["x"] for i in range(len(val))])
+    t = torch.stack([val[i]["t"] for i in range(len(val))])
+    with torch.no_grad():
+        exported = model(x, t)
+    final = json.loads((out / "log").read_text())[-1]
+    assert float(exported["loss"]) == pytest.approx(final["val/loss"], abs=1e-5)
+    assert float(exported["accuracy"]) == pytest.approx(final["val/accuracy"], abs=1e-6)
+    assert final["val/accuracy"] >= 0.9
+    printed = re.findall(r"^(sharded|exported) model: val/loss ([0-9.]+), ", stdout, re.M)
+    assert [name for name, _ in printed] == ["sharded", "exported"]
+    assert float(printed[1][1]) == pytest.approx(final["val/loss"], abs=1e-5)
+
+
+@pytest.mark.slow
+def test_train_fsdp_under_torchrun_exports_the_trained_weights_and_resumes(
+    tmp_path: Path, example_modules: None
+) -> None:
+    out = tmp_path / "out"
+    first = run_torchrun(FSDP, tmp_path, "--out", str(out), "--epochs", "3")
+    assert table_epochs(first, 5) == [1, 2, 3]  # rank 0's table only
+    assert "resumed from" not in first
+    assert "(world size 2)" in first
+    # 1438 samples, 64 per step over both ranks: 23 steps per epoch.
+    assert epochs_and_iterations(out) == [(1, 23), (2, 46), (3, 69)]
+    log = json.loads((out / "log").read_text())
+    assert log[-1]["val/loss"] < log[0]["val/loss"]
+    assert sorted(p.name for p in out.glob("snapshot_iter_*")) == [
+        "snapshot_iter_46",
+        "snapshot_iter_69",
+    ]  # n_retains=2
+    assert sorted(p.name for p in (out / "snapshot_iter_69").glob("*.distcp")) == [
+        "__0_0.distcp",
+        "__1_0.distcp",
+    ]  # each rank wrote its shards
+    check_export(out, first)
+    first_export = torch.load(out / "model.pt", weights_only=True)
+
+    # Longer: resumed from the newest snapshot on both ranks, epoch 4 alone is trained.
+    second = run_torchrun(FSDP, tmp_path, "--out", str(out), "--epochs", "4")
+    assert f"resumed from {out / 'snapshot_iter_69'}" in second
+    assert table_epochs(second, 5) == [4]
+    resumed = json.loads((out / "log").read_text())
+    assert resumed[:3] == log
+    assert epochs_and_iterations(out)[3:] == [(4, 92)]
+    assert sorted(p.name for p in out.glob("snapshot_iter_*")) == [
+        "snapshot_iter_69",
+        "snapshot_iter_92",
+    ]
+    check_export(out, second)  # now the weights after epoch 4
+    second_export = torch.load(out / "model.pt", weights_only=True)
+    assert not all(torch.equal(first_export[k], second_export[k]) for k in first_export)
+
+
+@pytest.mark.slow
+def test_train_fsdp_runs_as_one_process(tmp_path: Path, example_modules: None) -> None:
+    out = tmp_path / "out"
+    result = run_example(FSDP, tmp_path, "--out", str(out), "--epochs", "2")
+    assert table_epochs(result.stdout, 5) == [1, 2]
+    assert "(world size 1)" in result.stdout
+    assert epochs_and_iterations(out) == [(1, 23), (2, 46)]  # the same global batch of 64
+    assert sorted(p.name for p in (out / "snapshot_iter_46").glob("*.distcp")) == ["__0_0.distcp"]
+    check_export(out, result.stdout)

@@ -406,3 +406,40 @@ def test_dcp_mode_saves_a_target_when_the_saver_s_condition_says_and_resumes_it(
     for key, value in model.state_dict().items():
         assert torch.equal(model2.state_dict()[key], value), key
     assert _same_state(opt2.state_dict(), opt.state_dict())
+
+
+@pytest.mark.usefixtures("world_of_one")
+def test_an_optimizer_pre_hook_added_after_a_dcp_save_runs_and_the_step_waits_for_staging(
+    tmp_path: Path,
+) -> None:
+    # The snapshot's step pre-hook (waiting for staging) once removed itself while the
+    # optimizer iterated over its hooks: a hook registered between a save and the next step
+    # (here by the model's forward of iteration 3, after the snapshot of iteration 2) made
+    # that step raise "OrderedDict mutated during iteration".
+    E = ppe.training.extensions
+    calls: list[int] = []
+
+    class Hooking(Tiny):
+        forwards = 0
+
+        def forward(self, x: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
+            Hooking.forwards += 1
+            if Hooking.forwards == 3:
+                opt.register_step_pre_hook(lambda *_: calls.append(Hooking.forwards))
+            return super().forward(x, t)
+
+    torch.manual_seed(0)
+    model = ppe.to(Hooking(), "cpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    snap = E.snapshot(saver_rank=0, snapshot_mode=E.SnapshotMode.DCP)
+    trainer = ppe.engine.create_trainer(model, opt, 1, out_dir=str(tmp_path / "out"))
+    trainer.extend(snap, trigger=(2, "iteration"))
+    data = [{"x": torch.randn(4, 3), "t": torch.randint(0, 2, (4,))} for _ in range(6)]
+    trainer.run(data)
+    assert calls == [3, 4, 5, 6]  # the user's hook ran at every step from the third on
+    assert [it for it, _ in snap.blocked_times] == [2, 4, 6]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir() if p.is_dir()) == [
+        "snapshot_iter_2",
+        "snapshot_iter_4",
+        "snapshot_iter_6",
+    ]

@@ -14,6 +14,7 @@ once per process (torch renames PrivateUse1 only once) and guarded: where the ho
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
@@ -336,8 +337,37 @@ def _refuse_restore(storage: Any, location: str) -> None:
     )
 
 
+class _Stream:
+    """The emulated device's one stream: work runs when called, so there is nothing to order.
+
+    torch.distributed.checkpoint's file writer asks a registered device module for streams
+    (``current_stream``, ``stream(...)``, ``wait_stream``, ``synchronize``).
+    """
+
+    def wait_stream(self, stream: Any) -> None:
+        """Nothing to wait for."""
+
+    def synchronize(self) -> None:
+        """Nothing to wait for."""
+
+    def query(self) -> bool:
+        return True
+
+
+_STREAM = _Stream()
+
+
 class _BackendModule:
-    """``torch.<name>``: what torch asks of a device module (availability, count, AMP, RNG)."""
+    """``torch.<name>``: what torch asks of a device module (availability, count, AMP, RNG,
+    streams)."""
+
+    Stream = _Stream
+
+    def current_stream(self, device: Any = None) -> _Stream:
+        return _STREAM
+
+    def stream(self, stream: Any) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
     def is_available(self) -> bool:
         return True

@@ -81,13 +81,17 @@ class Server:
             self.process.wait(30)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    started = Server(tmp_path_factory.mktemp("mlflow"))
+def _serve(root: Path) -> Iterator[Server]:
+    started = Server(root)
     try:
         yield started
     finally:
         started.stop()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    yield from _serve(tmp_path_factory.mktemp("mlflow"))
 
 
 @pytest.fixture(autouse=True)
@@ -326,8 +330,16 @@ def test_a_killed_run_resumes_the_same_run_without_duplicate_steps(
     assert client.get_run(run_id).info.status == "FINISHED"
 
 
-def test_a_server_stopped_mid_run_does_not_stop_training(server: Server, tmp_path: Path) -> None:
-    # Runs last in this module: it stops the module's server.
+@pytest.fixture
+def own_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server for one test alone, which may stop it (the module's server stays up)."""
+    yield from _serve(tmp_path_factory.mktemp("mlflow-own"))
+
+
+def test_a_server_stopped_mid_run_does_not_stop_training(
+    own_server: Server, tmp_path: Path
+) -> None:
+    server = own_server
     logger = MLflowLogger(
         server.uri,
         experiment_name="stopped",
@@ -374,7 +386,7 @@ def test_under_torchrun_only_rank_0_sends_each_step_once(server: Server, tmp_pat
     assert code == 0, stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [len(rank["log"]) for rank in ranks] == [8, 8]  # both ranks trained every step
-    assert (ranks[0]["queued"], ranks[0]["sent"]) == (8, 8)
+    assert (ranks[0]["queued"], ranks[0]["sent"]) == (8, 8), ranks[0]["report"]
     assert (ranks[1]["queued"], ranks[1]["sent"], ranks[1]["run_id"]) == (0, 0, None)
     client = MlflowClient(tracking_uri=server.uri)
     experiment = client.get_experiment_by_name("ddp")

@@ -48,6 +48,7 @@ from ppe_core.training.extensions._snapshot_dcp import (
     rest_file,
     restore_tensor_state,
     retain,
+    stage_storageless,
     temporary_dir,
     tensor_owners,
     tensor_state,
@@ -1008,17 +1009,21 @@ class _DCPSnapshot(_EveryRankSnapshot):
             rest = self._state(manager)
             del rest["models"], rest["optimizers"]
             torch.save(rest, rest_file(temporary, rank))
-        tensors = tensor_state(*self._objects(manager))
+        tensors = stage_storageless(tensor_state(*self._objects(manager)))
         if self._stager is None:
             accelerated = torch.accelerator.is_available()
-            self._stager = DefaultStager(
-                StagingOptions(
-                    use_pinned_memory=accelerated,
-                    use_shared_memory=False,
-                    use_async_staging=True,
-                    use_non_blocking_copy=accelerated,
+            with warnings.catch_warnings():
+                # DCP pins staging memory only for some accelerators and warns for the others
+                # (an emulated or third-party device): it then stages unpinned, which is right.
+                warnings.filterwarnings("ignore", "Ignoring pin_memory flag", UserWarning)
+                self._stager = DefaultStager(
+                    StagingOptions(
+                        use_pinned_memory=accelerated,
+                        use_shared_memory=False,
+                        use_async_staging=True,
+                        use_non_blocking_copy=accelerated,
+                    )
                 )
-            )
         if self._group is None:
             # DCP's thread plans and finishes the save with collectives: on the default group
             # they would interleave with training's (FSDP's) and hang.
@@ -1028,7 +1033,7 @@ class _DCPSnapshot(_EveryRankSnapshot):
         )
         self._staging = response.staging_completion
         self._step_hooks = [
-            optimizer.register_step_pre_hook(lambda *_: self._wait_staged())
+            optimizer.register_step_pre_hook(self._step_pre_hook)
             for optimizer in self._objects(manager)[1].values()
         ]
         iteration = int(manager.iteration)
@@ -1058,12 +1063,19 @@ class _DCPSnapshot(_EveryRankSnapshot):
             self._wait_staged()
             self._wait_in_flight()
 
-    def _wait_staged(self) -> None:
+    def _step_pre_hook(self, *_: Any) -> None:
+        # The hooks stay registered until the next save or the end: removing one while the
+        # optimizer iterates over its hooks breaks that iteration when a hook follows it.
+        if self._staging is not None:
+            self._wait_staged(remove_hooks=False)
+
+    def _wait_staged(self, remove_hooks: bool = True) -> None:
         """Waits until the stager copied the last snapshot's tensors (before they change)."""
         staging, self._staging = self._staging, None
-        for hook in self._step_hooks:
-            hook.remove()
-        self._step_hooks = []
+        if remove_hooks:
+            for hook in self._step_hooks:
+                hook.remove()
+            self._step_hooks = []
         if staging is None:
             return
         started = time.perf_counter()

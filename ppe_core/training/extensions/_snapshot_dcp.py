@@ -100,6 +100,32 @@ def tensor_state(
     }
 
 
+def stage_storageless(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with each device tensor that has no storage of its own copied to the host.
+
+    DCP's asynchronous stager copies a tensor through its storage; a device tensor without one
+    (XLA, MTIA, a Python-emulated device) comes out as uninitialised memory, with no error.
+    Such tensors are copied here, on the training thread (DTensors are staged by their local
+    shards, which DCP handles).
+    """
+    from torch.distributed.tensor import DTensor
+    from torch.utils._pytree import tree_map
+
+    def host(value: Any) -> Any:
+        if (
+            isinstance(value, torch.Tensor)
+            and not isinstance(value, DTensor)
+            and value.device.type != "cpu"
+            and value.numel()
+            and value.data_ptr() == 0
+        ):
+            return value.cpu()
+        return value
+
+    staged: dict[str, Any] = tree_map(host, state)
+    return staged
+
+
 def restore_tensor_state(
     models: Mapping[str, torch.nn.Module],
     optimizers: Mapping[str, torch.optim.Optimizer],

@@ -52,6 +52,7 @@ def main(uri: str, out: str) -> None:
                 "queued": report.queued,
                 "sent": report.sent,
                 "run_id": tracker.run_id,
+                "report": str(report),
             },
             file_obj,
         )
