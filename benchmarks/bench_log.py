@@ -14,10 +14,12 @@ without LogReport (the per-step ``report`` in ``forward`` stays): the difference
 log costs per step. The file is read back at the end to check it holds N + steps entries.
 
 ``tracking``: per-step time of LogReport alone and of LogReport + ``MLflowLogger`` against a
-local ``mlflow server`` (SQLite store, a free port) that the section starts and stops. Three
-clocks: the training thread's CPU time (``time.thread_time``: what the step path pays; the
-tracker's worker thread is not in it), the process's CPU time (the worker's MLflow client
-included) and wall time. Skipped, saying so, when mlflow is not installed.
+local ``mlflow server`` (SQLite store, a free port) that the section starts and stops, in two
+settings: an entry every iteration (the worst case) and every 100 iterations (a realistic
+trigger). Three clocks: the training thread's CPU time (``time.thread_time``: what the step
+path pays; the tracker's worker thread is not in it), the process's CPU time (the worker's
+MLflow client included) and wall time. The tracker's cost is given per step and per entry.
+Skipped, saying so, when mlflow is not installed.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ LOG_SIZES = (1_000, 10_000, 100_000)
 #: The timed window: from iteration LOG_SKIP (after the first entry's whole rewrite) on.
 LOG_SKIP = 50
 LOG_WINDOW = 1_000
+
+#: LogReport's entry interval (iterations) in the ``tracking`` section's two settings.
+TRACKING_INTERVALS = (1, 100)
 
 #: Format -> the LogReport filename that selects it.
 LOG_FORMATS = {
@@ -255,7 +260,8 @@ class MlflowServer:
 
 
 def section_tracking(report: Any, args: argparse.Namespace) -> None:
-    """Per-step time of LogReport + MLflowLogger (local server) beside LogReport alone."""
+    """Per-step time of LogReport + MLflowLogger (local server) beside LogReport alone, with
+    an entry every iteration and every 100 iterations."""
     import suite
 
     if importlib.util.find_spec("mlflow") is None or importlib.util.find_spec("ppe_mlflow") is None:
@@ -275,48 +281,61 @@ def section_tracking(report: Any, args: argparse.Namespace) -> None:
     started = time.perf_counter()
     server = MlflowServer(root)
     startup = time.perf_counter() - started
-    trackers: list[Any] = []
+    trackers: dict[int, list[Any]] = {every: [] for every in TRACKING_INTERVALS}
 
-    def alone() -> list[Any]:
-        return [ppe.training.extensions.LogReport(trigger=(1, "iteration"))]
+    def variant(every: int, tracked: bool) -> Callable[[], list[Any]]:
+        def extensions() -> list[Any]:
+            log = ppe.training.extensions.LogReport(trigger=(every, "iteration"))
+            if not tracked:
+                return [log]
+            tracker = MLflowLogger(server.uri, experiment_name="bench")
+            trackers[every].append(tracker)
+            return [log, tracker]
 
-    def tracked() -> list[Any]:
-        tracker = MLflowLogger(server.uri, experiment_name="bench")
-        trackers.append(tracker)
-        return [*alone(), tracker]
+        return extensions
 
-    variants = {"LogReport alone": alone, "LogReport + MLflowLogger": tracked}
-    clocks: dict[str, list[Clocks]] = {name: [] for name in variants}
+    def label(every: int) -> str:
+        return "entry every iteration" if every == 1 else f"entry every {every} iterations"
+
+    variants = {
+        (every, tracked): variant(every, tracked)
+        for every in TRACKING_INTERVALS
+        for tracked in (False, True)
+    }
+    clocks: dict[tuple[int, bool], list[Clocks]] = {key: [] for key in variants}
     try:
-        timed_run(data, 200, LOG_SKIP, tracked, tempfile.mkdtemp(dir=root))  # warm-up
-        trackers.clear()
+        timed_run(data, 200, LOG_SKIP, variant(1, True), tempfile.mkdtemp(dir=root))  # warm-up
+        for every in TRACKING_INTERVALS:
+            trackers[every].clear()
         for _ in range(repeats):
-            for name, extensions in variants.items():
+            for key, extensions in variants.items():  # interleaved: each pair in the same minute
                 out = tempfile.mkdtemp(dir=root)
                 per_step, _ = timed_run(data, steps, LOG_SKIP, extensions, out)
-                clocks[name].append(per_step)
+                clocks[key].append(per_step)
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
-    for name, values in clocks.items():
+    for (every, tracked), values in clocks.items():
+        name = "LogReport + MLflowLogger" if tracked else "LogReport alone"
         report.add(
             "tracking",
-            name,
+            f"{name}, {label(every)}",
             f"{suite.med_range([v[0] for v in values], 1e6)} us/step thread CPU",
             f"process CPU {suite.med_range([v[1] for v in values], 1e6)}, wall "
-            f"{suite.med_range([v[2] for v in values], 1e6)}; {steps} steps with an entry "
-            f"each, {repeats} run(s)",
+            f"{suite.med_range([v[2] for v in values], 1e6)}; {steps} steps, "
+            f"{steps // every} entries, {repeats} run(s)",
         )
-    gap = [
-        t[0] - a[0]
-        for t, a in zip(clocks["LogReport + MLflowLogger"], clocks["LogReport alone"], strict=True)
-    ]
-    sent = [tracker.report for tracker in trackers]
-    report.add(
-        "tracking",
-        "MLflowLogger on the training thread",
-        f"+{suite.med_range(gap, 1e6)} us/step thread CPU",
-        "goal: within 1 us of LogReport alone; entries sent "
-        + ", ".join(f"{r.sent}/{r.queued}" for r in sent)
-        + f"; server started in {startup:.0f} s",
-    )
+    for every in TRACKING_INTERVALS:
+        pairs = zip(clocks[every, True], clocks[every, False], strict=True)
+        gap = [(t[0] - a[0], t[1] - a[1]) for t, a in pairs]
+        sent = [tracker.report for tracker in trackers[every]]
+        report.add(
+            "tracking",
+            f"MLflowLogger on the training thread, {label(every)}",
+            f"+{suite.med_range([g[0] for g in gap], 1e6)} us/step thread CPU",
+            f"per entry +{suite.med_range([g[0] * every for g in gap], 1e6)} us; process CPU "
+            f"+{suite.med_range([g[1] for g in gap], 1e6)} us/step; goal: within 1 us/step of "
+            "LogReport alone; entries sent "
+            + ", ".join(f"{r.sent}/{r.queued}" for r in sent)
+            + f"; server started in {startup:.0f} s",
+        )

@@ -893,6 +893,35 @@ class DictSummary:
         """Returns the mean of every entry (tensors for tensor entries, without a sync)."""
         return {name: summary.compute_mean() for name, summary in self._summaries.items()}
 
+    def compute_mean_floats(self) -> dict[str, Any]:
+        """Returns ``to_floats(self.compute_mean())``: the means as Python floats.
+
+        Where every entry holds one CPU tensor of weight 1 (LogReport with an entry per
+        iteration), each mean is that value read directly (``item``), without the copy and
+        the intermediate dict ``compute_mean`` and :func:`to_floats` make; the value is the
+        same. Otherwise (several values, weights, host numbers, another device, where one
+        batched copy per device beats a read per entry) it is ``to_floats(compute_mean())``.
+        """
+        result: dict[str, Any] = {}
+        for name, summary in self._summaries.items():
+            pending = summary._pending
+            if (
+                len(pending) != 1
+                or summary._shift is not None
+                or summary._pending_weights is not None
+                or summary._deferred
+                or summary._n.__class__ is not int
+                or summary._n != 0
+            ):
+                return to_floats(self.compute_mean())
+            value = pending[0]
+            if not value.is_cpu:
+                return to_floats(self.compute_mean())
+            if not value.is_floating_point():  # compute_mean's dtype, then to_floats' read
+                value = value.to(_result_dtype(value.dtype))
+            result[name] = value.item()
+        return result
+
     def make_statistics(self) -> dict[str, Scalar]:
         """Returns ``{key: mean, key + ".std": std}`` for every entry (PPE's types)."""
         stats: dict[str, Scalar] = {}

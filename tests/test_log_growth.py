@@ -256,3 +256,173 @@ def test_read_refuses_a_file_damaged_before_its_end(tmp_path: Path) -> None:
     (tmp_path / "log").write_text("not json")
     with pytest.raises(ValueError, match="not a JSON log"):
         LogReport.read(tmp_path / "log")
+
+
+# --- the per-entry append path -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [
+        [],
+        [{"train/loss": 0.1, "epoch": 0, "iteration": 1, "elapsed_time": 1.5e-05}],
+        [{"a": float("nan"), "b": float("inf"), "c": -float("inf"), "d": -0.0, "e": 10**30}],
+        [{"text": 'quote " newline \n unicode é \u2028', "flag": True, "none": None}, {"x": 1}],
+        [{"nested": {"a": [1, 2.5]}, "x": 1}, {"y": 2}],  # not flat: json.dumps itself
+        [{}, {"x": 1}],  # an empty entry
+        [{1: 2.0}],  # a key that is not text
+    ],
+)
+def test_json_log_text_is_json_dumps_with_indent_byte_for_byte(
+    tmp_path: Path, entries: list[dict[Any, Any]]
+) -> None:
+    from ppe_core.training.extensions._log_report import _extend_json_array, _json_array_text
+
+    assert _json_array_text(entries) == json.dumps(entries, indent=4)
+    # Extended one entry at a time through the writer, the file is the whole log's dumps.
+    writer = SimpleWriter()
+    saver = LogReport(filename="log")._extender
+    for index, entry in enumerate(entries):
+        writer("log", str(tmp_path), [entry], savefun=saver, append=True)
+        assert (tmp_path / "log").read_text() == json.dumps(entries[: index + 1], indent=4)
+    writer.finalize()
+    if len(entries) > 1:  # several entries in one call
+        with open(tmp_path / "more", "ab") as file_obj:
+            _extend_json_array(entries, file_obj)
+        assert (tmp_path / "more").read_text() == json.dumps(entries, indent=4)
+
+
+def test_json_text_without_the_c_encoder_is_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ppe_core.training.extensions import _log_report
+
+    entry = {"train/loss": 0.1, "text": "é\n", "flag": False, "none": None, "n": 10**30}
+    with_c = _log_report._json_encoder(",\n        ")(entry, 0)
+    monkeypatch.setattr(json.encoder, "c_make_encoder", None)
+    without_c = _log_report._json_encoder(",\n        ")(entry, 0)
+    assert "".join(with_c) == "".join(without_c)
+    assert "".join(without_c) == json.dumps(entry, separators=(",\n        ", ": "))
+
+
+def test_a_csv_row_of_numbers_is_what_the_csv_module_writes() -> None:
+    import csv
+    import io
+
+    from ppe_core.training.extensions._log_report import _csv_number_row
+
+    entry = {"a": 0.1, "b": -3, "c": float("nan"), "d": float("inf"), "e": 1e22, "f": -0.0}
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerow(list(entry.values()))
+    assert _csv_number_row(entry, list(entry)) == buffer.getvalue()
+    # Text (which may need quoting), an empty cell and bools are left to the csv module.
+    assert _csv_number_row({"a": "x,y"}, ["a"]) is None
+    assert _csv_number_row({"a": 1.0}, ["a", "b"]) is None
+    assert _csv_number_row({"a": True}, ["a"]) is None
+
+
+def _kept_handle(writer: SimpleWriter, path: Path) -> Any:
+    return writer._append_files._files[str(path)][0]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="O_APPEND is read with fcntl")
+def test_the_json_log_is_extended_in_place_through_a_handle_without_o_append(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fcntl
+
+    from ppe_core.training.extensions import _log_report
+
+    writer = SimpleWriter()
+    json_log = LogReport(trigger=(1, "iteration"), filename="log", writer=writer)
+    lines_log = LogReport(trigger=(1, "iteration"), filename="log.jsonl", writer=writer)
+    manager = _manager(tmp_path, [json_log, lines_log], max_epochs=10)
+    _train(manager, iterations=2)  # the first write replaces the file; the second extends
+    # With the writer's positional handle the extension is one pwrite: no flag to clear.
+    monkeypatch.setattr(_log_report, "fcntl", None)
+    _train(manager, iterations=5)
+
+    json_handle = _kept_handle(writer, tmp_path / "log")
+    assert json_handle.mode == "wb"
+    assert not fcntl.fcntl(json_handle.fileno(), fcntl.F_GETFL) & os.O_APPEND
+    lines_handle = _kept_handle(writer, tmp_path / "log.jsonl")
+    assert lines_handle.mode == "ab"
+    assert fcntl.fcntl(lines_handle.fileno(), fcntl.F_GETFL) & os.O_APPEND
+    assert (tmp_path / "log").read_text() == json.dumps(json_log.log, indent=4)
+    assert LogReport.read(tmp_path / "log.jsonl") == lines_log.log
+    monkeypatch.undo()
+    writer.finalize()
+    # A handle opened for appending (a writer of another kind) still works: flag cleared
+    # around the write and restored.
+    extra = {"iteration": 99, "epoch": 0, "elapsed_time": 1.0}
+    with open(tmp_path / "log", "ab") as appending:
+        _log_report._extend_json_array([extra], appending)
+        assert fcntl.fcntl(appending.fileno(), fcntl.F_GETFL) & os.O_APPEND
+    assert (tmp_path / "log").read_text() == json.dumps([*json_log.log, extra], indent=4)
+
+
+@pytest.mark.parametrize("filename", ["log", "log.jsonl", "log.csv"])
+def test_a_log_file_replaced_or_removed_meanwhile_is_reopened(
+    tmp_path: Path, filename: str
+) -> None:
+    writer = SimpleWriter()
+    log_report = LogReport(trigger=(1, "iteration"), filename=filename, writer=writer)
+    manager = _manager(tmp_path, [log_report], max_epochs=10)
+    path = tmp_path / filename
+    _train(manager, iterations=3)
+    kept = _kept_handle(writer, path)
+
+    # Replaced (a copy renamed over it, as log rotation or another writer's save does): the
+    # next entry goes into the new file, not into the one the handle still has open.
+    (tmp_path / "copy").write_bytes(path.read_bytes())
+    os.replace(tmp_path / "copy", path)
+    _train(manager, iterations=1)
+    assert _kept_handle(writer, path) is not kept
+    assert LogReport.read(path) == log_report.log
+
+    # Removed: created again, holding the entries written since (a CSV file's rows without
+    # the header, which only a rewrite writes).
+    os.remove(path)
+    _train(manager, iterations=2)
+    if filename == "log.csv":
+        rows = path.read_text().splitlines()
+        assert [int(row.split(",")[2]) for row in rows] == [
+            e["iteration"] for e in log_report.log[-2:]
+        ]
+    else:
+        assert LogReport.read(path) == log_report.log[-2:]
+    if filename == "log":
+        assert path.read_text() == json.dumps(log_report.log[-2:], indent=4)
+    writer.finalize()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX")
+def test_a_forked_child_does_not_append_through_its_parents_handles(tmp_path: Path) -> None:
+    writer = SimpleWriter()
+    saver = LogReport(filename="log.jsonl")._extender
+    writer("log.jsonl", str(tmp_path), [{"iteration": 1}], savefun=saver, append=True)
+    assert writer._append_files._files
+    pid = os.fork()
+    if pid == 0:  # the child: its handles are forgotten, an append opens its own
+        try:
+            ok = not writer._append_files._files
+            writer("log.jsonl", str(tmp_path), [{"iteration": 2}], savefun=saver, append=True)
+            ok = ok and _kept_handle(writer, tmp_path / "log.jsonl").fileno() >= 0
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert writer._append_files._files  # the parent's are untouched
+    writer("log.jsonl", str(tmp_path), [{"iteration": 3}], savefun=saver, append=True)
+    writer.finalize()
+    assert [e["iteration"] for e in LogReport.read(tmp_path / "log.jsonl")] == [1, 2, 3]
+
+
+def test_a_subdirectory_removed_meanwhile_is_created_again(tmp_path: Path) -> None:
+    import shutil
+
+    writer = SimpleWriter()
+    saver = LogReport(filename="log.jsonl")._extender
+    writer("sub/log.jsonl", str(tmp_path), [{"iteration": 1}], savefun=saver, append=True)
+    shutil.rmtree(tmp_path / "sub")
+    writer("sub/log.jsonl", str(tmp_path), [{"iteration": 2}], savefun=saver, append=True)
+    writer.finalize()
+    assert LogReport.read(tmp_path / "sub" / "log.jsonl") == [{"iteration": 2}]

@@ -441,3 +441,32 @@ def test_reporting_one_tensor_twice_detaches_once_and_never_holds_its_graph() ->
     gc.collect()
     # The graph hangs off the source tensor (detached views hold none): it is gone too.
     assert source() is None
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [{"loss": torch.tensor(0.1)}],  # one CPU tensor per key: read directly
+        [{"loss": torch.tensor(0.1, dtype=torch.float64), "acc": torch.tensor([0.5])}],
+        [{"half": torch.tensor(0.1, dtype=torch.float16)}],
+        [{"bf16": torch.tensor(0.3, dtype=torch.bfloat16)}],
+        [{"int": torch.tensor(2**24 + 1)}],  # widened to the default dtype, as the mean is
+        [{"bool": torch.tensor(True)}],
+        [{"loss": torch.tensor(0.1)}, {"loss": torch.tensor(0.4)}],  # two values: the mean
+        [{"loss": (torch.tensor(0.1), 3)}],  # a weight
+        [{"loss": 0.25, "n": 3}],  # host numbers
+        [{"loss": torch.tensor(0.1), "host": 2}],  # mixed
+        [{"deferred": lambda: torch.tensor(0.7)}],
+        [],
+    ],
+)
+def test_compute_mean_floats_is_to_floats_of_compute_mean(values: list[dict[str, Any]]) -> None:
+    fast, reference = DictSummary(), DictSummary()
+    for value in values:
+        fast.add(value)
+        reference.add(value)
+    floats = fast.compute_mean_floats()
+    expected = to_floats(reference.compute_mean())
+    assert floats == expected
+    assert [type(v) for v in floats.values()] == [type(v) for v in expected.values()]
+    assert list(floats) == list(expected)

@@ -276,3 +276,26 @@ def test_a_tracker_that_is_not_installed_is_named_with_its_install_command(
     # The test's plugin host has the built-ins and the device plugins only.
     with pytest.raises(AttributeError, match=f"pip install -e plugins/{package}"):
         getattr(extensions, name)
+
+
+def test_the_queue_wakes_its_worker_once_per_batch_and_drops_when_full() -> None:
+    from ppe_core.tracking._tracker import _Outbox
+
+    outbox = _Outbox(capacity=250, batch_size=100, interval=0.0)
+    wakes: list[int] = []
+    real_notify = outbox._cond.notify
+
+    def counting_notify(n: int = 1) -> None:
+        wakes.append(len(outbox))
+        real_notify(n)
+
+    outbox._cond.notify = counting_notify  # type: ignore[method-assign]
+    assert all(outbox.offer({"iteration": i}) for i in range(250))
+    assert not outbox.offer({"iteration": 250})  # full: refused, never waits
+    assert wakes == [1, 100]  # the first entry of the batch, and the full batch
+    batch = outbox.take()
+    assert batch is not None and [e["iteration"] for e in batch] == list(range(100))
+    outbox.close()
+    rest = [outbox.take(), outbox.take(), outbox.take()]
+    assert [len(b) for b in rest if b is not None] == [100, 50]
+    assert rest[2] is None

@@ -98,17 +98,22 @@ class _Outbox:
         self._batch_size = batch_size
         self._interval = interval
         self._items: deque[Mapping[str, Any]] = deque()
-        self._cond = threading.Condition()
+        # The condition's own lock, taken directly by `offer`: a Condition's `with` runs two
+        # Python-level methods around the lock's C-level ones, on the training thread.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._closed = False
 
     def offer(self, item: Mapping[str, Any]) -> bool:
-        with self._cond:
-            count = len(self._items)
+        """Appends ``item`` unless the queue is full (False); never waits for the worker."""
+        items = self._items
+        with self._lock:
+            count = len(items)
             if count >= self._capacity:
                 return False
-            self._items.append(item)
+            items.append(item)
             if count == 0 or count + 1 == self._batch_size:
-                self._cond.notify()
+                self._cond.notify()  # the lock is held: a waiting worker cannot miss it
             return True
 
     def take(self) -> list[Mapping[str, Any]] | None:
@@ -380,7 +385,10 @@ class BaseTracker(Extension):
 
     def has_new_entries(self, manager: ManagerView) -> bool:
         """Whether the LogReport holds entries not queued yet."""
-        return self._resolve(manager).num_entries > self._seen
+        log_report = self._log_report  # _resolve, inline: this runs at every entry
+        if log_report is None:
+            log_report = self._resolve(manager)
+        return log_report.num_entries > self._seen
 
     def _resolve(self, manager: ManagerView) -> LogReport:
         if self._log_report is None:
@@ -411,9 +419,12 @@ class BaseTracker(Extension):
 
     def __call__(self, manager: ManagerView) -> None:
         """Queues the entries LogReport emitted since the last call; never waits."""
-        self._queue_new(self._resolve(manager))
-        counts = self._counts
-        if counts.failed and not self._failure_warned:
+        log_report = self._log_report  # _resolve, inline: this runs at every entry
+        if log_report is None:
+            log_report = self._resolve(manager)
+        self._queue_new(log_report)
+        if self._counts.failed and not self._failure_warned:
+            counts = self._counts
             self._failure_warned = True
             warnings.warn(
                 f"{self._label()} could not send {counts.failed} entries after "
@@ -425,21 +436,30 @@ class BaseTracker(Extension):
 
     def _queue_new(self, log_report: LogReport) -> None:
         total = log_report.num_entries
-        if total <= self._seen:
+        seen = self._seen
+        if total <= seen:
             return
-        new = log_report.entries_since(self._seen)
         self._seen = total
         if not self._active:
             return
-        queued = dropped = 0
-        for entry in new:
-            if self._outbox.offer(entry):
-                queued += 1
-            else:
-                dropped += 1
-        self._queued += queued
+        offer = self._outbox.offer
+        if total - seen == 1:  # one new entry (LogReport emits one per call): no loop
+            if offer(log_report.entries_since(seen)[0]):
+                self._queued += 1
+                return
+            dropped = 1
+        else:
+            queued = dropped = 0
+            for entry in log_report.entries_since(seen):
+                if offer(entry):
+                    queued += 1
+                else:
+                    dropped += 1
+            self._queued += queued
+            if not dropped:
+                return
         self._dropped += dropped
-        if dropped and not self._drop_warned:
+        if not self._drop_warned:
             self._drop_warned = True
             warnings.warn(
                 f"{self._label()}'s queue is full ({self._queue_size} entries: the backend is "

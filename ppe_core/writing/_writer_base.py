@@ -116,6 +116,9 @@ def _sync_file(file_obj: IO[Any]) -> None:
 #: How many appended files a writer keeps open at once (the least recently opened closes).
 _OPEN_APPENDS = 8
 
+#: How many destination paths a writer remembers (see :meth:`Writer._destination`).
+_FLAT_DESTINATIONS = 64
+
 
 class _AppendFiles:
     """Local files kept open for appending between a writer's appends, by destination path.
@@ -125,19 +128,39 @@ class _AppendFiles:
     a file replaced (a rewrite's rename) or removed meanwhile is reopened, and created again.
     Each append is still flushed to the OS before it returns; only the open is saved. Pickles
     empty (a process writer's worker opens its own), and a forked child drops its parent's.
+    A handle is opened for appending (``O_APPEND``), or without ``O_APPEND`` (which moves
+    every write to the end) for a savefun that writes at offsets it chooses (see
+    :class:`Writer`, ``positional``).
     """
 
     def __init__(self) -> None:
-        self._files: dict[str, tuple[IO[bytes], tuple[int, int]]] = {}
-        self._pid = os.getpid()
+        # dest -> (handle, (st_dev, st_ino) of the file it opened, opened without O_APPEND)
+        self._files: dict[str, tuple[IO[bytes], tuple[int, int], bool]] = {}
+        _LIVE_APPEND_FILES.add(self)
 
     def __reduce__(self) -> tuple[type[_AppendFiles], tuple[()]]:
         return (_AppendFiles, ())
 
-    def get(self, dest: str) -> tuple[IO[bytes], bool]:
-        """The open handle for ``dest`` and whether this call created the file."""
-        if self._pid != os.getpid():  # a forked child: the handles are the parent's
-            self._files, self._pid = {}, os.getpid()
+    def forget(self) -> None:
+        """Drops the handles: in a forked child they are copies of the parent's, not its own.
+
+        Closed here (the child's descriptors only; their buffers are flushed after every
+        append, so nothing is written), as dropping them would at garbage collection.
+        """
+        files, self._files = self._files, {}
+        for file_obj, _, _ in files.values():
+            with contextlib.suppress(OSError):
+                file_obj.close()
+
+    def get(self, dest: str, positional: bool = False) -> tuple[IO[bytes], int | None]:
+        """The open handle for ``dest`` and the file's size, None when this call created it.
+
+        Args:
+            dest: The file's path.
+            positional: Open it without ``O_APPEND`` (mode ``'wb'``, not truncated), for a
+                savefun that writes at offsets (``os.pwrite``); otherwise for appending
+                (mode ``'ab'``).
+        """
         try:
             stat = os.stat(dest)
         except FileNotFoundError:
@@ -146,15 +169,25 @@ class _AppendFiles:
             identity = (stat.st_dev, stat.st_ino)
         kept = self._files.get(dest)
         if kept is not None:
-            if kept[1] == identity:
-                return kept[0], False
+            if kept[1] == identity and kept[2] == positional:
+                return kept[0], stat.st_size
             self.close(dest)
         if len(self._files) >= _OPEN_APPENDS:
             self.close(next(iter(self._files)))
-        file_obj = open(dest, "ab")  # noqa: SIM115 (kept open; closed by close())
+        file_obj: IO[bytes]
+        if positional:
+            flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_BINARY", 0)
+            fd = os.open(dest, flags, 0o666)
+            try:  # an existing descriptor: "wb" truncates nothing
+                file_obj = open(fd, "wb")  # noqa: SIM115 (kept open; closed by close())
+            except BaseException:
+                os.close(fd)
+                raise
+        else:
+            file_obj = open(dest, "ab")  # noqa: SIM115 (kept open; closed by close())
         opened = os.fstat(file_obj.fileno())
-        self._files[dest] = (file_obj, (opened.st_dev, opened.st_ino))
-        return file_obj, identity is None
+        self._files[dest] = (file_obj, (opened.st_dev, opened.st_ino), positional)
+        return file_obj, None if identity is None else stat.st_size
 
     def close(self, dest: str) -> None:
         """Closes the handle kept for ``dest``, if any."""
@@ -170,6 +203,21 @@ class _AppendFiles:
     def __del__(self) -> None:
         # A writer dropped without finalize(): its appends were flushed, close quietly.
         self.close_all()
+
+
+#: Every _AppendFiles of this process, for the fork handler below.
+_LIVE_APPEND_FILES: weakref.WeakSet[_AppendFiles] = weakref.WeakSet()
+
+
+def _forget_append_files() -> None:
+    """In a forked child: no writer appends through the parent's handles (checked at fork,
+    not by a ``getpid`` per append)."""
+    for files in list(_LIVE_APPEND_FILES):
+        files.forget()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; elsewhere there is no fork
+    os.register_at_fork(after_in_child=_forget_append_files)
 
 
 #: This host's tag in temporary names: a kill leaves a temporary file behind, and only a
@@ -331,7 +379,11 @@ class Writer:
     before the call returns (a killed process loses nothing appended before), and on the
     local file system they are ``fsync``-ed at most every :attr:`append_sync_interval`
     seconds and by :meth:`finalize`, so a machine crash (power loss) loses at most the appends
-    of that interval.
+    of that interval. A ``savefun`` whose ``positional`` attribute is true extends a file at
+    offsets it chooses (``os.pwrite``; LogReport's JSON log writes its new entries over the
+    array's closing bracket): on the local file system its appends get a handle opened without
+    ``O_APPEND`` and the keyword argument ``size`` (the file's size before the append), and
+    otherwise the same sync and flush as any append.
 
     Subclasses decide where the save runs (this thread, another thread, another process) by
     overriding :meth:`__call__`; all of them end up in :meth:`save`. Work made of several
@@ -363,6 +415,8 @@ class Writer:
         self._synced_at: dict[str, float] = {}
         self._unsynced: set[str] = set()
         self._append_files = _AppendFiles()
+        # (out_dir, filename) -> destination, for names without a directory part.
+        self._flat_destinations: dict[tuple[str, str], str] = {}
 
     def __call__(
         self,
@@ -473,11 +527,14 @@ class Writer:
                 removed first and the destination is left untouched.
         """
         dest = self._destination(filename, out_dir)
-        if append:
-            self._append(dest, target, savefun, savefun_kwargs)
-        else:
+        if not append:
             self._replace(dest, target, savefun, savefun_kwargs)
-        self._post_save()
+        elif isinstance(self.fs, _LocalFileSystem):  # writes_local_files, without the call
+            self._append_local(dest, target, savefun, savefun_kwargs)
+        else:
+            self._append_remote(dest, target, savefun, savefun_kwargs)
+        if self._post_save_hooks:
+            self._post_save()
 
     @property
     def writes_local_files(self) -> bool:
@@ -535,29 +592,41 @@ class Writer:
             out_dir = self.out_dir
         if not self._initialized:
             self.initialize(out_dir)
+        key = (out_dir, filename)
+        dest = self._flat_destinations.get(key)
+        if dest is not None:  # a log appended to per entry: no path arithmetic each time
+            return dest
         dest = os.path.join(out_dir, filename)
         parent = os.path.dirname(dest)
         if parent and parent != out_dir:
+            # Created at every save (not remembered), so a directory removed meanwhile is too.
             self.fs.makedirs(parent, exist_ok=True)
-        return dest
-
-    def _append(
-        self, dest: str, target: Target, savefun: SaveFun, kwargs: Mapping[str, Any]
-    ) -> None:
-        if self.writes_local_files:
-            self._append_local(dest, target, savefun, kwargs)
         else:
-            self._append_remote(dest, target, savefun, kwargs)
+            if len(self._flat_destinations) >= _FLAT_DESTINATIONS:  # e.g. one name per entry
+                self._flat_destinations.clear()
+            self._flat_destinations[key] = dest
+        return dest
 
     def _append_local(
         self, dest: str, target: Target, savefun: SaveFun, kwargs: Mapping[str, Any]
     ) -> None:
         """Appends to a local file through a handle kept open between appends (see
         :class:`_AppendFiles`); the bytes reach the OS before returning, as with a fresh open."""
-        file_obj, created = self._append_files.get(dest)
+        positional = getattr(savefun, "positional", False)
+        file_obj, size = self._append_files.get(dest, positional)
+        created = size is None
         try:
-            savefun(target, file_obj, **kwargs)
-            if not created and not self._sync_due(dest):
+            if positional:  # it writes at offsets: the size the stat above read saves an fstat
+                savefun(target, file_obj, size=size or 0, **kwargs)
+            else:
+                savefun(target, file_obj, **kwargs)
+            # No fsync unless the file is new or its last one is append_sync_interval old.
+            synced_at = self._synced_at.get(dest)
+            if (
+                not created
+                and synced_at is not None
+                and time.monotonic() - synced_at < self.append_sync_interval
+            ):
                 file_obj.flush()  # in the OS: a killed process loses nothing of it
                 self._unsynced.add(dest)
             else:
@@ -583,11 +652,6 @@ class Writer:
             _sync_file(file_obj)
         if created:
             self._sync_dir(os.path.dirname(dest))
-
-    def _sync_due(self, dest: str) -> bool:
-        """Whether an append to ``dest`` must ``fsync`` (see :attr:`append_sync_interval`)."""
-        synced_at = self._synced_at.get(dest)
-        return synced_at is None or time.monotonic() - synced_at >= self.append_sync_interval
 
     def _sync_appends(self) -> None:
         """``fsync`` the local files appended to since their last sync."""
