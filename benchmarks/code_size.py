@@ -163,7 +163,12 @@ FILES: dict[str, tuple[str, str]] = {
     _E + "_profile_report.py": (SAME, "ProfileReport"),
     _E + "_progress_bar.py": (SAME, "ProgressBar"),
     _E + "_slack.py": (SAME, "Slack, SlackWebhook"),
-    _E + "_snapshot.py": (SAME, "snapshot, snapshot_object (autoload, n_retains, writers)"),
+    _E + "_snapshot.py": (SAME, "snapshot, snapshot_object, SnapshotMode: choosing the mode"),
+    _E + "_snapshot_base.py": (
+        SAME,
+        "the snapshot extension (SnapshotMode.DEFAULT: autoload, n_retains, writers)",
+    ),
+    _E + "_snapshot_modes.py": (SAME, "SnapshotMode.DISTRIBUTED and SHARDED"),
     _E + "_snapshot_manifest.py": (
         BEYOND,
         "snapshot manifests: size and SHA-256 verified before loading, safe unpickling "
@@ -179,6 +184,10 @@ FILES: dict[str, tuple[str, str]] = {
         BEYOND,
         "SnapshotMode.DCP: asynchronous, verified, resharding snapshots on "
         "torch.distributed.checkpoint",
+    ),
+    _E + "_snapshot_dcp_mode.py": (
+        BEYOND,
+        "SnapshotMode.DCP's extension class (its files are _snapshot_dcp.py's)",
     ),
     _E + "_tensorboard.py": (BEYOND, "a TensorBoard extension (PPE has only the writer)"),
     _E + "_throughput.py": (BEYOND, "Throughput: samples per second, FLOPs and MFU"),

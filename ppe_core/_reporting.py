@@ -618,6 +618,31 @@ class Summary:
             "the summary is empty (total weight 0); add() values before computing a mean"
         )
 
+    def lone_cpu_value(self) -> float | None:
+        """The mean as a Python number when this summary holds exactly one CPU tensor of
+        weight 1 (its mean is that value: read directly, no copy); None otherwise.
+
+        The fast path of :meth:`DictSummary.compute_mean_floats` (a LogReport entry per
+        iteration); the number equals ``to_floats(self.compute_mean())``.
+        """
+        pending = self._pending
+        if (
+            len(pending) != 1
+            or self._shift is not None
+            or self._pending_weights is not None
+            or self._deferred
+            or self._n.__class__ is not int
+            or self._n != 0
+        ):
+            return None
+        value = pending[0]
+        if not value.is_cpu:
+            return None
+        if not value.is_floating_point():  # compute_mean's dtype, then to_floats' read
+            value = value.to(_result_dtype(value.dtype))
+        number: float = value.item()
+        return number
+
     def compute_mean(self) -> Scalar:
         """Returns the weighted mean, a tensor on the values' device if any value was one.
 
@@ -904,22 +929,10 @@ class DictSummary:
         """
         result: dict[str, Any] = {}
         for name, summary in self._summaries.items():
-            pending = summary._pending
-            if (
-                len(pending) != 1
-                or summary._shift is not None
-                or summary._pending_weights is not None
-                or summary._deferred
-                or summary._n.__class__ is not int
-                or summary._n != 0
-            ):
+            value = summary.lone_cpu_value()
+            if value is None:
                 return to_floats(self.compute_mean())
-            value = pending[0]
-            if not value.is_cpu:
-                return to_floats(self.compute_mean())
-            if not value.is_floating_point():  # compute_mean's dtype, then to_floats' read
-                value = value.to(_result_dtype(value.dtype))
-            result[name] = value.item()
+            result[name] = value
         return result
 
     def make_statistics(self) -> dict[str, Scalar]:

@@ -137,6 +137,11 @@ class _AppendFiles:
         # dest -> (handle, (st_dev, st_ino) of the file it opened, opened without O_APPEND)
         self._files: dict[str, tuple[IO[bytes], tuple[int, int], bool]] = {}
         _LIVE_APPEND_FILES.add(self)
+        # A writer dropped without finalize() closes its handles quietly. Not __del__: in a
+        # reference cycle (manager, extensions, writer) the garbage collector may finalize a
+        # handle before its owner, and a file closed by its own finalizer warns
+        # (ResourceWarning). The finalizer holds the dict, so the handles stay out of the cycle.
+        weakref.finalize(self, _close_files, self._files)
 
     def __reduce__(self) -> tuple[type[_AppendFiles], tuple[()]]:
         return (_AppendFiles, ())
@@ -147,10 +152,7 @@ class _AppendFiles:
         Closed here (the child's descriptors only; their buffers are flushed after every
         append, so nothing is written), as dropping them would at garbage collection.
         """
-        files, self._files = self._files, {}
-        for file_obj, _, _ in files.values():
-            with contextlib.suppress(OSError):
-                file_obj.close()
+        _close_files(self._files)
 
     def get(self, dest: str, positional: bool = False) -> tuple[IO[bytes], int | None]:
         """The open handle for ``dest`` and the file's size, None when this call created it.
@@ -197,12 +199,15 @@ class _AppendFiles:
                 kept[0].close()
 
     def close_all(self) -> None:
-        for dest in list(self._files):
-            self.close(dest)
+        _close_files(self._files)
 
-    def __del__(self) -> None:
-        # A writer dropped without finalize(): its appends were flushed, close quietly.
-        self.close_all()
+
+def _close_files(files: dict[str, tuple[IO[bytes], tuple[int, int], bool]]) -> None:
+    """Closes and forgets every handle in ``files`` (the dict is emptied in place)."""
+    while files:
+        file_obj = files.popitem()[1][0]
+        with contextlib.suppress(OSError):  # its bytes were flushed after each append
+            file_obj.close()
 
 
 #: Every _AppendFiles of this process, for the fork handler below.

@@ -262,16 +262,16 @@ def kill_during_save(kill_at: int) -> Any:
     """An extension SIGKILLing this process at ``kill_at``, while the DCP save of the last
     snapshot before is still in progress (its manifest, written before the rename, is held
     back), as a crash would."""
-    from ppe_core.training.extensions import _snapshot
+    from ppe_core.training.extensions import _snapshot_dcp_mode
 
-    write_manifest = _snapshot.write_manifest
+    write_manifest = _snapshot_dcp_mode.write_manifest
 
     def slow_write_manifest(directory: str, iteration: int, world_size: int) -> None:
         if iteration == kill_at - kill_at % 4:
             time.sleep(60)
         write_manifest(directory, iteration, world_size)
 
-    _snapshot.write_manifest = slow_write_manifest  # type: ignore[assignment]
+    _snapshot_dcp_mode.write_manifest = slow_write_manifest  # type: ignore[assignment]
 
     @ppe.training.make_extension(trigger=(kill_at, "iteration"))
     def kill(manager: Any) -> None:

@@ -1,0 +1,627 @@
+"""The snapshot extension: what and when to save, autoload, the host copy of a background save.
+
+``_Snapshot`` is SnapshotMode.DEFAULT (one rank writes); the other modes subclass it
+(``_snapshot_modes``, ``_snapshot_dcp_mode``) and the factories that choose one live in
+``_snapshot``. The manifest and safe loading live in ``_snapshot_manifest``, the files of a
+series (autoload's choice, ``n_retains``) in ``_snapshot_retention``, and the writing itself in
+the writer (``Writer.submit`` runs a background snapshot in the writer's worker).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import warnings
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ppe_core.distributed import group_world
+from ppe_core.errors import (
+    ArgumentTypeError,
+    ConfigurationError,
+    ShardedStateError,
+    SnapshotError,
+    SnapshotRanksError,
+    SnapshotRanksWarning,
+)
+from ppe_core.runtime import map_tensors
+from ppe_core.training._extension import PRIORITY_SNAPSHOT, Extension
+from ppe_core.training._ranks import device_of, object_device
+from ppe_core.training._resume import record_ranks
+from ppe_core.training._state import PPE_CORE_STATE_KEY
+from ppe_core.training.extensions._snapshot_manifest import (
+    _file_digest,
+    _loadable_state,
+    _read_manifest,
+    _write_bytes,
+    _written_digest,
+    manifest_bytes,
+    manifest_path,
+)
+from ppe_core.training.extensions._snapshot_retention import SnapshotSeries
+from ppe_core.training.extensions._snapshot_sharding import sharded_tensors
+from ppe_core.writing import SimpleWriter, Writer
+
+#: ``snapshot_on_error`` writes into this sub-directory of the output directory, where neither
+#: autoload nor ``n_retains`` looks: the state after a failure is not one a run can resume
+#: from bit-exactly, so it must never replace or push out a periodic snapshot.
+ERROR_SNAPSHOT_DIR = "snapshots_on_error"
+
+
+#: Host copies of tensors at least this large are kept for the next snapshot and refilled:
+#: allocating a fresh buffer of that size costs page faults on every snapshot (about 30 ms
+#: for 50 MB), several times the copy itself.
+_REUSE_BYTES = 1 << 16
+
+_BufferKey = tuple[tuple[int, ...], tuple[int, ...], torch.dtype]
+
+
+def _reuse_key(t: torch.Tensor) -> _BufferKey | None:
+    """Key of a host buffer ``t`` can be copied into, or None for tensors always copied afresh.
+
+    Only plain dense tensors (no subclass, quantized, sparse or conjugate/negative views) large
+    enough to matter; a refilled buffer is then identical to ``t.to("cpu", copy=True)``.
+    """
+    if (
+        type(t) not in (torch.Tensor, torch.nn.Parameter)
+        or t.layout is not torch.strided
+        or t.is_quantized
+        or t.is_conj()
+        or t.is_neg()
+        or t.numel() * t.element_size() < _REUSE_BYTES
+        or not t.is_contiguous()
+    ):
+        return None
+    return (tuple(t.shape), tuple(t.stride()), t.dtype)
+
+
+def _host_copy(obj: Any, reuse: dict[_BufferKey, list[torch.Tensor]] | None = None) -> Any:
+    """A copy of a state whose tensors are host tensors of their own and whose other values are
+    deep copies: what a background save reads while training goes on changing the originals.
+
+    Args:
+        obj: The state (nested containers of tensors and other values).
+        reuse: Host buffers no save reads any more (those of the previous snapshot, whose save
+            finished). Large tensors are copied into a matching one instead of a new
+            allocation; on return it holds this copy's large buffers, for the next call.
+    """
+    if reuse is None:
+        return map_tensors(obj, lambda t: t.detach().to("cpu", copy=True), leaf=copy.deepcopy)
+    free, used = dict(reuse), reuse
+    used.clear()
+
+    def copy_tensor(t: torch.Tensor) -> torch.Tensor:
+        key = _reuse_key(t)
+        if key is None:
+            return t.detach().to("cpu", copy=True)
+        buffers = free.get(key)
+        if buffers:
+            host = buffers.pop()
+            host.copy_(t.detach())
+        else:
+            host = t.detach().to("cpu", copy=True)
+        used.setdefault(key, []).append(host)
+        return host
+
+    return map_tensors(obj, copy_tensor, leaf=copy.deepcopy)
+
+
+def _save_and_hash(state: Any, path: str) -> tuple[int, str]:
+    """``torch.save(state, path)``, then ``(size, SHA-256)`` of the file it wrote.
+
+    Given a path, torch.save writes from C++ without holding the GIL, and reading the file back
+    in chunks releases it too; serializing into a Python buffer instead holds the GIL for the
+    whole copy (tens of ms per 50 MB), stalling the training thread. The writer that called
+    this (``save_via_path``) then flushes the file to disk and renames it into place.
+    """
+    torch.save(state, path)
+    return _file_digest(path)
+
+
+def _describe_path(of_manager: bool, path: list[Any]) -> str:
+    """Where ``path`` (keys from the state's root) is, naming the extension in a manager state."""
+    keys = "".join(f"[{key!r}]" for key in path) or "its root"
+    if of_manager and len(path) >= 2 and path[0] == "extensions":
+        rest = path[3:] if path[2:3] == ["extension"] else path[2:]
+        where = "".join(f"[{key!r}]" for key in rest) or "its root"
+        return f"the state of extension {path[1]!r} (at {where}; in the snapshot: {keys})"
+    return f"the snapshot's state (at {keys})"
+
+
+class _Snapshot(Extension):
+    """Saves ``target.state_dict()`` (the manager's by default) through the writer."""
+
+    trigger = (1, "epoch")
+    priority = PRIORITY_SNAPSHOT
+    runs_last = True  # after this iteration's triggers, so their saved states include it
+    needs_model_state = True
+
+    def __init__(
+        self,
+        target: Any = None,
+        condition: Callable[[], bool] | None = None,
+        writer: Writer | None = None,
+        filename: str | Callable[[Any], str] = "snapshot_iter_{.iteration}",
+        snapshot_on_error: bool = False,
+        n_retains: int = -1,
+        autoload: bool = False,
+        savefun: Callable[..., Any] | None = None,
+        saver_rank: int | None = None,
+    ) -> None:
+        if not (callable(filename) or (isinstance(filename, str) and filename)):
+            raise ArgumentTypeError(
+                f"filename must be a non-empty str template (e.g. 'snapshot_iter_{{.iteration}}')"
+                f" or a callable taking the manager, got {filename!r}"
+            )
+        if autoload and not isinstance(filename, str):
+            raise ConfigurationError(
+                "autoload=True needs a str filename template to find earlier snapshots; a "
+                "callable filename cannot be matched against the files in out_dir"
+            )
+        if isinstance(target, Mapping):
+            bad = [k for k, v in target.items() if not hasattr(v, "state_dict")]
+            if bad:
+                raise ArgumentTypeError(
+                    f"snapshot target values must have state_dict()/load_state_dict(); {bad} do not"
+                )
+        elif target is not None and not hasattr(target, "state_dict"):
+            raise ArgumentTypeError(
+                f"snapshot target must have state_dict()/load_state_dict() (a model, an "
+                f"optimizer, ...) or be a dict of such objects, got {type(target).__name__}"
+            )
+        if isinstance(n_retains, bool) or not isinstance(n_retains, int):
+            raise ArgumentTypeError(f"n_retains must be an int (-1 keeps all), got {n_retains!r}")
+        self._target = target
+        self.condition = condition
+        self.writer = writer
+        # The files this snapshot writes: autoload's choice and n_retains (its filename).
+        self._series = SnapshotSeries(filename)
+        self._snapshot_on_error = snapshot_on_error
+        self.n_retains = n_retains
+        self.autoload = autoload
+        self._saver_rank = saver_rank
+        self._savefun = savefun or torch.save
+        # What a writer's __call__ receives as savefun, as in PPE (None: the writer's default).
+        self._given_savefun = savefun
+        # With a background writer: the outcome of the save in flight (at most one).
+        self._in_flight: Future[None] | None = None
+        # The large host buffers of the last background snapshot, refilled by the next one.
+        self._host_buffers: dict[_BufferKey, list[torch.Tensor]] = {}
+        #: The path of the snapshot autoload restored, or None.
+        self.loaded_from: str | None = None
+        # Set by initialize: the ranks lacking this snapshot (see ranks_lacking), and whether
+        # every rank has it, so that it may issue collectives.
+        self._lacking: tuple[int, ...] | None = None
+        self._collective = False
+        # Where this rank trains: object collectives put their payload there (NCCL).
+        self._device: torch.device | None = None
+        # Every rank's resume data, gathered for the save in progress (the saver's only).
+        self._rank_states: list[Any] | None = None
+        # Set by initialize: whether what this snapshot saves holds sharded (DTensor) state.
+        self._sharded = False
+
+    #: The mode named in :attr:`collectives` (subclasses: DISTRIBUTED, SHARDED).
+    _mode = "DEFAULT"
+    #: Whether the files keep every rank's shards of sharded (DTensor) state; if not, such
+    #: state is refused (:meth:`_find_sharded`).
+    _holds_shards = False
+
+    @property
+    def filename(self) -> str | Callable[[Any], str]:
+        """The filename template (or callable) naming each snapshot."""
+        return self._series.filename
+
+    @filename.setter
+    def filename(self, value: str | Callable[[Any], str]) -> None:
+        self._series.filename = value
+
+    @property
+    def collectives(self) -> str | None:
+        """The collectives this snapshot issues under torch.distributed (see ``_ranks``).
+
+        Gathering every rank's resume data (when it saves the manager) and comparing what
+        autoload found; None when it does neither (it saves another object, without autoload).
+        """
+        if self._target is not None and not self.autoload and self._mode == "DEFAULT":
+            return None
+        return (
+            f"snapshot(mode={self._mode}, autoload={self.autoload}, manager={self._target is None})"
+        )
+
+    def _out_dir(self, manager: Any) -> str:
+        writer = self.writer or getattr(manager, "writer", None)
+        return str(getattr(writer, "out_dir", None) or manager.out)
+
+    def _writer(self, manager: Any) -> Writer:
+        writer = self.writer or getattr(manager, "writer", None)
+        if writer is None:
+            writer = self.writer = SimpleWriter()
+        return writer
+
+    def _state(self, manager: Any) -> Any:
+        target = manager if self._target is None else self._target
+        state: Any
+        if isinstance(target, Mapping):
+            state = {key: value.state_dict() for key, value in target.items()}
+        else:
+            state = target.state_dict() if hasattr(target, "state_dict") else target
+        if self._target is None and isinstance(state, dict):
+            # The world size, and every rank's resume data when gathered (__call__).
+            internal = state.setdefault(PPE_CORE_STATE_KEY, {})
+            record_ranks(internal, group_world()[0], self._rank_states)
+        # Checked when taken, so that "saved fine, refused at resume" cannot happen; a sharded
+        # tensor that the check at start could not see (an extension's, a custom target's) is
+        # refused here, before anything is written.
+        return _loadable_state(
+            state,
+            functools.partial(_describe_path, self._target is None),
+            None if self._holds_shards else self._sharded_error,
+        )
+
+    def _saved_objects(self, manager: Any) -> dict[str, Any]:
+        """The models and optimizers this snapshot saves, named as in the messages."""
+        if self._target is None:
+            models = getattr(manager, "raw_models", {})
+            optimizers = getattr(manager, "optimizers", {})
+            return {
+                **{f"models[{k!r}]": v for k, v in models.items()},
+                **{f"optimizers[{k!r}]": v for k, v in optimizers.items()},
+            }
+        if isinstance(self._target, Mapping):
+            return {f"target[{k!r}]": v for k, v in self._target.items()}
+        return {"target": self._target}
+
+    def _find_sharded(self, manager: Any) -> None:
+        """Notes whether a saved model, optimizer or custom target holds sharded tensors; a
+        mode that writes one rank's state raises then, on every rank, before training."""
+        found = sharded_tensors(self._saved_objects(manager))
+        self._sharded = bool(found)
+        if found and not self._holds_shards:
+            more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+            raise self._sharded_error(", ".join(found[:3]) + more)
+
+    def _sharded_error(self, what: str) -> ShardedStateError:
+        saver = self._saver()
+        return ShardedStateError(
+            f"snapshot {self.name!r} (SnapshotMode.{self._mode}) cannot save {what}: sharded "
+            "DTensors (an FSDP2 fully_shard or tensor-parallel model, or its optimizer), of "
+            f"which each rank holds only its own shard. This mode writes one file, from rank "
+            f"{saver}, which would hold rank {saver}'s shards only, and a run resumed from it "
+            "would train other weights, so nothing was written. Use "
+            "snapshot_mode=SnapshotMode.DCP with saver_rank=0 (every rank writes its shards "
+            "with torch.distributed.checkpoint, in the background; it reshards on load at "
+            "another world size) or snapshot_mode=SnapshotMode.SHARDED with saver_rank=0 "
+            "(every rank writes its own shards; it resumes at the same world size only), save "
+            "a full state dict yourself (torch.distributed.checkpoint.state_dict."
+            "get_model_state_dict with StateDictOptions(full_state_dict=True)), or train with "
+            "DDP."
+        )
+
+    def _restore(self, state: Any, manager: Any) -> None:
+        target = manager if self._target is None else self._target
+        if isinstance(target, Mapping):
+            for key, value in target.items():
+                value.load_state_dict(state[key])
+        else:
+            target.load_state_dict(state)
+
+    def _is_saver(self) -> bool:
+        """Whether this process writes: all alone, or ``saver_rank`` (default 0) of a group."""
+        world, rank = group_world()
+        return world < 2 or rank == self._saver()
+
+    def _saver(self) -> int:
+        return 0 if self._saver_rank is None else self._saver_rank
+
+    def _agree(self) -> bool:
+        """Whether this snapshot may issue collectives: every rank has it, as agreed at start.
+
+        Otherwise (some ranks lack it) it must not, or the ranks having it would wait forever;
+        :meth:`_disagree` then warns (DEFAULT mode) or raises (the modes that need every rank).
+        """
+        if group_world()[0] < 2 or self.collectives is None:
+            return False
+        if self._lacking == ():
+            return True
+        self._disagree(self._lacking)
+        return False
+
+    def _ranks_message(self, lacking: tuple[int, ...] | None) -> str:
+        world, rank = group_world()
+        if lacking is None:
+            where = (
+                f"was registered after the manager of rank {rank} started, so the "
+                f"{world} ranks could not agree on it"
+            )
+        else:
+            having = [r for r in range(world) if r not in lacking]
+            where = (
+                f"is registered on ranks {having} but not on ranks {list(lacking)} (or there "
+                "with another trigger or epoch length)"
+            )
+        return f"snapshot {self.name!r} (SnapshotMode.{self._mode}) {where}"
+
+    def _disagree(self, lacking: tuple[int, ...] | None) -> None:
+        warnings.warn(
+            SnapshotRanksWarning(
+                f"{self._ranks_message(lacking)}. It takes its snapshots without any "
+                f"collective (so nothing waits for the other ranks), but then holds only rank "
+                f"{self._saver()}'s RNG and loader states: a run resumed from it is bit-exact "
+                f"on rank {self._saver()} only. Register the same snapshot on every rank "
+                "(ppe-core's Trainer does) to save every rank's states."
+            ),
+            stacklevel=4,
+        )
+
+    def _gather_rank_states(self, manager: Any) -> list[Any] | None:
+        """Every rank's resume data on the saver (None elsewhere): one ``gather_object``."""
+        resume_state_dict = getattr(manager, "resume_state_dict", None)
+        own = resume_state_dict() if callable(resume_state_dict) else {}
+        saver = self._saver()
+        world, rank = group_world()
+        gathered: list[Any] | None = [None] * world if rank == saver else None
+        with object_device(self._device):
+            dist.gather_object(own, gathered, dst=saver)
+        return gathered
+
+    def _check_ranks_agree(self, path: str | None, out_dir: str) -> None:
+        """Under torch.distributed, raise on every rank unless all chose the same snapshot.
+
+        One rank writes the snapshots, so a rank that cannot see its files (another
+        ``out_dir``, a node without the shared filesystem) would silently start afresh while
+        the others resume: the ranks would train different models.
+        """
+        world = group_world()[0]
+        if world < 2:
+            return
+        if not self._collective:
+            if path is not None:
+                raise SnapshotRanksError(
+                    f"{self._ranks_message(self._lacking)}, and it found {path} to resume from: "
+                    "the ranks without it would not restore it, and the ranks would train "
+                    "different models. Register the same snapshot(autoload=True) on every "
+                    "rank (ppe-core's Trainer does), or load the snapshot on every rank "
+                    "yourself (manager.load_state_dict(load_snapshot(path))) without autoload."
+                )
+            return
+        mine: tuple[str, Any] | None = None
+        if path is not None:
+            try:
+                digest = _read_manifest(path)[1].get("sha256")
+            except (OSError, ValueError, AttributeError):
+                digest = None
+            mine = (os.path.relpath(path, out_dir), digest)
+        everyone: list[Any] = [None] * world
+        with object_device(self._device):
+            dist.all_gather_object(everyone, mine)
+        if any(other != mine for other in everyone):
+            chosen = ", ".join(
+                f"rank {r}: {'nothing' if c is None else c[0]}" for r, c in enumerate(everyone)
+            )
+            raise SnapshotError(
+                f"autoload found different snapshots on different ranks ({chosen}) in "
+                f"{out_dir}. Under torch.distributed one rank writes the snapshots, so every rank "
+                "must read the same out_dir (one directory, on a filesystem shared by all nodes)"
+            )
+
+    # Autoload ---------------------------------------------------------------------------------
+    def initialize(self, manager: Any) -> str | None:  # type: ignore[override]
+        """Restores the newest snapshot when ``autoload`` is set.
+
+        Returns:
+            The restored file's name relative to the output directory (as PPE returns it),
+            or None.
+
+        Raises:
+            SnapshotRanksError: Under torch.distributed, a mode that needs every rank (or an
+                autoload that found a snapshot) while some ranks lack this snapshot.
+        """
+        self._setup(manager)
+        ranks_lacking = getattr(manager, "ranks_lacking", None)
+        self._lacking = ranks_lacking(self.name) if callable(ranks_lacking) and self.name else None
+        self._collective = self._agree()
+        if self._collective:
+            self._device = device_of(getattr(manager, "raw_models", {}).values())
+        if not self.autoload:
+            return None
+        out_dir = self._out_dir(manager)
+        path, state = self._newest_valid(out_dir)
+        self._check_ranks_agree(path, out_dir)
+        if path is None:
+            return None
+        try:
+            self._restore(state, manager)
+        except Exception as exc:
+            raise SnapshotError(
+                f"autoloading snapshot {path} failed: {exc}. Point out_dir elsewhere or remove "
+                "the snapshot if it belongs to another model."
+            ) from exc
+        self.loaded_from = path
+        return os.path.relpath(path, out_dir)
+
+    def _setup(self, manager: Any) -> None:
+        """Checks, before training, what would otherwise fail only at the first snapshot.
+
+        The filename template is formatted with the manager (a misspelt attribute raises
+        here, not after an epoch of training), and a writer of the snapshot's own is
+        initialized (creating its directory and removing temporary files that writers
+        killed in an earlier run left behind). A mode that writes one rank's state refuses
+        sharded models and optimizers here, on every rank, before training or autoload.
+        """
+        self._find_sharded(manager)
+        if isinstance(self.filename, str):
+            try:
+                self.filename.format(manager)
+            except (AttributeError, KeyError, IndexError, ValueError) as exc:
+                raise ConfigurationError(
+                    f"snapshot filename template {self.filename!r} cannot be formatted with "
+                    f"the manager ({type(exc).__name__}: {exc}); use fields of the manager "
+                    "such as '{.iteration}' or '{.epoch}', e.g. 'snapshot_iter_{.iteration}'"
+                ) from None
+        if self.writer is not None and self.writer is not getattr(manager, "writer", None):
+            self.writer.initialize(manager.out)
+
+    def _newest_valid(self, out_dir: str) -> tuple[str | None, Any]:
+        """The newest valid snapshot of this series and its state (see ``SnapshotSeries``)."""
+        return self._series.newest_valid(out_dir)
+
+    # Saving -----------------------------------------------------------------------------------
+    def __call__(self, manager: Any) -> None:
+        # Every rank reaches this iteration's trigger alike (agreed at start), so the gather
+        # comes before the condition, which only the saver's answer decides.
+        if self._collective and self._target is None:
+            self._rank_states = self._gather_rank_states(manager)
+        try:
+            if self.condition is not None and not self.condition():
+                return
+            # When training stops after this iteration, run() would wait for a background save
+            # at once: saving in this thread spares the host copy of the whole state.
+            self._save(manager, final=bool(getattr(manager, "stop_trigger", False)))
+        finally:
+            self._rank_states = None
+        # No barrier: no rank reads the file while training, and the writes are atomic, so a
+        # rank failing meanwhile at worst loses this snapshot (resume takes the previous one).
+
+    def on_error(self, manager: Any, exc: BaseException, tb: Any) -> None:
+        """With ``snapshot_on_error``, saves the state as it is into :data:`ERROR_SNAPSHOT_DIR`.
+
+        The failure may have struck mid-iteration (RNG states advanced by a failed loader
+        call, an optimizer step half done), so this snapshot is for inspection or a manual,
+        not bit-exact, restart: it goes where autoload and ``n_retains`` never look, and the
+        periodic snapshots, from which autoload resumes exactly, stay as they were. No
+        barrier: the other ranks may not be failing.
+        """
+        if self._snapshot_on_error and self._is_saver():
+            filename = os.path.join(ERROR_SNAPSHOT_DIR, self._filename(manager))
+            self._write(manager, filename, final=True, on_error=True)
+        self._wait_in_flight(raise_error=False)  # the run's error is the one to report
+
+    def finalize(self, manager: Any) -> None:
+        self._host_buffers.clear()  # after the last save (waited for below) nothing reads them
+        self._wait_in_flight()
+        # A writer given to the snapshot alone is finalized here (flushing background
+        # writes); the manager's writer is the manager's to finalize.
+        if self.writer is not None and self.writer is not getattr(manager, "writer", None):
+            self.writer.finalize()
+
+    def _filename(self, manager: Any) -> str:
+        filename = self.filename
+        return str(filename(manager)) if callable(filename) else filename.format(manager)
+
+    def _save(self, manager: Any, final: bool = False) -> None:
+        if not self._is_saver():
+            return
+        self._write(manager, self._filename(manager), final)
+
+    def _write(
+        self, manager: Any, filename: str, final: bool = False, on_error: bool = False
+    ) -> None:
+        """Writes the snapshot; ``final``: nothing trains after it (the end, or an error), so
+        a background writer's save is done in this thread, from the state itself;
+        ``on_error``: an error snapshot (see :meth:`on_error`)."""
+        writer = self._writer(manager)
+        background = writer.in_background
+        commit = functools.partial(
+            self._commit,
+            writer,
+            filename,
+            manager.out,
+            self._out_dir(manager),
+            iteration=int(manager.iteration),
+            by_path=self._path_writer(writer, background),
+            on_error=on_error,
+        )
+        if background:
+            # The previous snapshot's files come first (n_retains), and its host buffers are free.
+            self._wait_in_flight()
+        if not background or final:
+            commit(self._state(manager))
+            return
+        # Training pauses only to copy the state to host memory; the writer's worker serializes,
+        # hashes and writes both files (data file first, then its manifest, so a crash never
+        # leaves a manifest without data). Buffers are not reused when a custom savefun, which
+        # might keep what it was given, serializes.
+        reuse = self._host_buffers if self._savefun is torch.save else None
+        self._in_flight = writer.submit(
+            functools.partial(commit, _host_copy(self._state(manager), reuse))
+        )
+
+    def _path_writer(self, writer: Writer, background: bool) -> Writer | None:
+        """``writer`` when the snapshot can be ``torch.save``-d straight to its temporary file.
+
+        That is when the serializer is torch.save, the files are local, and the writer saves
+        the standard way: ppe-core's background writers (whose :meth:`Writer.save` the
+        snapshot's job calls in their worker) or a plain :class:`SimpleWriter`. Otherwise
+        None: the writer is called with the state and ``savefun``, as in PPE (see :meth:`_commit`).
+        """
+        if self._savefun is not torch.save or not isinstance(writer, Writer):
+            return None
+        if not writer.writes_local_files or type(writer).save is not Writer.save:
+            return None
+        if background or type(writer).__call__ is SimpleWriter.__call__:
+            return writer
+        return None
+
+    def _wait_in_flight(self, raise_error: bool = True) -> None:
+        """Waits for the background save in flight; re-raises its failure (as SnapshotError)."""
+        future, self._in_flight = self._in_flight, None
+        error = None if future is None else future.exception()
+        if error is None:
+            return
+        self._host_buffers.clear()  # the error's traceback may still reach the last copy
+        if raise_error:
+            raise SnapshotError(
+                f"a background snapshot save failed: {type(error).__name__}: {error}. The "
+                "previous complete snapshots are untouched; check the disk and the writer."
+            ) from error
+
+    def _commit(
+        self,
+        writer: Writer,
+        filename: str,
+        out_dir: str,
+        files_dir: str,
+        state: Any,
+        *,
+        iteration: int,
+        by_path: Writer | None,
+        on_error: bool,
+    ) -> None:
+        """Serializes ``state``, writes it and its manifest, and applies ``n_retains``.
+
+        With ``by_path`` (see :meth:`_path_writer`) torch.save writes the temporary file itself;
+        otherwise the file is saved as PPE saves it, with the state and the custom ``savefun``
+        (which the standard writers call with the open temporary file, renamed into place
+        after; a custom writer may pass it the final path), and read back for the manifest's
+        hash. A background writer saves in the calling thread (its worker, or this thread for
+        the final snapshot). A file the writer did not put at ``files_dir/filename`` (yet) gets
+        no manifest. An error snapshot (``on_error``) is marked so in its manifest and is not a
+        periodic snapshot: ``n_retains`` neither counts it nor runs after it.
+        """
+
+        def save(name: str, data: Any, savefun: Any) -> None:
+            if writer.in_background:  # its __call__ would save later, in another worker
+                writer.save(name, out_dir, data, savefun or self._savefun, False)
+            else:
+                writer(name, out_dir, data, savefun=savefun)
+
+        # The hash that makes the snapshot verifiable is computed from exactly what is written.
+        if by_path is not None:
+            size, sha256 = by_path.save_via_path(
+                filename, out_dir, lambda tmp: _save_and_hash(state, tmp)
+            )
+        else:
+            save(filename, state, self._given_savefun)
+            written = _written_digest(writer, os.path.join(files_dir, filename))
+            if written is None:
+                return
+            size, sha256 = written
+        manifest = manifest_bytes(size, sha256, iteration, on_error)
+        save(manifest_path(filename), manifest, _write_bytes)
+        if not on_error:
+            self._series.added(files_dir, os.path.join(files_dir, filename), self.n_retains)
