@@ -139,6 +139,31 @@ def test_the_tracker_is_not_consulted_on_steps_without_an_entry(tmp_path: Path) 
     assert tracker.steps == [entry["iteration"] for entry in log_report.log] == [4, 8, 12]
 
 
+def test_with_an_entry_every_iteration_the_tracker_keeps_steps_on_the_fast_path(
+    tmp_path: Path,
+) -> None:
+    # LogReport at every iteration runs on the manager's fast path (no trigger consulted); a
+    # tracker reading it was due every iteration too, and its trigger forced the slow path
+    # (every due trigger, every next due iteration) at each step. It now rides the fast path.
+    from ppe_core.training._manager import ExtensionsManager
+
+    slow: list[int] = []
+    original = ExtensionsManager._run_due_extensions
+
+    def counting(manager: ExtensionsManager, iteration: int) -> bool:
+        slow.append(iteration)
+        return original(manager, iteration)
+
+    tracker = RecordingTracker()
+    ExtensionsManager._run_due_extensions = counting  # type: ignore[method-assign]
+    try:
+        log_report = _run(tmp_path, tracker)
+    finally:
+        ExtensionsManager._run_due_extensions = original  # type: ignore[method-assign]
+    assert tracker.steps == [entry["iteration"] for entry in log_report.log] == list(range(1, 13))
+    assert len(slow) <= 2  # the first step (the schedule is built) and the last (stop)
+
+
 def test_failed_calls_are_retried_with_backoff(tmp_path: Path) -> None:
     tracker = RecordingTracker(fail_first=2, max_retries=2, retry_backoff=0.01)
     log_report = _run(tmp_path, tracker, max_epochs=1)

@@ -37,6 +37,21 @@ class NewEntriesTrigger(Trigger):
     def __call__(self, manager: ManagerView) -> bool:
         return self._owner.has_new_entries(manager)
 
+    @property
+    def fires_every_iteration(self) -> bool:  # type: ignore[override]
+        """Whether the LogReport emits an entry at every iteration.
+
+        The manager then calls the owner on its fast path at every step, without consulting
+        this trigger, instead of running the slow path (every due trigger, every next due
+        iteration) at each step for one reader; the owner reads nothing on a step without a
+        new entry. Known once the owner found its LogReport (trackers find it when they
+        initialize); until then the trigger is consulted as usual.
+        """
+        source = self._owner.scheduled_log_report
+        if source is None:
+            return False
+        return getattr(source.entry_trigger, "fires_every_iteration", False) is True
+
     def next_check(self, iteration: int, iters_per_epoch: int) -> int:
         source = self._owner.scheduled_log_report
         if source is None:
