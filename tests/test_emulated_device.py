@@ -19,8 +19,10 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
+import torch.distributed as dist
 from ppe_cpu import CPURuntime
 
+import ppe_core as ppe
 from ppe_core.errors import DeviceUnavailableError, EmulatedDeviceError
 from ppe_core.testing import (
     ConformanceError,
@@ -411,10 +413,6 @@ def test_a_dcp_snapshot_of_a_model_on_the_device_resumes_it_bit_identically(
     # DCP's file writer asks the registered device module for streams (current_stream,
     # stream, wait_stream, synchronize); a device module without them failed every DCP save
     # in a process that had enabled the emulated device, CPU models' saves included.
-    import torch.distributed as dist
-
-    import ppe_core as ppe
-
     E = ppe.training.extensions
     dist.init_process_group(
         "gloo", init_method=f"file://{tmp_path / 'store'}", world_size=1, rank=0
