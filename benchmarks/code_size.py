@@ -107,11 +107,18 @@ FILES: dict[str, tuple[str, str]] = {
     "ppe_core/handler/__init__.py": (SAME, "the handler namespace"),
     "ppe_core/handler/_code_block.py": (SAME, "CodeBlockLogic, forward, update_parameters"),
     "ppe_core/handler/_handler.py": (SAME, "BaseHandler, Handler"),
+    "ppe_core/handler/_diagnostics.py": (
+        BEYOND,
+        "explained user errors PPE leaves to PyTorch or lets pass: a batch that does not fit "
+        "forward or the model's dtype, a first step that trains nothing, an unknown model or "
+        "optimizer name, an optimizer holding none of the models' parameters",
+    ),
     "ppe_core/handler/_grad_sync.py": (BEYOND, "DDP/FSDP2 no-sync switch for accumulation"),
     "ppe_core/handler/_logic.py": (SAME, "BaseLogic, Logic, ClousureLogic"),
     "ppe_core/handler/_optimizer_targets.py": (
         BEYOND,
-        "several optimizers per model: each one's model, loss and grad scaler",
+        "several optimizers per model: each one's model, loss and grad scaler, and the "
+        "Logic's staged step",
     ),
     # training: the engine
     "ppe_core/_active_host.py": (

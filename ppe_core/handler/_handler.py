@@ -7,7 +7,8 @@ from typing import Any, Literal
 
 import torch
 
-from ppe_core.errors import ConfigurationError, NoRuntimeError, OptimizerParametersError
+from ppe_core.errors import ConfigurationError, NoRuntimeError
+from ppe_core.handler._diagnostics import check_optimizers_hold_models
 from ppe_core.handler._logic import BaseLogic, Logic, set_sampler_epoch, switch_mode
 from ppe_core.reporting import report
 from ppe_core.runtime import BaseRuntime, autocast_device_type_of, iter_runtime_modules
@@ -222,7 +223,7 @@ class Handler(BaseHandler):
         self._setup(trainer.models)
         optimizers = getattr(trainer, "optimizers", {})
         self._initialize(loader, optimizers)
-        _check_optimizers_hold_models(trainer.models.values(), optimizers)
+        check_optimizers_hold_models(trainer.models.values(), optimizers)
 
     def train_epoch_begin(self, trainer: Any, loader: Iterable[Any]) -> None:
         self._ensure(trainer.models)
@@ -448,37 +449,3 @@ def _name(names: dict[str, str], prefix: str, key: str) -> str:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _check_optimizers_hold_models(
-    models: Iterable[torch.nn.Module], optimizers: Mapping[str, torch.optim.Optimizer]
-) -> None:
-    """Refuse an optimizer that holds none of the models' parameters, once per run.
-
-    Its steps would change nothing the models use, and training would end with the initial
-    weights and no error. The usual cause: the optimizer was built before ``ppe.to`` on a
-    device whose ``module.to`` makes new parameter objects (the emulated device, XLA-like
-    backends), or for another copy of the model.
-    """
-    held = {id(p): p for model in models for p in model.parameters()}
-    if not held:
-        return
-    for name, optimizer in optimizers.items():
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        if not params or any(id(p) in held for p in params):
-            continue
-        theirs = sorted({str(p.device) for p in params})
-        ours = sorted({str(p.device) for p in held.values()})
-        where = (
-            f" (the optimizer's parameters are on {', '.join(theirs)}, the models' on "
-            f"{', '.join(ours)}: moving the model made new parameter objects)"
-            if theirs != ours
-            else ""
-        )
-        raise OptimizerParametersError(
-            f"optimizer {name!r} holds none of the models' parameters, so its steps would "
-            f"change nothing the models use{where}; build the optimizer after "
-            "ppe.to(model, device), from the model the trainer trains "
-            "(torch.optim.SGD(model.parameters(), ...)), or pass the module whose parameters "
-            "it holds among the trainer's models"
-        )

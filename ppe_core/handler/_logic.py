@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -14,18 +13,21 @@ import torch
 from ppe_core.errors import (
     AMPOptionError,
     BackwardOutputWarning,
-    BatchDtypeError,
     BatchMismatchError,
     ConfigurationError,
     ModelOutputError,
-    NoGradientError,
+)
+from ppe_core.handler._diagnostics import (
+    check_something_trains,
+    explain_dtype_mismatch,
+    explain_forward_mismatch,
+    unknown_name_error,
 )
 from ppe_core.handler._grad_sync import no_sync_of
 from ppe_core.handler._optimizer_targets import (
     OptimizerTarget,
     Plan,
-    Stage,
-    build_plan,
+    StagedSteps,
     parse_targets,
 )
 from ppe_core.runtime import (
@@ -327,29 +329,10 @@ class ModelLogic(BaseLogic):
     def _unknown_name(self, kind: str, names: list[str]) -> ConfigurationError:
         # Only reached on the first step of a misconfigured run: the lookups above stay cheap.
         logic = ("ppe.handler." if type(self) in (Logic, ModelLogic) else "") + type(self).__name__
-        name = self.model_name
-        if kind == "optimizer":
-            fix = (
-                f"Key the optimizer like its model: optimizers={{{name!r}: optimizer}} (a bare "
-                "optimizer is named 'main')."
-            )
-        elif len(names) == 1:
-            fix = (
-                f"Key the model {name!r} (a bare module is named 'main'), or pass "
-                f"logic={logic}(model_name={names[0]!r}); its optimizer takes the same key."
-            )
-        else:
-            fix = (
-                f"{logic} trains one model: pass logic={logic}(model_name=...) naming it, or "
-                "subclass ppe.handler.BaseLogic to train several models per step."
-            )
-        return ConfigurationError(
-            f"{logic} trains the {kind} named {name!r}, but the {kind}s passed are named "
-            f"{names}. {fix}"
-        )
+        return unknown_name_error(logic, self.model_name, kind, names)
 
 
-class Logic(ModelLogic):
+class Logic(ModelLogic, StagedSteps):
     """The standard supervised step for one model: zero_grad, forward, backward, step.
 
     The batch is passed to ``forward`` as keyword arguments when it is a dict, as positional
@@ -483,27 +466,13 @@ class Logic(ModelLogic):
                 if name in own:
                     own[name].load_state_dict(value)
 
-    def _own_scalers(self) -> dict[str, torch.amp.GradScaler]:
-        """The optimizers' own grad scalers (the ``optimizers`` option), by optimizer name."""
-        if self._targets is None:
-            return {}
-        return {
-            t.name: t.grad_scaler
-            for t in self._targets.values()
-            if t.grad_scaler is not None and t.grad_scaler is not self._grad_scaler
-        }
-
     def set_mode(self, models: Mapping[str, torch.nn.Module], training: bool) -> None:
         """Switches this logic's model only; with the ``optimizers`` option, every model it
         names."""
         if self._targets is None:
             super().set_mode(models, training)
-            return
-        names = dict.fromkeys(
-            t.model if t.model is not None else self.model_name for t in self._targets.values()
-        )
-        # An unknown name is explained by the first step's plan.
-        switch_mode((models[name] for name in names if name in models), training)
+        else:
+            switch_mode(self._staged_models(models), training)
 
     def _bind_autocast(self, model: torch.nn.Module) -> None:
         """Autocast on the device type of ``model``'s runtime (unless the options name one)."""
@@ -519,10 +488,10 @@ class Logic(ModelLogic):
                 return model(*batch)
             return model(batch)
         except TypeError as exc:
-            _explain_forward_mismatch(model, batch, exc)
+            explain_forward_mismatch(model, batch, exc)
             raise
         except RuntimeError as exc:  # free until it fires: nothing per step
-            _explain_dtype_mismatch(model, batch, exc)
+            explain_dtype_mismatch(model, batch, exc)
             raise
 
     def _window(self, batch_idx: int) -> tuple[int, bool]:
@@ -597,7 +566,7 @@ class Logic(ModelLogic):
     def _warn_nothing(self, outputs: Mapping[str, Any]) -> None:
         # Only outputs with a graph but no scalar among them look like a forgotten loss; a
         # model returning no graph at all is refused at the first step instead (see
-        # _check_something_trains), unless its forward ran backward itself.
+        # check_something_trains), unless its forward ran backward itself.
         if any(isinstance(v, torch.Tensor) and v.grad_fn is not None for v in outputs.values()):
             self._warned_nothing = True
             warnings.warn(
@@ -684,7 +653,7 @@ class Logic(ModelLogic):
         if self._first_step:  # one attribute test per step; the check itself runs once
             self._first_step = False
             if self.backward_outputs is None:
-                _check_something_trains(model, named)
+                check_something_trains(model, named)
         return outputs
 
     def train_step_optimizers(
@@ -721,126 +690,6 @@ class Logic(ModelLogic):
             self._bind_autocast(model)
         with autocast.autocast():
             return self._forward(model, batch)
-
-    # Several optimizers (the ``optimizers`` option) -----------------------------------------
-    def _planned(
-        self, models: Mapping[str, torch.nn.Module], optimizers: Mapping[str, torch.optim.Optimizer]
-    ) -> Plan:
-        plan = self._plan
-        if plan is None or not plan.serves(models, optimizers):
-            assert self._targets is not None
-            keys = self.backward_outputs
-            plan = self._plan = build_plan(
-                self._targets,
-                models,
-                optimizers,
-                model_name=self.model_name,
-                loss=None if keys is None else (keys,) if isinstance(keys, str) else tuple(keys),
-                grad_scaler=self._grad_scaler,
-                backward_function=self._backward_fn,
-            )
-        return plan
-
-    def _train_stages(
-        self,
-        models: Mapping[str, torch.nn.Module],
-        optimizers: Mapping[str, torch.optim.Optimizer],
-        batch_idx: int,
-        batch: Any,
-    ) -> Any:
-        """Each stage in turn: zero_grad, its model's forward, each loss's backward; the
-        stages before the last step their optimizers here (the next forward sees the update),
-        the last in ``train_step_optimizers``."""
-        plan = self._planned(models, optimizers)
-        n = self.grad_accumulation_steps
-        window, ends = (1, True) if n == 1 else self._window(batch_idx)
-        stages = plan.stages
-        merged: dict[str, Any] = {}
-        outputs: Any = None
-        for stage in stages:
-            if n == 1 or batch_idx % n == 0:
-                for optimizer in stage.optimizers:
-                    optimizer.zero_grad()
-            model = stage.model
-            no_sync = None if ends else no_sync_of(model)
-            with contextlib.nullcontext() if no_sync is None else no_sync():
-                outputs = self._stage_forward_backward(stage, plan.restrict, batch, window)
-            if len(stages) == 1:
-                return outputs
-            merged.update(self.named_outputs(outputs))
-            if ends and stage is not stages[-1]:
-                self._step_stage(stage)
-        return merged
-
-    def _stage_forward_backward(self, stage: Stage, restrict: bool, batch: Any, window: int) -> Any:
-        model = stage.model
-        outputs = self._autocast_forward(model, batch)
-        named = self._keyed(outputs)
-        if not stage.checked:
-            self._check_stage(stage, named)
-        groups = stage.groups
-        for i, group in enumerate(groups):
-            keys = group.loss
-            tensors = self._to_backward(named) if keys is None else [named[k] for k in keys]
-            if not tensors:
-                continue
-            if window != 1:
-                tensors = [t / window for t in tensors]
-            if group.scaler is not None:
-                tensors = [group.scaler.scale(t) for t in tensors]
-            if restrict:
-                # Only this group's parameters: a generator's loss must not leave gradients
-                # on the discriminator. Later groups of the stage reuse the graph.
-                torch.autograd.backward(
-                    tensors, inputs=group.parameters(), retain_graph=i < len(groups) - 1
-                )
-            elif self._backward_fn is not None:
-                for t in tensors:
-                    self._backward_fn(t)
-            else:
-                torch.autograd.backward(tensors)
-        if not stage.checked:
-            stage.checked = True
-            if any(group.loss is None for group in groups) and self.backward_outputs is None:
-                _check_something_trains(model, named)
-        return outputs
-
-    def _check_stage(self, stage: Stage, outputs: Mapping[str, Any]) -> None:
-        """At a stage's first step: each named loss is an output that backpropagates."""
-        for group in stage.groups:
-            for key in group.loss or ():
-                if key not in outputs:
-                    raise ConfigurationError(
-                        f"the optimizer(s) {group.names} step on the loss {key!r}, but the "
-                        f"model {stage.model_name!r} returns the outputs {sorted(outputs)}; "
-                        "name one of them in option 'optimizers' (its 'loss'), or return it"
-                    )
-                value = outputs[key]
-                if not isinstance(value, torch.Tensor) or value.grad_fn is None:
-                    raise ModelOutputError(
-                        f"the loss {key!r} of the optimizer(s) {group.names} has no graph to "
-                        "backpropagate (it is not a tensor computed with autograd: not under "
-                        "torch.no_grad(), not .detach()ed or .item()ed)"
-                    )
-                if value.numel() != 1:
-                    raise ModelOutputError(
-                        f"the loss {key!r} of the optimizer(s) {group.names} has shape "
-                        f"{tuple(value.shape)}, but backward needs a scalar; reduce it in "
-                        "forward (e.g. loss.mean())"
-                    )
-
-    def _step_stage(self, stage: Stage) -> None:
-        """Steps the stage's optimizers, each through its group's scaler, then updates the
-        scalers that have stepped their last optimizer of the step."""
-        for group in stage.groups:
-            scaler = group.scaler
-            for optimizer in group.optimizers:
-                if scaler is None:
-                    optimizer.step()
-                else:
-                    scaler.step(optimizer)
-        for scaler in stage.updates:
-            scaler.update()
 
 
 @dataclasses.dataclass
@@ -937,117 +786,3 @@ class ClousureLogic(Logic):
         batch_idx: int,
     ) -> None:
         """Nothing: the optimizer already stepped inside ``train_step``."""
-
-
-def _explain_forward_mismatch(model: torch.nn.Module, batch: Any, exc: TypeError) -> None:
-    """Raise a clearer error when the batch does not fit ``forward``'s signature."""
-    try:
-        signature = inspect.signature(model.forward)
-    except (TypeError, ValueError):
-        return
-    try:
-        if isinstance(batch, Mapping):
-            signature.bind(**batch)
-        elif isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
-            signature.bind(*batch)
-        else:
-            signature.bind(batch)
-    except TypeError as mismatch:
-        if isinstance(batch, Mapping):
-            given = f"a dict with keys {sorted(batch)}"
-            rule = "dict batches are passed as keyword arguments, so their keys must match"
-        elif isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
-            given = f"a {type(batch).__name__} of {len(batch)} items"
-            rule = "list/tuple batches are passed as positional arguments, so their items match"
-        else:
-            given = f"a single {type(batch).__name__}"
-            rule = "any other batch is passed as the single argument, so it must match"
-        # Parameter names only: annotations make the message long and say nothing about the fix.
-        empty = inspect.Parameter.empty
-        names = signature.replace(
-            parameters=[p.replace(annotation=empty) for p in signature.parameters.values()],
-            return_annotation=empty,
-        )
-        raise BatchMismatchError(
-            f"the batch does not fit {type(model).__name__}.forward{names}: {mismatch}. "
-            f"The loader yielded {given}; {rule} forward's parameters. Change the loader's "
-            "collate_fn or forward's signature so they agree."
-        ) from exc
-
-
-def _check_something_trains(model: torch.nn.Module, named: Mapping[str, Any]) -> None:
-    """Raise :class:`NoGradientError` when nothing in the step's outputs (keyed by name) has a
-    graph and no parameter of ``model`` has a gradient (the forward did not run backward).
-
-    Called after the first training step with the default ``backward_outputs``: if that step
-    could not train, no step can, and the run would end with the weights unchanged.
-    """
-    if any(isinstance(v, torch.Tensor) and v.grad_fn is not None for v in named.values()):
-        return  # backpropagated, or BackwardOutputWarning already said why not
-    params = list(model.parameters())
-    if any(p.grad is not None for p in params):
-        return  # the forward ran backward itself
-    described = ", ".join(f"{k!r}: {_grad_state(v)}" for k, v in named.items()) or "nothing"
-    if params and not any(p.requires_grad for p in params):
-        cause = (
-            "Every parameter of the model is frozen (requires_grad=False): unfreeze the ones "
-            "to train."
-        )
-    else:
-        cause = (
-            "Usual causes: the loss was returned after .item() or .detach(), or computed under "
-            "torch.no_grad() / torch.inference_mode(). Return the loss tensor itself, e.g. "
-            "{'loss': loss}, and report plain numbers with ppe.reporting.report."
-        )
-    raise NoGradientError(
-        f"the first training step backpropagated nothing: no output of "
-        f"{type(model).__name__}.forward requires grad ({described}), so the parameters would "
-        f"never change. {cause}"
-    )
-
-
-def _grad_state(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a {value.dtype} tensor that does not require grad"
-    return f"a {type(value).__name__}, not a tensor"
-
-
-#: Phrases of PyTorch's errors for operands of different dtypes (matmul, conv, embedding...).
-_DTYPE_ERRORS = (
-    "same dtype",
-    "expected scalar type",
-    "should be the same",
-    "Found dtype",
-    "expected both vectors to have same dtype",
-)
-
-
-def _explain_dtype_mismatch(model: torch.nn.Module, batch: Any, exc: RuntimeError) -> None:
-    """Raise :class:`BatchDtypeError` naming the batch tensors whose dtype is not the model's,
-    when ``exc`` is PyTorch's dtype-mismatch error."""
-    message = str(exc)
-    if not any(phrase in message for phrase in _DTYPE_ERRORS):
-        return
-    wanted = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
-    if wanted is None:
-        return
-    if isinstance(batch, Mapping):
-        items = [(repr(k), v) for k, v in batch.items()]
-    elif isinstance(batch, (list, tuple)):
-        items = [(f"item {i}", v) for i, v in enumerate(batch)]
-    else:
-        items = [("the batch", batch)]
-    other = [(n, v.dtype) for n, v in items if isinstance(v, torch.Tensor) and v.dtype != wanted]
-    # A float of another precision is the likely culprit; integer tensors (often class
-    # targets) are named only when there is no such float.
-    suspects = [(n, d) for n, d in other if d.is_floating_point] or other
-    if not suspects:
-        return
-    named = ", ".join(f"{n} is {d}" for n, d in suspects)
-    raise BatchDtypeError(
-        f"the batch's dtypes do not match {type(model).__name__}'s parameters ({wanted}): "
-        f"{named}. PyTorch said: {message.splitlines()[0]}. Convert the inputs where the "
-        f"batch is built (the dataset or the loader's collate_fn), e.g. x.to({wanted}) or "
-        "x.float(), or convert the model (e.g. model.double()) if that precision is the one "
-        "you want. Integer class targets (for cross_entropy) can stay integers."
-    ) from exc

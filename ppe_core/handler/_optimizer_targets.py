@@ -1,17 +1,29 @@
 """Several optimizers per model: what each optimizer steps (the Logic's ``optimizers`` option),
-checked against the trainer's models and optimizers and planned once into ordered stages."""
+checked against the trainer's models and optimizers, planned once into ordered stages, and the
+Logic's step that runs them (:class:`StagedSteps`)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ppe_core.errors import ConfigurationError
+from ppe_core.errors import ConfigurationError, ModelOutputError
+from ppe_core.handler._diagnostics import check_something_trains
+from ppe_core.handler._grad_sync import no_sync_of
 
-__all__ = ["OptimizerTarget", "Plan", "Stage", "StepGroup", "build_plan", "parse_targets"]
+__all__ = [
+    "OptimizerTarget",
+    "Plan",
+    "Stage",
+    "StagedSteps",
+    "StepGroup",
+    "build_plan",
+    "parse_targets",
+]
 
 #: The keys an optimizer's entry in the ``optimizers`` option may have.
 TARGET_KEYS = ("model", "loss", "grad_scaler")
@@ -241,3 +253,170 @@ def build_plan(
             "option, or subclass ppe.handler.BaseLogic for this step"
         )
     return Plan(models, optimizers, list(stages.values()), restrict)
+
+
+class StagedSteps:
+    """The Logic's step with the ``optimizers`` option, mixed into ``ppe.handler.Logic``.
+
+    Each stage in turn zeroes its optimizers, runs its model's forward and backpropagates each
+    loss to its own optimizers' parameters; the stages before the last step their optimizers
+    at once (the next forward sees the update), the last in ``train_step_optimizers``.
+    """
+
+    # The Logic's attributes and methods this step uses.
+    model_name: str
+    backward_outputs: str | list[str] | tuple[str, ...] | None
+    grad_accumulation_steps: int
+    _targets: dict[str, OptimizerTarget] | None
+    _plan: Plan | None
+    _grad_scaler: torch.amp.GradScaler | None
+    _backward_fn: Callable[[torch.Tensor], Any] | None
+
+    if TYPE_CHECKING:
+
+        def _autocast_forward(self, model: torch.nn.Module, batch: Any) -> Any: ...
+
+        def _keyed(self, outputs: Any) -> Mapping[str, Any]: ...
+
+        def named_outputs(self, outputs: Any) -> Mapping[str, Any]: ...
+
+        def _to_backward(self, outputs: Mapping[str, Any]) -> list[torch.Tensor]: ...
+
+        def _window(self, batch_idx: int) -> tuple[int, bool]: ...
+
+    def _staged_models(self, models: Mapping[str, torch.nn.Module]) -> list[torch.nn.Module]:
+        """The models the targets name, once each (an unknown name is the plan's to explain)."""
+        assert self._targets is not None
+        names = dict.fromkeys(
+            t.model if t.model is not None else self.model_name for t in self._targets.values()
+        )
+        return [models[name] for name in names if name in models]
+
+    def _own_scalers(self) -> dict[str, torch.amp.GradScaler]:
+        """The optimizers' own grad scalers (the ``optimizers`` option), by optimizer name."""
+        if self._targets is None:
+            return {}
+        return {
+            t.name: t.grad_scaler
+            for t in self._targets.values()
+            if t.grad_scaler is not None and t.grad_scaler is not self._grad_scaler
+        }
+
+    def _planned(
+        self, models: Mapping[str, torch.nn.Module], optimizers: Mapping[str, torch.optim.Optimizer]
+    ) -> Plan:
+        plan = self._plan
+        if plan is None or not plan.serves(models, optimizers):
+            assert self._targets is not None
+            keys = self.backward_outputs
+            plan = self._plan = build_plan(
+                self._targets,
+                models,
+                optimizers,
+                model_name=self.model_name,
+                loss=None if keys is None else (keys,) if isinstance(keys, str) else tuple(keys),
+                grad_scaler=self._grad_scaler,
+                backward_function=self._backward_fn,
+            )
+        return plan
+
+    def _train_stages(
+        self,
+        models: Mapping[str, torch.nn.Module],
+        optimizers: Mapping[str, torch.optim.Optimizer],
+        batch_idx: int,
+        batch: Any,
+    ) -> Any:
+        """Each stage in turn: zero_grad, its model's forward, each loss's backward; the
+        stages before the last step their optimizers here (the next forward sees the update),
+        the last in ``train_step_optimizers``."""
+        plan = self._planned(models, optimizers)
+        n = self.grad_accumulation_steps
+        window, ends = (1, True) if n == 1 else self._window(batch_idx)
+        stages = plan.stages
+        merged: dict[str, Any] = {}
+        outputs: Any = None
+        for stage in stages:
+            if n == 1 or batch_idx % n == 0:
+                for optimizer in stage.optimizers:
+                    optimizer.zero_grad()
+            model = stage.model
+            no_sync = None if ends else no_sync_of(model)
+            with contextlib.nullcontext() if no_sync is None else no_sync():
+                outputs = self._stage_forward_backward(stage, plan.restrict, batch, window)
+            if len(stages) == 1:
+                return outputs
+            merged.update(self.named_outputs(outputs))
+            if ends and stage is not stages[-1]:
+                self._step_stage(stage)
+        return merged
+
+    def _stage_forward_backward(self, stage: Stage, restrict: bool, batch: Any, window: int) -> Any:
+        model = stage.model
+        outputs = self._autocast_forward(model, batch)
+        named = self._keyed(outputs)
+        if not stage.checked:
+            self._check_stage(stage, named)
+        groups = stage.groups
+        for i, group in enumerate(groups):
+            keys = group.loss
+            tensors = self._to_backward(named) if keys is None else [named[k] for k in keys]
+            if not tensors:
+                continue
+            if window != 1:
+                tensors = [t / window for t in tensors]
+            if group.scaler is not None:
+                tensors = [group.scaler.scale(t) for t in tensors]
+            if restrict:
+                # Only this group's parameters: a generator's loss must not leave gradients
+                # on the discriminator. Later groups of the stage reuse the graph.
+                torch.autograd.backward(
+                    tensors, inputs=group.parameters(), retain_graph=i < len(groups) - 1
+                )
+            elif self._backward_fn is not None:
+                for t in tensors:
+                    self._backward_fn(t)
+            else:
+                torch.autograd.backward(tensors)
+        if not stage.checked:
+            stage.checked = True
+            if any(group.loss is None for group in groups) and self.backward_outputs is None:
+                check_something_trains(model, named)
+        return outputs
+
+    def _check_stage(self, stage: Stage, outputs: Mapping[str, Any]) -> None:
+        """At a stage's first step: each named loss is an output that backpropagates."""
+        for group in stage.groups:
+            for key in group.loss or ():
+                if key not in outputs:
+                    raise ConfigurationError(
+                        f"the optimizer(s) {group.names} step on the loss {key!r}, but the "
+                        f"model {stage.model_name!r} returns the outputs {sorted(outputs)}; "
+                        "name one of them in option 'optimizers' (its 'loss'), or return it"
+                    )
+                value = outputs[key]
+                if not isinstance(value, torch.Tensor) or value.grad_fn is None:
+                    raise ModelOutputError(
+                        f"the loss {key!r} of the optimizer(s) {group.names} has no graph to "
+                        "backpropagate (it is not a tensor computed with autograd: not under "
+                        "torch.no_grad(), not .detach()ed or .item()ed)"
+                    )
+                if value.numel() != 1:
+                    raise ModelOutputError(
+                        f"the loss {key!r} of the optimizer(s) {group.names} has shape "
+                        f"{tuple(value.shape)}, but backward needs a scalar; reduce it in "
+                        "forward (e.g. loss.mean())"
+                    )
+
+    def _step_stage(self, stage: Stage) -> None:
+        """Steps the stage's optimizers, each through its group's scaler, then updates the
+        scalers that have stepped their last optimizer of the step."""
+        for group in stage.groups:
+            scaler = group.scaler
+            for optimizer in group.optimizers:
+                if scaler is None:
+                    optimizer.step()
+                else:
+                    scaler.step(optimizer)
+        for scaler in stage.updates:
+            scaler.update()

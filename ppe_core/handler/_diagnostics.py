@@ -1,0 +1,202 @@
+"""Explanations of user errors that PPE leaves to PyTorch's message, or lets pass silently.
+
+A batch that does not fit ``forward``, a batch of another dtype than the model, a first step
+that trains nothing, a model or optimizer name the Logic cannot find, an optimizer holding
+none of the models' parameters: each raises an error naming the cause and the fix. The
+explanations run when something already failed, or once per run: never per step.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from ppe_core.errors import (
+    BatchDtypeError,
+    BatchMismatchError,
+    ConfigurationError,
+    NoGradientError,
+    OptimizerParametersError,
+)
+
+__all__ = [
+    "check_optimizers_hold_models",
+    "check_something_trains",
+    "explain_dtype_mismatch",
+    "explain_forward_mismatch",
+    "unknown_name_error",
+]
+
+
+def explain_forward_mismatch(model: torch.nn.Module, batch: Any, exc: TypeError) -> None:
+    """Raise a clearer error when the batch does not fit ``forward``'s signature."""
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return
+    try:
+        if isinstance(batch, Mapping):
+            signature.bind(**batch)
+        elif isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
+            signature.bind(*batch)
+        else:
+            signature.bind(batch)
+    except TypeError as mismatch:
+        if isinstance(batch, Mapping):
+            given = f"a dict with keys {sorted(batch)}"
+            rule = "dict batches are passed as keyword arguments, so their keys must match"
+        elif isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
+            given = f"a {type(batch).__name__} of {len(batch)} items"
+            rule = "list/tuple batches are passed as positional arguments, so their items match"
+        else:
+            given = f"a single {type(batch).__name__}"
+            rule = "any other batch is passed as the single argument, so it must match"
+        # Parameter names only: annotations make the message long and say nothing about the fix.
+        empty = inspect.Parameter.empty
+        names = signature.replace(
+            parameters=[p.replace(annotation=empty) for p in signature.parameters.values()],
+            return_annotation=empty,
+        )
+        raise BatchMismatchError(
+            f"the batch does not fit {type(model).__name__}.forward{names}: {mismatch}. "
+            f"The loader yielded {given}; {rule} forward's parameters. Change the loader's "
+            "collate_fn or forward's signature so they agree."
+        ) from exc
+
+
+def check_something_trains(model: torch.nn.Module, named: Mapping[str, Any]) -> None:
+    """Raise :class:`NoGradientError` when nothing in the step's outputs (keyed by name) has a
+    graph and no parameter of ``model`` has a gradient (the forward did not run backward).
+
+    Called after the first training step with the default ``backward_outputs``: if that step
+    could not train, no step can, and the run would end with the weights unchanged.
+    """
+    if any(isinstance(v, torch.Tensor) and v.grad_fn is not None for v in named.values()):
+        return  # backpropagated, or BackwardOutputWarning already said why not
+    params = list(model.parameters())
+    if any(p.grad is not None for p in params):
+        return  # the forward ran backward itself
+    described = ", ".join(f"{k!r}: {_grad_state(v)}" for k, v in named.items()) or "nothing"
+    if params and not any(p.requires_grad for p in params):
+        cause = (
+            "Every parameter of the model is frozen (requires_grad=False): unfreeze the ones "
+            "to train."
+        )
+    else:
+        cause = (
+            "Usual causes: the loss was returned after .item() or .detach(), or computed under "
+            "torch.no_grad() / torch.inference_mode(). Return the loss tensor itself, e.g. "
+            "{'loss': loss}, and report plain numbers with ppe.reporting.report."
+        )
+    raise NoGradientError(
+        f"the first training step backpropagated nothing: no output of "
+        f"{type(model).__name__}.forward requires grad ({described}), so the parameters would "
+        f"never change. {cause}"
+    )
+
+
+def _grad_state(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor that does not require grad"
+    return f"a {type(value).__name__}, not a tensor"
+
+
+#: Phrases of PyTorch's errors for operands of different dtypes (matmul, conv, embedding...).
+_DTYPE_ERRORS = (
+    "same dtype",
+    "expected scalar type",
+    "should be the same",
+    "Found dtype",
+    "expected both vectors to have same dtype",
+)
+
+
+def explain_dtype_mismatch(model: torch.nn.Module, batch: Any, exc: RuntimeError) -> None:
+    """Raise :class:`BatchDtypeError` naming the batch tensors whose dtype is not the model's,
+    when ``exc`` is PyTorch's dtype-mismatch error."""
+    message = str(exc)
+    if not any(phrase in message for phrase in _DTYPE_ERRORS):
+        return
+    wanted = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    if wanted is None:
+        return
+    if isinstance(batch, Mapping):
+        items = [(repr(k), v) for k, v in batch.items()]
+    elif isinstance(batch, (list, tuple)):
+        items = [(f"item {i}", v) for i, v in enumerate(batch)]
+    else:
+        items = [("the batch", batch)]
+    other = [(n, v.dtype) for n, v in items if isinstance(v, torch.Tensor) and v.dtype != wanted]
+    # A float of another precision is the likely culprit; integer tensors (often class
+    # targets) are named only when there is no such float.
+    suspects = [(n, d) for n, d in other if d.is_floating_point] or other
+    if not suspects:
+        return
+    named = ", ".join(f"{n} is {d}" for n, d in suspects)
+    raise BatchDtypeError(
+        f"the batch's dtypes do not match {type(model).__name__}'s parameters ({wanted}): "
+        f"{named}. PyTorch said: {message.splitlines()[0]}. Convert the inputs where the "
+        f"batch is built (the dataset or the loader's collate_fn), e.g. x.to({wanted}) or "
+        "x.float(), or convert the model (e.g. model.double()) if that precision is the one "
+        "you want. Integer class targets (for cross_entropy) can stay integers."
+    ) from exc
+
+
+def unknown_name_error(logic: str, name: str, kind: str, names: list[str]) -> ConfigurationError:
+    """The error for a Logic (named ``logic`` in the message) that trains the model ``name``
+    when no ``kind`` ("model" or "optimizer") of that name was passed, only ``names``."""
+    if kind == "optimizer":
+        fix = (
+            f"Key the optimizer like its model: optimizers={{{name!r}: optimizer}} (a bare "
+            "optimizer is named 'main')."
+        )
+    elif len(names) == 1:
+        fix = (
+            f"Key the model {name!r} (a bare module is named 'main'), or pass "
+            f"logic={logic}(model_name={names[0]!r}); its optimizer takes the same key."
+        )
+    else:
+        fix = (
+            f"{logic} trains one model: pass logic={logic}(model_name=...) naming it, or "
+            "subclass ppe.handler.BaseLogic to train several models per step."
+        )
+    return ConfigurationError(
+        f"{logic} trains the {kind} named {name!r}, but the {kind}s passed are named {names}. {fix}"
+    )
+
+
+def check_optimizers_hold_models(
+    models: Iterable[torch.nn.Module], optimizers: Mapping[str, torch.optim.Optimizer]
+) -> None:
+    """Refuse an optimizer that holds none of the models' parameters, once per run.
+
+    Its steps would change nothing the models use, and training would end with the initial
+    weights and no error. The usual cause: the optimizer was built before ``ppe.to`` on a
+    device whose ``module.to`` makes new parameter objects (the emulated device, XLA-like
+    backends), or for another copy of the model.
+    """
+    held = {id(p): p for model in models for p in model.parameters()}
+    if not held:
+        return
+    for name, optimizer in optimizers.items():
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if not params or any(id(p) in held for p in params):
+            continue
+        theirs = sorted({str(p.device) for p in params})
+        ours = sorted({str(p.device) for p in held.values()})
+        where = (
+            f" (the optimizer's parameters are on {', '.join(theirs)}, the models' on "
+            f"{', '.join(ours)}: moving the model made new parameter objects)"
+            if theirs != ours
+            else ""
+        )
+        raise OptimizerParametersError(
+            f"optimizer {name!r} holds none of the models' parameters, so its steps would "
+            f"change nothing the models use{where}; build the optimizer after "
+            "ppe.to(model, device), from the model the trainer trains "
+            "(torch.optim.SGD(model.parameters(), ...)), or pass the module whose parameters "
+            "it holds among the trainer's models"
+        )
