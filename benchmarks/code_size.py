@@ -97,8 +97,13 @@ FILES: dict[str, tuple[str, str]] = {
     "ppe_core/runtime/_map.py": (COMPAT, "PPE's path of ppe.map"),
     "ppe_core/runtime/_options.py": (
         SAME,
-        "autocast arguments (PPE's runtime/_autocast.py), plus OptionSpec/RuntimeOptions: "
-        "typed, validated runtime options (PPE: an untyped dict)",
+        "autocast arguments (PPE's runtime/_autocast.py), plus the module and batch options "
+        "device plugins share (channels_last, compile)",
+    ),
+    "ppe_core/runtime/_option_specs.py": (
+        BEYOND,
+        "OptionSpec/RuntimeOptions: typed, declared, validated runtime options (PPE: an untyped "
+        "dict)",
     ),
     "ppe_core/runtime/_registry.py": (SAME, "RuntimeRegistry"),
     "ppe_core/runtime/_runtime.py": (SAME, "BaseRuntime, PyTorchRuntime, module tagging"),

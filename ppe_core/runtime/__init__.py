@@ -11,12 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from ppe_core.errors import RuntimeOptionError, RuntimeOptionTypeError, RuntimeReplacedWarning
 from ppe_core.runtime._device import DeviceRuntime
-from ppe_core.runtime._options import (
-    OptionSpec,
-    RuntimeOptions,
-    autocast_available,
-    positive_int,
-)
+from ppe_core.runtime._option_specs import OptionSpec, RuntimeOptions, positive_int
+from ppe_core.runtime._options import autocast_available
 from ppe_core.runtime._registry import (
     RuntimeRegistry,
     _RuntimeRegistry,  # noqa: F401  (PPE's name, reachable as ppe.runtime._RuntimeRegistry)

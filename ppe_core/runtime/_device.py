@@ -8,10 +8,9 @@ from typing import Any, ClassVar
 import torch
 
 from ppe_core.errors import ConfigurationError
+from ppe_core.runtime._option_specs import OptionSpec, RuntimeOptions
 from ppe_core.runtime._options import (
     BatchMover,
-    OptionSpec,
-    RuntimeOptions,
     autocast_kwargs,
     compile_kwargs,
     move_module,
