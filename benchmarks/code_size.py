@@ -143,11 +143,17 @@ FILES: dict[str, tuple[str, str]] = {
     ),
     _T + "_resume.py": (
         BEYOND,
-        "bit-exact resume: RNG states and epoch order, per rank, verified on load",
+        "bit-exact resume: RNG states and epoch order, per rank, verified on load (a changed "
+        "epoch length warns)",
     ),
     _T + "_run_lock.py": (BEYOND, "run lock: one live run per output directory"),
     _T + "_schedule.py": (SAME, "running extensions on their triggers, by priority"),
     _T + "_state.py": (SAME, "the manager's state_dict and load_state_dict (PPE's layout)"),
+    _T + "_state_mismatch.py": (
+        BEYOND,
+        "a state that does not fit a model or optimizer explained: its name, missing and "
+        "unexpected keys, a data-parallel prefix, another optimizer type (PPE: torch's error)",
+    ),
     _T + "_stop.py": (SAME, "the stop trigger (plus stop_reason)"),
     _T + "_epoch_length.py": (BEYOND, "epochs of unknown length (loaders without len())"),
     _T + "_trainer.py": (SAME, "Trainer"),

@@ -1,5 +1,5 @@
 """What a snapshot needs beyond weights to resume bit-exactly: RNG states and epoch order,
-for each rank under torch.distributed."""
+for each rank under torch.distributed, and the epoch length, checked on load."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ppe_core.distributed import group_world
-from ppe_core.errors import WorldSizeMismatchWarning
+from ppe_core.errors import EpochLengthChangedWarning, WorldSizeMismatchWarning
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ResumeStateHost
@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 __all__ = [
     "RANKS_KEY",
     "WORLD_SIZE_KEY",
+    "EpochLength",
+    "EpochLengthChangedWarning",
     "TrainerState",
     "WorldSizeMismatchWarning",
     "attach_resume_state",
@@ -80,6 +82,50 @@ def rank_resume_states(saved: Mapping[str, Any]) -> Mapping[str, Any]:
     if isinstance(ranks, Sequence) and len(ranks) == world and isinstance(ranks[rank], Mapping):
         return {**saved, **ranks[rank]}
     return saved
+
+
+class EpochLength:
+    """The manager's iterations per epoch as resume data: ``state['_ppe_core']['manager']``.
+
+    Saved so that a resume can tell whether the epoch length changed; loading only keeps the
+    saved value (:attr:`loaded`) for the manager, which compares it once it knows its own.
+
+    Args:
+        current: Returns the manager's iterations per epoch now (None: not known yet, saved
+            as None so that a resume learns it again).
+    """
+
+    def __init__(self, current: Callable[[], int | None]) -> None:
+        self._current = current
+        #: The loaded state's iterations per epoch; None until one is loaded (or after use).
+        self.loaded: int | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"iters_per_epoch": self._current()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        saved = state.get("iters_per_epoch")
+        self.loaded = saved if isinstance(saved, int) and not isinstance(saved, bool) else None
+
+    def check(self, iteration: int, *, stacklevel: int) -> None:
+        """Warns when the loaded epoch length differs from the current one, then forgets it."""
+        saved, self.loaded = self.loaded, None
+        current = self._current()
+        if saved is None or current is None or saved < 1 or saved == current:
+            return
+        warnings.warn(
+            EpochLengthChangedWarning(
+                f"the loaded state was saved with {saved} iterations per epoch, but this run has "
+                f"{current} (the dataset length or the batch size changed). Training resumes at "
+                f"iteration {iteration}, which was epoch {iteration / saved:.2f} and is epoch "
+                f"{iteration / current:.2f} now: epoch boundaries shift, so epoch-based "
+                "triggers (evaluation, LogReport, snapshots, max_epochs) fire at other "
+                "iterations than in the saved run, and the resumed epoch is not the saved "
+                "one's. Resume with the same dataset and batch size to continue the saved run "
+                "exactly; if the change is intended, this warning can be filtered"
+            ),
+            stacklevel=stacklevel + 1,
+        )
 
 
 def attach_resume_state(manager: ResumeStateHost, state: TrainerState, handler: Any) -> None:

@@ -11,7 +11,6 @@ import torch
 from ppe_core.errors import (
     ArgumentTypeError,
     ConfigurationError,
-    EpochLengthChangedWarning,
     MissingExtensionStateWarning,
     StateDictKeyError,
     StateDictMismatchError,
@@ -19,7 +18,14 @@ from ppe_core.errors import (
 )
 from ppe_core.training._extension import ExtensionEntry
 from ppe_core.training._protocols import StateObjectProtocol
-from ppe_core.training._resume import RANKS_KEY, WORLD_SIZE_KEY, rank_resume_states
+from ppe_core.training._resume import (
+    RANKS_KEY,
+    WORLD_SIZE_KEY,
+    EpochLength,
+    EpochLengthChangedWarning,
+    rank_resume_states,
+)
+from ppe_core.training._state_mismatch import load_model_state, load_optimizer_state
 
 __all__ = [
     "PPE_CORE_STATE_KEY",
@@ -55,51 +61,6 @@ VERSION_KEY = "version"
 _RESERVED_RESUME_KEYS = frozenset({VERSION_KEY, WORLD_SIZE_KEY, RANKS_KEY})
 # PPE releases whose states load without a StateVersionWarning (the format is the same).
 _COMPATIBLE_PPE_VERSIONS = ("0.9.",)
-_MAX_KEYS = 8  # keys listed in a mismatch message; the rest are counted
-
-
-class EpochLength:
-    """The manager's iterations per epoch as resume data: ``state['_ppe_core']['manager']``.
-
-    Saved so that a resume can tell whether the epoch length changed; loading only keeps the
-    saved value (:attr:`loaded`) for the manager, which compares it once it knows its own.
-
-    Args:
-        current: Returns the manager's iterations per epoch now (None: not known yet, saved
-            as None so that a resume learns it again).
-    """
-
-    def __init__(self, current: Callable[[], int | None]) -> None:
-        self._current = current
-        #: The loaded state's iterations per epoch; None until one is loaded (or after use).
-        self.loaded: int | None = None
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"iters_per_epoch": self._current()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        saved = state.get("iters_per_epoch")
-        self.loaded = saved if isinstance(saved, int) and not isinstance(saved, bool) else None
-
-    def check(self, iteration: int, *, stacklevel: int) -> None:
-        """Warns when the loaded epoch length differs from the current one, then forgets it."""
-        saved, self.loaded = self.loaded, None
-        current = self._current()
-        if saved is None or current is None or saved < 1 or saved == current:
-            return
-        warnings.warn(
-            EpochLengthChangedWarning(
-                f"the loaded state was saved with {saved} iterations per epoch, but this run has "
-                f"{current} (the dataset length or the batch size changed). Training resumes at "
-                f"iteration {iteration}, which was epoch {iteration / saved:.2f} and is epoch "
-                f"{iteration / current:.2f} now: epoch boundaries shift, so epoch-based "
-                "triggers (evaluation, LogReport, snapshots, max_epochs) fire at other "
-                "iterations than in the saved run, and the resumed epoch is not the saved "
-                "one's. Resume with the same dataset and batch size to continue the saved run "
-                "exactly; if the change is intended, this warning can be filtered"
-            ),
-            stacklevel=stacklevel + 1,
-        )
 
 
 class LoadedCounts:
@@ -333,89 +294,3 @@ def _check_version(saved: object) -> None:
         ),
         stacklevel=4,
     )
-
-
-def _key_list(keys: Sequence[str]) -> str:
-    listed = ", ".join(repr(k) for k in keys[:_MAX_KEYS])
-    more = len(keys) - _MAX_KEYS
-    return f"[{listed}{f', ... {more} more' if more > 0 else ''}]"
-
-
-def load_model_state(name: str, module: torch.nn.Module, state: Mapping[str, Any]) -> None:
-    """``module.load_state_dict(state)``, explaining a mismatch by model name and keys.
-
-    Raises:
-        StateDictMismatchError: The state does not fit (names missing/unexpected keys, size
-            mismatches, and a ``module.`` prefix from a data-parallel wrapper).
-    """
-    try:
-        module.load_state_dict(state)
-    except RuntimeError as exc:
-        expected = list(module.state_dict())
-        known = set(expected)
-        missing = [k for k in expected if k not in state]
-        unexpected = [k for k in state if k not in known]
-        lines = [f"the loaded state of model {name!r} does not fit {type(module).__name__}:"]
-        if missing:
-            lines.append(f"  missing keys (in the model, not in the state): {_key_list(missing)}")
-        if unexpected:
-            lines.append(
-                f"  unexpected keys (in the state, not in the model): {_key_list(unexpected)}"
-            )
-        lines.extend(
-            f"  {line.strip()}" for line in str(exc).splitlines() if "size mismatch" in line
-        )
-        if not missing and not unexpected and len(lines) == 1:
-            lines.append(f"  {exc}")
-        prefix = "module."
-        if unexpected and all(k.startswith(prefix) for k in unexpected):
-            lines.append(
-                "The state's keys start with 'module.': it was saved from a DataParallel/"
-                "DistributedDataParallel wrapper. Pass transform_model="
-                "ppe.training.manager.default_transform_model when saving, or strip the prefix."
-            )
-        elif missing and all(k.startswith(prefix) for k in missing):
-            lines.append(
-                "The model's keys start with 'module.': unwrap it when loading with "
-                "transform_model=ppe.training.manager.default_transform_model."
-            )
-        lines.append(
-            f"Load a snapshot saved from the same architecture under the name {name!r}, or load "
-            f"the weights yourself with model.load_state_dict(state['models'][{name!r}], "
-            "strict=False) to keep the matching part."
-        )
-        raise StateDictMismatchError("\n".join(lines)) from exc
-
-
-def load_optimizer_state(name: str, optimizer: Any, state: Mapping[str, Any]) -> None:
-    """``optimizer.load_state_dict(state)``, explaining a mismatch by optimizer name.
-
-    Raises:
-        StateDictMismatchError: The state is another optimizer type's or has other groups.
-    """
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        # Anything with load_state_dict (PPE does not type-check optimizers either).
-        optimizer.load_state_dict(state)
-        return
-    fix = (
-        f"Create optimizer {name!r} as when the snapshot was saved (same type, the same "
-        "parameters in the same groups), or restore only the weights with "
-        "model.load_state_dict(state['models'][<name>])."
-    )
-    # Hyperparameters each group has now; a state from another optimizer type lacks some.
-    before = [set(group) - {"params", "param_names"} for group in optimizer.param_groups]
-    try:
-        optimizer.load_state_dict(dict(state))
-    except (ValueError, KeyError) as exc:
-        raise StateDictMismatchError(
-            f"the loaded state of optimizer {name!r} ({type(optimizer).__name__}) does not fit "
-            f"it: {exc}. {fix}"
-        ) from exc
-    for index, (keys, group) in enumerate(zip(before, optimizer.param_groups, strict=False)):
-        lacking = sorted(keys - set(group))
-        if lacking:
-            raise StateDictMismatchError(
-                f"the loaded state of optimizer {name!r} ({type(optimizer).__name__}) lacks the "
-                f"hyperparameters {lacking} in param group {index}: it was saved from a "
-                f"different optimizer type. {fix}"
-            )

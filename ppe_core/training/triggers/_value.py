@@ -23,37 +23,61 @@ if TYPE_CHECKING:
 _MISSING = object()
 
 
-def _interval_mean(
-    summary: DictSummary, key: str, manager: ManagerView, owner: str
-) -> float | None:
-    """Returns the mean of ``key`` over the interval as a float (the triggers' one host sync).
+class _MonitorTrigger(Trigger):
+    """The value triggers' shared part: one key's running summary, read at each check."""
 
-    ``None`` when ``key`` was never reported in the interval.
+    _interval_trigger: Trigger
+    _summary: DictSummary
 
-    Raises:
-        ConfigurationError: ``key`` was reported, but never as a scalar.
-    """
-    means = summary.compute_mean()
-    if key in means:
-        return float(means[key])
-    value = manager.observation.get(key, _MISSING)
-    if value is not _MISSING:
-        raise ConfigurationError(
-            f"{owner} monitors {key!r}, but its reported value {value!r} is not a scalar "
-            "number; report a float or a zero-dimensional tensor under that key"
+    def _init_summary(self) -> None:
+        self._summary = DictSummary()
+
+    def _accumulate(self, manager: ManagerView, key: str) -> bool:
+        """Adds this iteration's value of ``key`` (if reported); returns whether it was."""
+        value = manager.observation.get(key, _MISSING)
+        if value is _MISSING:
+            return False
+        self._summary.add({key: value})
+        return True
+
+    def _checked_mean(self, manager: ManagerView, key: str, present: bool) -> float | None:
+        """The interval's mean as a float (the triggers' one host sync; the summary starts
+        again), or ``None`` with a warning when ``key`` was not reported.
+
+        Raises:
+            ConfigurationError: ``key`` was reported, but never as a scalar.
+        """
+        owner = type(self).__name__
+        means = self._summary.compute_mean() if present else {}
+        if key in means:
+            self._init_summary()
+            return float(means[key])
+        value = manager.observation.get(key, _MISSING)
+        if present and value is not _MISSING:
+            raise ConfigurationError(
+                f"{owner} monitors {key!r}, but its reported value {value!r} is not a scalar "
+                "number; report a float or a zero-dimensional tensor under that key"
+            )
+        warnings.warn(
+            MissingObservationWarning(
+                f"{owner} monitors {key!r}, which is not in the observation at iteration "
+                f"{manager.iteration} (keys: {sorted(manager.observation)}); check the key "
+                "or the check trigger"
+            ),
+            stacklevel=3,
         )
-    return None
+        return None
+
+    def _load_summary(self, to_load: Mapping[str, Any]) -> None:
+        self._summary = DictSummary()
+        self._summary.load_state_dict(to_load.get("_summary") or {})
+
+    def next_check(self, iteration: int, iters_per_epoch: int) -> int | None:
+        """``None``: every iteration's value goes into the interval mean."""
+        return None
 
 
-def _missing_warning(owner: str, key: str, manager: ManagerView) -> MissingObservationWarning:
-    return MissingObservationWarning(
-        f"{owner} monitors {key!r}, which is not in the observation at iteration "
-        f"{manager.iteration} (keys: {sorted(manager.observation)}); check the key or the "
-        "check trigger"
-    )
-
-
-class BestValueTrigger(Trigger):
+class BestValueTrigger(_MonitorTrigger):
     """Fires at a check when the interval's mean of a value is better than every earlier one.
 
     As in PPE, the trigger adds ``manager.observation[key]`` to a running summary at every
@@ -102,31 +126,18 @@ class BestValueTrigger(Trigger):
         """The best interval mean so far (``None`` before the first check)."""
         return self._best_value
 
-    def _init_summary(self) -> None:
-        self._summary = DictSummary()
-
     def __call__(self, manager: ManagerView) -> bool:
         """Accumulates this iteration's value; at a check, returns whether the mean improved."""
-        key = self._key
-        value = manager.observation.get(key, _MISSING)
-        if value is not _MISSING:
-            self._summary.add({key: value})
+        self._accumulate(manager, self._key)
         if not self._interval_trigger(manager):
             return False
-        owner = type(self).__name__
-        mean = _interval_mean(self._summary, key, manager, owner)
+        mean = self._checked_mean(manager, self._key, True)
         if mean is None:
-            warnings.warn(_missing_warning(owner, key, manager), stacklevel=2)
             return False
-        self._init_summary()
         if self._best_value is None or self._compare(self._best_value, mean):
             self._best_value = mean
             return True
         return False
-
-    def next_check(self, iteration: int, iters_per_epoch: int) -> int | None:
-        """``None``: every iteration's value goes into the interval mean."""
-        return None
 
     def may_fire(self, iteration: int, epoch_length: int) -> bool:
         """Delegates to the check trigger."""
@@ -143,8 +154,7 @@ class BestValueTrigger(Trigger):
     def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
         """Restores :meth:`state_dict`'s output (also PPE's, and ours without ``_summary``)."""
         self._interval_trigger.load_state_dict(to_load["interval_trigger"])
-        self._summary = DictSummary()
-        self._summary.load_state_dict(to_load.get("_summary") or {})
+        self._load_summary(to_load)
         best = to_load["_best_value"]
         self._best_value = None if best is None else float(best)
 
@@ -172,7 +182,7 @@ class MinValueTrigger(BestValueTrigger):
         super().__init__(key, operator.gt, trigger)  # best > new
 
 
-class EarlyStoppingTrigger(Trigger):
+class EarlyStoppingTrigger(_MonitorTrigger):
     """Stop trigger: fires when the monitored value stopped improving, or at ``max_trigger``.
 
     As in PPE, every iteration's ``manager.observation[monitor]`` goes into a running summary;
@@ -240,26 +250,16 @@ class EarlyStoppingTrigger(Trigger):
         self._max_trigger = get_trigger(max_trigger)
         self._summary = DictSummary()
 
-    def _init_summary(self) -> None:
-        self._summary = DictSummary()
-
     def __call__(self, manager: ManagerView) -> bool:
         """Returns whether training should stop after the iteration just completed."""
-        monitor = self.monitor
-        observation = manager.observation
-        value = observation.get(monitor, _MISSING)
-        if value is not _MISSING:
-            self._summary.add({monitor: value})
+        present = self._accumulate(manager, self.monitor)
         if self._max_trigger(manager):
             return True
         if not self._interval_trigger(manager):
             return False
-        owner = "EarlyStoppingTrigger"
-        mean = None if value is _MISSING else _interval_mean(self._summary, monitor, manager, owner)
+        mean = self._checked_mean(manager, self.monitor, present)
         if mean is None:
-            warnings.warn(_missing_warning(owner, monitor, manager), stacklevel=2)
             return False
-        self._init_summary()
         if self._compare(mean, self.best):
             self.best = mean
             self.count = 0
@@ -273,10 +273,6 @@ class EarlyStoppingTrigger(Trigger):
 
     def _stop_condition(self) -> bool:
         return self.count >= self.patience
-
-    def next_check(self, iteration: int, iters_per_epoch: int) -> int | None:
-        """``None``: every iteration's value goes into the interval mean."""
-        return None
 
     def may_fire(self, iteration: int, epoch_length: int) -> bool:
         """Returns whether the check or the max trigger may fire."""
@@ -323,8 +319,7 @@ class EarlyStoppingTrigger(Trigger):
             self._interval_trigger.load_state_dict(to_load["interval_trigger"])
         if "max_trigger" in to_load:
             self._max_trigger.load_state_dict(to_load["max_trigger"])
-        self._summary = DictSummary()
-        self._summary.load_state_dict(to_load.get("_summary") or {})
+        self._load_summary(to_load)
 
     def __repr__(self) -> str:
         return (

@@ -1,0 +1,106 @@
+"""Loading a model's or optimizer's state with the mismatch explained.
+
+PPE hands a snapshot's state to ``load_state_dict`` and lets torch's error speak. ppe-core
+names the model or optimizer, lists the missing and unexpected keys, recognises a
+data-parallel ``module.`` prefix and a state saved from another optimizer type, and says how
+to fix it. The manager's state (``_state.py``) loads through these two functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ppe_core.errors import StateDictMismatchError
+
+__all__ = ["load_model_state", "load_optimizer_state"]
+
+_MAX_KEYS = 8  # keys listed in a mismatch message; the rest are counted
+
+
+def _key_list(keys: Sequence[str]) -> str:
+    listed = ", ".join(repr(k) for k in keys[:_MAX_KEYS])
+    more = len(keys) - _MAX_KEYS
+    return f"[{listed}{f', ... {more} more' if more > 0 else ''}]"
+
+
+def load_model_state(name: str, module: torch.nn.Module, state: Mapping[str, Any]) -> None:
+    """``module.load_state_dict(state)``, explaining a mismatch by model name and keys.
+
+    Raises:
+        StateDictMismatchError: The state does not fit (names missing/unexpected keys, size
+            mismatches, and a ``module.`` prefix from a data-parallel wrapper).
+    """
+    try:
+        module.load_state_dict(state)
+    except RuntimeError as exc:
+        expected = list(module.state_dict())
+        known = set(expected)
+        missing = [k for k in expected if k not in state]
+        unexpected = [k for k in state if k not in known]
+        lines = [f"the loaded state of model {name!r} does not fit {type(module).__name__}:"]
+        if missing:
+            lines.append(f"  missing keys (in the model, not in the state): {_key_list(missing)}")
+        if unexpected:
+            lines.append(
+                f"  unexpected keys (in the state, not in the model): {_key_list(unexpected)}"
+            )
+        lines.extend(
+            f"  {line.strip()}" for line in str(exc).splitlines() if "size mismatch" in line
+        )
+        if not missing and not unexpected and len(lines) == 1:
+            lines.append(f"  {exc}")
+        prefix = "module."
+        if unexpected and all(k.startswith(prefix) for k in unexpected):
+            lines.append(
+                "The state's keys start with 'module.': it was saved from a DataParallel/"
+                "DistributedDataParallel wrapper. Pass transform_model="
+                "ppe.training.manager.default_transform_model when saving, or strip the prefix."
+            )
+        elif missing and all(k.startswith(prefix) for k in missing):
+            lines.append(
+                "The model's keys start with 'module.': unwrap it when loading with "
+                "transform_model=ppe.training.manager.default_transform_model."
+            )
+        lines.append(
+            f"Load a snapshot saved from the same architecture under the name {name!r}, or load "
+            f"the weights yourself with model.load_state_dict(state['models'][{name!r}], "
+            "strict=False) to keep the matching part."
+        )
+        raise StateDictMismatchError("\n".join(lines)) from exc
+
+
+def load_optimizer_state(name: str, optimizer: Any, state: Mapping[str, Any]) -> None:
+    """``optimizer.load_state_dict(state)``, explaining a mismatch by optimizer name.
+
+    Raises:
+        StateDictMismatchError: The state is another optimizer type's or has other groups.
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        # Anything with load_state_dict (PPE does not type-check optimizers either).
+        optimizer.load_state_dict(state)
+        return
+    fix = (
+        f"Create optimizer {name!r} as when the snapshot was saved (same type, the same "
+        "parameters in the same groups), or restore only the weights with "
+        "model.load_state_dict(state['models'][<name>])."
+    )
+    # Hyperparameters each group has now; a state from another optimizer type lacks some.
+    before = [set(group) - {"params", "param_names"} for group in optimizer.param_groups]
+    try:
+        optimizer.load_state_dict(dict(state))
+    except (ValueError, KeyError) as exc:
+        raise StateDictMismatchError(
+            f"the loaded state of optimizer {name!r} ({type(optimizer).__name__}) does not fit "
+            f"it: {exc}. {fix}"
+        ) from exc
+    for index, (keys, group) in enumerate(zip(before, optimizer.param_groups, strict=False)):
+        lacking = sorted(keys - set(group))
+        if lacking:
+            raise StateDictMismatchError(
+                f"the loaded state of optimizer {name!r} ({type(optimizer).__name__}) lacks the "
+                f"hyperparameters {lacking} in param group {index}: it was saved from a "
+                f"different optimizer type. {fix}"
+            )
