@@ -166,8 +166,13 @@ FILES: dict[str, tuple[str, str]] = {
     _E + "__init__.py": (SAME, "the extensions namespace"),
     _E + "_accumulate.py": (SAME, "the accumulate extensions"),
     _E + "_best_value.py": (SAME, "BestValue, MaxValue, MinValue"),
+    _E + "_console.py": (SAME, "terminal and notebook checks of the progress bars and PrintReport"),
     _E + "_evaluator.py": (SAME, "the extension-style evaluators"),
     _E + "_fail_on_non_number.py": (SAME, "FailOnNonNumber"),
+    _E + "_keys.py": (
+        BEYOND,
+        "observation-key arguments checked: a bare string refused (PPE tracks its characters)",
+    ),
     _E + "_log_report.py": (SAME, "LogReport"),
     _E + "_log_reader.py": (
         SAME,
@@ -210,7 +215,6 @@ FILES: dict[str, tuple[str, str]] = {
     _E + "_tensorboard.py": (BEYOND, "a TensorBoard extension (PPE has only the writer)"),
     _E + "_throughput.py": (BEYOND, "Throughput: samples per second, FLOPs and MFU"),
     _E + "_timeline_trace.py": (SAME, "TimelineTrace"),
-    _E + "_util.py": (SAME, "helpers the extensions share"),
     _E + "_value_observation.py": (SAME, "observe_value, observe_lr"),
     _E + "_variable_statistics_plot.py": (SAME, "VariableStatisticsPlot"),
     _E + "accumulate/__init__.py": (COMPAT, "PPE's accumulate package"),

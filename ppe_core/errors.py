@@ -548,6 +548,14 @@ class OptionalDependencyError(PPEError, ImportError):
     """A feature needs a package that is not installed; the message says what to install."""
 
 
+def missing_extra_error(feature: str, package: str, extra: str) -> OptionalDependencyError:
+    """Builds the error raised when ``feature`` needs the uninstalled ``package``."""
+    return OptionalDependencyError(
+        f"{feature} needs {package}, which is not installed. Install it with "
+        f"`pip install 'ppe-core[{extra}]'` (or `pip install {package}`)."
+    )
+
+
 class SnapshotError(PPEError, RuntimeError):
     """A snapshot could not be written, verified or loaded."""
 

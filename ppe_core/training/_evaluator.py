@@ -333,7 +333,7 @@ def _make_bar(total: int | None) -> Any:
 
 
 def _is_interactive(out: Any) -> bool:
-    from ppe_core.training.extensions._util import in_notebook, is_terminal
+    from ppe_core.training.extensions._console import in_notebook, is_terminal
 
     return is_terminal(out) or (in_notebook() and out is sys.stdout)
 

@@ -32,7 +32,7 @@ from ppe_core.handler._logic import keep_modes
 from ppe_core.reporting import DictSummary, Reporter, get_current_reporter, report
 from ppe_core.training._extension import PRIORITY_WRITER, Extension
 from ppe_core.training._manager import named_models
-from ppe_core.training.extensions._util import is_terminal
+from ppe_core.training.extensions._console import is_terminal
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView

@@ -16,7 +16,7 @@ from ppe_core.distributed import group_world
 from ppe_core.errors import ConfigurationError, OptionalDependencyError
 from ppe_core.reporting import DictSummary
 from ppe_core.training._extension import PRIORITY_READER, Extension
-from ppe_core.training.extensions._util import key_tuple
+from ppe_core.training.extensions._keys import key_tuple
 from ppe_core.training.triggers import get_trigger
 from ppe_core.training.triggers._due import DueCheck, EveryIteration
 from ppe_core.writing import SimpleWriter, Writer

@@ -8,12 +8,12 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import IO, TYPE_CHECKING, Any
 
-from ppe_core.errors import ConfigurationError, NoPlotDataWarning
+from ppe_core.errors import ConfigurationError, NoPlotDataWarning, missing_extra_error
 from ppe_core.reporting import DictSummary, to_floats
 from ppe_core.training._extension import Extension
-from ppe_core.training.extensions._util import WriterLike, missing_extra_error, write_file
 from ppe_core.training.triggers import get_trigger
 from ppe_core.training.triggers._due import DueCheck, EveryIteration
+from ppe_core.writing._extension_files import WriterLike, write_file
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView

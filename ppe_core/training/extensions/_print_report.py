@@ -11,9 +11,10 @@ from typing import IO, TYPE_CHECKING, Any
 from ppe_core.distributed import group_world
 from ppe_core.errors import ConfigurationError
 from ppe_core.training._extension import PRIORITY_READER, Extension
+from ppe_core.training.extensions._console import is_terminal
+from ppe_core.training.extensions._keys import key_tuple
 from ppe_core.training.extensions._log_reader import NewEntriesTrigger, find_log_report
 from ppe_core.training.extensions._log_report import LogReport
-from ppe_core.training.extensions._util import is_terminal, key_tuple
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView

@@ -7,12 +7,12 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ppe_core._time_summary import TimeSummary, get_time_summary
-from ppe_core.errors import ConfigurationError
+from ppe_core.errors import ConfigurationError, missing_extra_error
 from ppe_core.reporting import to_floats
 from ppe_core.training._extension import Extension
 from ppe_core.training.extensions._log_report import LOG_FORMATS, LogSaver
-from ppe_core.training.extensions._util import WriterLike, missing_extra_error, write_file
 from ppe_core.training.triggers import get_trigger
+from ppe_core.writing._extension_files import WriterLike, write_file
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView

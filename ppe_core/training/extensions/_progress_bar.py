@@ -13,7 +13,7 @@ from typing import IO, TYPE_CHECKING, Any
 from ppe_core.distributed import group_world
 from ppe_core.errors import ConfigurationError
 from ppe_core.training._extension import PRIORITY_READER, Extension
-from ppe_core.training.extensions._util import in_notebook, is_terminal
+from ppe_core.training.extensions._console import in_notebook, is_terminal
 from ppe_core.training.triggers import Trigger
 
 if TYPE_CHECKING:

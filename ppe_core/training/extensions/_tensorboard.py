@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from ppe_core.reporting import DictSummary, to_floats
 from ppe_core.training._extension import Extension
-from ppe_core.training.extensions._util import key_tuple
+from ppe_core.training.extensions._keys import key_tuple
 from ppe_core.training.triggers import get_trigger
 from ppe_core.training.triggers._due import DueCheck, EveryIteration
 from ppe_core.writing._tensorboard_writer import (

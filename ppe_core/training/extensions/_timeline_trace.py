@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ppe_core.training._extension import Extension
-from ppe_core.training.extensions._util import WriterLike
 from ppe_core.training.triggers import Trigger, TriggerLike, get_trigger
 from ppe_core.training.triggers._due import DueCheck
+from ppe_core.writing._extension_files import WriterLike
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView

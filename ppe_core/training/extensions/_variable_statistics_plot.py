@@ -12,11 +12,11 @@ from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
-from ppe_core.errors import ConfigurationError
+from ppe_core.errors import ConfigurationError, missing_extra_error
 from ppe_core.training._extension import Extension
-from ppe_core.training.extensions._util import WriterLike, missing_extra_error, write_file
 from ppe_core.training.triggers import TriggerLike, get_trigger
 from ppe_core.training.triggers._due import DueCheck
+from ppe_core.writing._extension_files import WriterLike, write_file
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
