@@ -19,6 +19,7 @@ from ppe_core._version import __version__
 from ppe_core.distributed import group_world
 from ppe_core.errors import ConfigurationError, TrackerWarning
 from ppe_core.runtime import get_runtime
+from ppe_core.tracking._sender import ProcessSender, unsendable_reason
 from ppe_core.training._extension import PRIORITY_READER, Extension
 from ppe_core.training.extensions._log_reader import NewEntriesTrigger, find_log_report
 from ppe_core.writing import Writer
@@ -34,6 +35,22 @@ _MAX_BACKOFF = 30.0
 
 # Counts are updated by the training thread and the workers; updates are rare (per entry).
 _COUNTS_LOCK = threading.Lock()
+
+#: Where a tracker's backend methods may run (``sender=``).
+SENDERS = ("thread", "process")
+
+# Attributes that live only while a run trains: never pickled into a sender process.
+_RUNTIME_STATE = (
+    "trigger",
+    "_log_report",
+    "_worker",
+    "_process",
+    "_outbox",
+    "_offer",
+    "_abandon",
+    "_counts",
+    "_on_counts",
+)
 
 # Scalar types a param may have; anything else (a tensor, a list of tensors) is left out.
 _PARAM_TYPES = (str, int, float, bool, type(None))
@@ -164,6 +181,16 @@ class BaseTracker(Extension):
     Under torch.distributed only rank 0 sends anything (as only rank 0 writes LogReport's
     file).
 
+    With ``sender="process"`` the backend methods run in a sender process instead of a
+    thread, so the backend's client never holds the training process's GIL: the training
+    thread appends each entry to a plain deque and a pump thread hands batches over through a
+    pipe (one pickle per batch). The child is ``python -m ppe_core.tracking._sender`` (the
+    script is never re-run), rebuilt from this instance pickled without its runtime state
+    (:meth:`__getstate__`): the subclass must be importable (not defined in ``__main__``)
+    and picklable once constructed, and create its client lazily in the backend methods.
+    A tracker that is not falls back to the thread with a :class:`TrackerWarning` saying why.
+    The child exits when the parent dies (stdin EOF); its errors reach :attr:`report`.
+
     Subclasses implement the backend methods, all called on the worker thread:
     :meth:`open_run` and :meth:`log_metrics` (required), :meth:`log_params`,
     :meth:`last_step`, :meth:`log_artifact` and :meth:`close_run`. :meth:`run_params`
@@ -183,6 +210,8 @@ class BaseTracker(Extension):
         max_retries: Retries of a failed backend call before its entries count as failed.
         retry_backoff: Seconds before the first retry; doubled for each next one (at most 30).
         flush_timeout: Seconds :meth:`finalize` waits for the queue to drain.
+        sender: ``"thread"`` (a daemon thread of this process) or ``"process"`` (a sender
+            process; see above) runs the backend methods.
 
     Example::
 
@@ -210,8 +239,13 @@ class BaseTracker(Extension):
         max_retries: int = 3,
         retry_backoff: float = 0.5,
         flush_timeout: float = 30.0,
+        sender: str = "thread",
     ) -> None:
         name = type(self).__name__
+        if sender not in SENDERS:
+            raise ConfigurationError(
+                f"{name} sender must be one of {', '.join(map(repr, SENDERS))}, got {sender!r}"
+            )
         if not isinstance(log_report, str):
             raise ConfigurationError(
                 f"{name} log_report must be the name of a registered LogReport, got "
@@ -243,7 +277,14 @@ class BaseTracker(Extension):
         self._max_retries = max_retries
         self._retry_backoff = float(retry_backoff)
         self._flush_timeout = float(flush_timeout)
+        self._sender_mode = sender
         self._log_report: LogReport | None = None
+        self._params: dict[str, Any] = {}
+        self._out_dir = "."
+        self._process: ProcessSender | None = None
+        self._sender_pid: int | None = None
+        # Set in a sender process only: reports each count change to the parent.
+        self._on_counts: Callable[[], None] | None = None
         # Entries of the LogReport already handed to the queue (or skipped); saved in snapshots.
         self._seen = 0
         self._restored = False
@@ -256,9 +297,9 @@ class BaseTracker(Extension):
     def _reset_run_state(self) -> None:
         # Everything one Trainer.run() uses; a second run starts afresh (same run id).
         self._outbox = _Outbox(self._queue_size, self._batch_size, self._send_interval)
+        # What the training thread hands entries to: the queue, or a sender process.
+        self._offer: Callable[[Mapping[str, Any]], bool] = self._outbox.offer
         self._abandon = threading.Event()
-        self._params: dict[str, Any] = {}
-        self._out_dir = "."
         self._opened = False
         self._skip_through: int | None = None
         self._run_failed = False
@@ -368,6 +409,17 @@ class BaseTracker(Extension):
         return self._run_key
 
     @property
+    def sender(self) -> str:
+        """Where the backend methods run: ``"thread"`` or ``"process"`` (the mode asked
+        for, or the thread a tracker that cannot run in a process fell back to)."""
+        return self._sender_mode
+
+    @property
+    def sender_pid(self) -> int | None:
+        """The sender process's pid (the latest run's), or None on a thread."""
+        return self._sender_pid
+
+    @property
     def resuming(self) -> bool:
         """Whether this training resumed from a snapshot of this tracker."""
         return self._restored
@@ -412,6 +464,22 @@ class BaseTracker(Extension):
             return
         self._params = {**self.run_params(manager), **self._extra_params}
         self._out_dir = manager.out
+        self._process = self._sender_pid = None
+        if self._sender_mode == "process":
+            reason = unsendable_reason(self)
+            if not reason:
+                self._process = ProcessSender(self, self._label())
+                self._sender_pid = self._process.pid
+                self._offer = self._process.offer
+                return
+            self._sender_mode = "thread"
+            warnings.warn(
+                f"{self._label()} sends from a thread, not a sender process: {reason}. Move "
+                "the class to an importable module and keep its constructor's arguments "
+                'picklable, or pass sender="thread" to choose the thread',
+                TrackerWarning,
+                stacklevel=2,
+            )
         self._worker = threading.Thread(
             target=self._work, name=f"ppe-tracker-{self.name or type(self).__name__}", daemon=True
         )
@@ -442,7 +510,7 @@ class BaseTracker(Extension):
         self._seen = total
         if not self._active:
             return
-        offer = self._outbox.offer
+        offer = self._offer
         if total - seen == 1:  # one new entry (LogReport emits one per call): no loop
             if offer(log_report.entries_since(seen)[0]):
                 self._queued += 1
@@ -482,10 +550,10 @@ class BaseTracker(Extension):
         backend (dropped, refused, or still queued when the wait ran out); the worker of a
         timed-out flush is abandoned (a daemon thread, it does not keep the process alive).
         """
-        worker = self._worker
-        if worker is None:
+        worker, process = self._worker, self._process
+        if worker is None and process is None:
             return
-        self._worker = None
+        self._worker = self._process = None
         if self._log_report is not None:
             self._queue_new(self._log_report)
         deadline = time.monotonic() + self._flush_timeout
@@ -493,11 +561,16 @@ class BaseTracker(Extension):
             # A snapshot of the last iteration may still be on a background writer (extensions
             # finalize before the writers): the worker's last look for artifacts comes after it.
             _wait_for_writers(manager, self._flush_timeout)
-        self._outbox.close()
-        worker.join(max(0.0, deadline - time.monotonic()))
-        timed_out = worker.is_alive()
-        if timed_out:
-            self._abandon.set()
+        remaining = max(0.0, deadline - time.monotonic())
+        if process is not None:
+            timed_out = process.finish(self._run_failed, remaining)
+        else:
+            assert worker is not None
+            self._outbox.close()
+            worker.join(remaining)
+            timed_out = worker.is_alive()
+            if timed_out:
+                self._abandon.set()
         counts = self.report
         unsent = counts.queued - counts.sent - counts.failed - counts.skipped
         self._update(unsent=unsent, timed_out=timed_out)
@@ -527,6 +600,23 @@ class BaseTracker(Extension):
                 message += f"; last error: {counts.last_error}"
             warnings.warn(message, TrackerWarning, stacklevel=2)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The tracker without its runtime state (queue, threads, LogReport, counts): what a
+        sender process is rebuilt from. Subclasses leave out their clients the same way."""
+        state = self.__dict__.copy()
+        for key in _RUNTIME_STATE:
+            state.pop(key, None)
+        return state
+
+    def __setstate__(self, state: Mapping[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.trigger = NewEntriesTrigger(self)
+        self._log_report = None
+        self._worker = None
+        self._process = None
+        self._on_counts = None
+        self._reset_run_state()
+
     def state_dict(self) -> dict[str, Any]:
         """The run id and key, and how many LogReport entries were already handed over."""
         return {"run_id": self._run_id, "run_key": self._run_key, "entries_seen": self._seen}
@@ -551,12 +641,16 @@ class BaseTracker(Extension):
         # always see a consistent one.
         with _COUNTS_LOCK:
             self._counts = dataclasses.replace(self._counts, **changes)
+        if self._on_counts is not None:
+            self._on_counts()
 
     def _add(self, **deltas: int) -> None:
         with _COUNTS_LOCK:
             current = self._counts
             changes = {key: getattr(current, key) + delta for key, delta in deltas.items()}
             self._counts = dataclasses.replace(current, **changes)
+        if self._on_counts is not None:
+            self._on_counts()
 
     def _work(self) -> None:
         try:

@@ -31,14 +31,17 @@ class MLflowLogger(BaseTracker):
     Also logs the run's params once (optimizer class and hyperparameters, ``max_epochs``,
     ``iters_per_epoch``, each model's runtime and device, versions; see
     :meth:`~ppe_core.tracking.BaseTracker.run_params`) and, with ``snapshots=True``, the
-    snapshot files as artifacts. Every MLflow call runs on the tracker's worker thread (see
-    :class:`~ppe_core.tracking.BaseTracker` for the queue, retries, drops and final flush);
-    the run id is saved in snapshots, so a resumed training continues the same run.
+    snapshot files as artifacts. Every MLflow call runs in the tracker's sender process
+    (``sender="process"``, the default: MLflow's HTTP and JSON work never holds the training
+    process's GIL) or on its worker thread (``sender="thread"``); see
+    :class:`~ppe_core.tracking.BaseTracker` for the queue, retries, drops and final flush.
+    The run id is saved in snapshots, so a resumed training continues the same run.
 
     MLflow's own HTTP retries would hold a batch for minutes against a dead server, so unless
     you set them the logger sets ``MLFLOW_HTTP_REQUEST_MAX_RETRIES=0`` and
-    ``MLFLOW_HTTP_REQUEST_TIMEOUT=<request_timeout>`` for the process: the tracker retries
-    itself, with backoff, and never waits on the training thread.
+    ``MLFLOW_HTTP_REQUEST_TIMEOUT=<request_timeout>`` in the process that sends (the sender
+    process, or this one on a thread): the tracker retries itself, with backoff, and never
+    waits on the training thread.
 
     Args:
         tracking_uri: The tracking server (``http://host:port``) or store; MLflow's default
@@ -49,6 +52,7 @@ class MLflowLogger(BaseTracker):
         snapshots: Upload the files matching ``snapshot_iter_*`` in the output directory as
             artifacts (each once, when it appears); a string is another glob pattern.
         request_timeout: Seconds one HTTP request may take.
+        sender: ``"process"`` (default) or ``"thread"``: where the MLflow client runs.
         **tracker_options: ``BaseTracker`` options (``params``, ``artifacts``,
             ``queue_size``, ``batch_size``, ``max_retries``, ``retry_backoff``,
             ``flush_timeout``, ``log_report``).
@@ -72,6 +76,7 @@ class MLflowLogger(BaseTracker):
         tags: Mapping[str, str] | None = None,
         snapshots: bool | str = False,
         request_timeout: float = 10.0,
+        sender: str = "process",
         **tracker_options: Any,
     ) -> None:
         if importlib.util.find_spec("mlflow") is None:
@@ -84,7 +89,7 @@ class MLflowLogger(BaseTracker):
             artifacts = tracker_options.pop("artifacts", ())
             artifacts = (artifacts,) if isinstance(artifacts, str) else tuple(artifacts)
             tracker_options["artifacts"] = (*artifacts, pattern)
-        super().__init__(**tracker_options)
+        super().__init__(sender=sender, **tracker_options)
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment_name
         self.run_name = run_name
@@ -93,7 +98,13 @@ class MLflowLogger(BaseTracker):
         self._client: Any = None
         self._resumed = False
 
-    # Everything below runs on the tracker's worker thread.
+    def __getstate__(self) -> dict[str, Any]:
+        """The logger without its MLflow client: a sender process makes its own."""
+        state = super().__getstate__()
+        state["_client"] = None
+        return state
+
+    # Everything below runs in the sender process (or on the tracker's worker thread).
 
     def _mlflow_client(self) -> Any:
         if self._client is None:

@@ -134,7 +134,8 @@ def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, flo
 
 
 class ThreadRecordingLogger(MLflowLogger):
-    """Records the thread of every backend call."""
+    """Records the thread of every backend call (seen by the test on a thread only: in a
+    sender process the records stay in the child)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -155,10 +156,17 @@ def test_the_plugin_registers_the_extension() -> None:
     assert extensions.MLflowLogger is MLflowLogger
 
 
+def test_the_sender_process_is_the_default() -> None:
+    assert MLflowLogger("http://127.0.0.1:1").sender == "process"
+
+
+@pytest.mark.parametrize("sender", ["process", "thread"])
 def test_metrics_steps_params_and_snapshots_equal_the_json_log(
-    server: Server, tmp_path: Path
+    server: Server, tmp_path: Path, sender: str
 ) -> None:
-    logger = ThreadRecordingLogger(server.uri, experiment_name="equal", snapshots=True)
+    logger = ThreadRecordingLogger(
+        server.uri, experiment_name=f"equal-{sender}", snapshots=True, sender=sender
+    )
     snapshot = ExtensionEntry(extensions.snapshot(), trigger=(ITERS_PER_EPOCH, "iteration"))
     trainer = _trainer(tmp_path, 2, logger, snapshot)
     trainer.run(_data())
@@ -180,7 +188,12 @@ def test_metrics_steps_params_and_snapshots_equal_the_json_log(
     assert expected["runtime/main"] == "CPURuntime"
     artifacts = sorted(item.path for item in client.list_artifacts(run.info.run_id))
     assert artifacts == ["snapshot_iter_4", "snapshot_iter_8"]
-    assert threading.current_thread().name not in logger.threads
+    assert logger.sender == sender
+    if sender == "process":  # every MLflow call ran in the child
+        assert logger.sender_pid is not None and logger.sender_pid != os.getpid()
+        assert logger.threads == set()
+    else:
+        assert logger.threads == {"ppe-tracker-ThreadRecordingLogger"}
     assert logger.report.sent == len(log) == 8
 
 
@@ -242,20 +255,27 @@ class DelayingProxy:
         self.httpd.server_close()
 
 
-def test_a_slow_server_never_runs_on_the_training_thread(server: Server, tmp_path: Path) -> None:
+@pytest.mark.parametrize("sender", ["process", "thread"])
+def test_a_slow_server_never_runs_on_the_training_thread(
+    server: Server, tmp_path: Path, sender: str
+) -> None:
     proxy = DelayingProxy(server.port, delay=0.3)
     try:
-        logger = ThreadRecordingLogger(proxy.uri, experiment_name="slow", flush_timeout=30)
+        logger = ThreadRecordingLogger(
+            proxy.uri, experiment_name=f"slow-{sender}", flush_timeout=30, sender=sender
+        )
         trainer = _trainer(tmp_path, 3, logger)
         trainer.run(_data())
     finally:
         proxy.close()
-    # Every call ran on the worker; entries queued while a request was slow went in one batch.
-    assert logger.threads == {"ppe-tracker-ThreadRecordingLogger"}
+    # Every call ran off the training thread; entries queued while a request was slow went
+    # in one batch.
     assert logger.report.sent == 3 * ITERS_PER_EPOCH
-    assert len(logger.batches) < 3 * ITERS_PER_EPOCH
     batch_requests = [path for path in proxy.requests if path.endswith("/runs/log-batch")]
-    assert len(batch_requests) == len(logger.batches) + 1  # the params' request too
+    assert len(batch_requests) - 1 < 3 * ITERS_PER_EPOCH  # the params' request too
+    if sender == "thread":
+        assert logger.threads == {"ppe-tracker-ThreadRecordingLogger"}
+        assert len(batch_requests) == len(logger.batches) + 1
     client = MlflowClient(tracking_uri=server.uri)
     steps = [step for step, _ in _history(client, logger.run_id, "iteration")]
     assert steps == list(range(1, 3 * ITERS_PER_EPOCH + 1))

@@ -33,6 +33,7 @@ class WandbLogger(BaseTracker):
         entity: The W&B entity (user or team).
         tags: Tags of the run.
         init_options: More ``wandb.init`` arguments.
+        sender: ``"thread"`` (default) or ``"process"``: where the W&B client runs.
         **tracker_options: ``BaseTracker`` options (``params``, ``queue_size``,
             ``batch_size``, ``max_retries``, ``retry_backoff``, ``flush_timeout``,
             ``log_report``).
@@ -55,6 +56,7 @@ class WandbLogger(BaseTracker):
         entity: str | None = None,
         tags: Sequence[str] | None = None,
         init_options: Mapping[str, Any] | None = None,
+        sender: str = "thread",
         **tracker_options: Any,
     ) -> None:
         if importlib.util.find_spec("wandb") is None:
@@ -62,7 +64,7 @@ class WandbLogger(BaseTracker):
                 "WandbLogger needs wandb, which is not installed; run `pip install ppe-wandb` "
                 "(or `pip install wandb`)"
             )
-        super().__init__(**tracker_options)
+        super().__init__(sender=sender, **tracker_options)
         self.project = project
         self.run_name = name
         self.dir = dir
@@ -72,7 +74,13 @@ class WandbLogger(BaseTracker):
         self.init_options = dict(init_options or {})
         self._run: Any = None
 
-    # Everything below runs on the tracker's worker thread.
+    def __getstate__(self) -> dict[str, Any]:
+        """The logger without its W&B run: a sender process opens its own."""
+        state = super().__getstate__()
+        state["_run"] = None
+        return state
+
+    # Everything below runs on the tracker's worker thread (or in its sender process).
 
     def open_run(self, run_id: str | None) -> str:
         """``wandb.init`` with ``id=`` the run id (the run key for a new run) and

@@ -1,0 +1,359 @@
+"""The sender process: a tracker's backend calls in a child process, off the training GIL.
+
+The parent (:class:`ProcessSender`) starts ``python -m ppe_core.tracking._sender`` with
+pipes, never re-running the user's script (no multiprocessing spawn) and never forking a
+process that holds torch's threads. Messages are length-prefixed pickles:
+
+* parent -> child (stdin): ``("start", sys_path, tracker_pickle)`` once, then
+  ``("batch", entries)`` per batch and ``("close", failed)`` at the end. EOF without
+  ``close`` means the parent died: the child gives its worker a few seconds and exits.
+* child -> parent (stdout): ``("counts", sent, failed, skipped, params_sent,
+  artifacts_sent, last_error, run_id)`` whenever a count changes, and ``("done",)`` after
+  the run closed. The child's own stdout goes to its stderr, which the parent forwards to
+  its ``sys.stderr`` and keeps the tail of for its report.
+
+The child rebuilds the tracker from the pickle (``BaseTracker.__getstate__`` leaves the
+runtime state out) and runs the same worker as the thread mode: retries, skips on resume,
+artifacts and ``close_run`` behave alike.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import os
+import pickle
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Mapping
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ppe_core.tracking._tracker import BaseTracker
+
+__all__ = ["ProcessSender", "main", "unsendable_reason"]
+
+_HEADER = struct.Struct("!I")
+
+# Seconds the child keeps sending after its parent died (stdin EOF without "close").
+ORPHAN_FLUSH = 3.0
+
+# Lines of the child's stderr kept for the report of a sender that died.
+_STDERR_TAIL = 20
+
+
+def _write(stream: IO[bytes], message: tuple[Any, ...]) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def _read(stream: IO[bytes]) -> tuple[Any, ...] | None:
+    """The next message, or None at EOF (a torn message counts as EOF)."""
+    header = stream.read(_HEADER.size)
+    if len(header) < _HEADER.size:
+        return None
+    (size,) = _HEADER.unpack(header)
+    data = stream.read(size)
+    if len(data) < size:
+        return None
+    message = pickle.loads(data)
+    return message if isinstance(message, tuple) else None
+
+
+def unsendable_reason(tracker: BaseTracker) -> str:
+    """Why ``tracker`` cannot be rebuilt in a sender process; empty when it can."""
+    cls = type(tracker)
+    if cls.__module__ == "__main__" or "<locals>" in cls.__qualname__:
+        where = "the script's __main__" if cls.__module__ == "__main__" else "a function"
+        return (
+            f"its class {cls.__qualname__} is defined in {where}, which the sender process "
+            "cannot import (it never re-runs the script)"
+        )
+    try:
+        pickle.dumps(tracker, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        return f"it cannot be pickled ({type(exc).__name__}: {exc})"
+    return ""
+
+
+class ProcessSender:
+    """The parent's end of a sender process: hands entries over in batches, reads counts.
+
+    :meth:`offer` runs on the training thread and only appends to a deque (no lock, no
+    pickling); a pump thread pickles each batch once and writes it to the child's stdin, a
+    reader thread applies the child's counts to the tracker, and a third forwards the
+    child's stderr.
+    """
+
+    def __init__(self, tracker: BaseTracker, label: str) -> None:
+        self._tracker = tracker
+        self._capacity = tracker._queue_size
+        self._batch_size = tracker._batch_size
+        self._interval = tracker._send_interval
+        self._items: collections.deque[Mapping[str, Any]] = collections.deque()
+        self._wake = threading.Event()
+        self._offered = 0  # training thread only
+        self._done = 0  # reader only: entries the child sent, refused or skipped
+        self._orphaned = 0  # pump only: entries it could not hand to the child
+        self._child_failed = 0
+        self._closing = False
+        self._close_failed = False
+        self._finished = False
+        self._ended = threading.Event()
+        self._stderr_done = threading.Event()
+        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL)
+        self._label = label
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "ppe_core.tracking._sender"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+        )
+        self._threads = [
+            threading.Thread(target=target, name=f"ppe-tracker-{label}-{role}", daemon=True)
+            for target, role in (
+                (self._pump, "pump"),
+                (self._read_counts, "reader"),
+                (self._forward_stderr, "stderr"),
+            )
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def offer(self, item: Mapping[str, Any]) -> bool:
+        """Appends ``item`` unless ``queue_size`` entries are unsent (False); never waits."""
+        if self._offered - self._done - self._orphaned >= self._capacity:
+            return False
+        self._offered += 1
+        items = self._items
+        items.append(item)
+        count = len(items)
+        if count == 1 or count == self._batch_size:
+            self._wake.set()
+        return True
+
+    def finish(self, failed: bool, timeout: float) -> bool:
+        """Sends what is left and closes the run; True when the child was killed after
+        ``timeout`` seconds (what it had not sent counts as unsent)."""
+        self._close_failed = failed
+        self._closing = True
+        self._wake.set()
+        timed_out = not self._ended.wait(timeout)
+        if timed_out:
+            self.process.kill()
+            self._ended.wait(10)
+        for thread in self._threads:
+            thread.join(1)
+        return timed_out
+
+    # ------------------------------------------------------------------ parent threads
+
+    def _pump(self) -> None:
+        stdin = self.process.stdin
+        assert stdin is not None
+        broken = started = False
+        items = self._items
+        while True:
+            self._wake.wait()
+            if not started:
+                # The tracker is pickled when its first entry (or the end) comes, not when it
+                # initializes: a snapshot autoloaded after that (run id, steps) is in it.
+                started = True
+                try:
+                    payload = pickle.dumps(self._tracker, protocol=pickle.HIGHEST_PROTOCOL)
+                    _write(stdin, ("start", list(sys.path), payload))
+                except Exception as exc:
+                    broken = True
+                    self._tracker._update(last_error=f"{type(exc).__name__}: {exc}"[:300])
+            deadline = time.monotonic() + self._interval
+            while not self._closing and len(items) < self._batch_size:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._wake.clear()
+                if self._closing or len(items) >= self._batch_size:
+                    break
+                self._wake.wait(remaining)
+            self._wake.clear()
+            while items:
+                batch = [items.popleft() for _ in range(min(self._batch_size, len(items)))]
+                if not broken:
+                    try:
+                        _write(stdin, ("batch", batch))
+                        continue
+                    except OSError:
+                        broken = True
+                self._orphan(len(batch))
+            if self._closing and not items:
+                break
+        try:
+            if not broken:
+                _write(stdin, ("close", self._close_failed))
+            stdin.close()
+        except OSError:
+            pass
+
+    def _orphan(self, count: int) -> None:
+        from ppe_core.tracking._tracker import _COUNTS_LOCK
+
+        tracker = self._tracker
+        with _COUNTS_LOCK:
+            self._orphaned += count
+            counts = tracker._counts
+            tracker._counts = dataclasses.replace(counts, failed=counts.failed + count)
+
+    def _read_counts(self) -> None:
+        from ppe_core.tracking._tracker import _COUNTS_LOCK, TrackerReport
+
+        stdout = self.process.stdout
+        assert stdout is not None
+        tracker = self._tracker
+        try:
+            while True:
+                message = _read(stdout)
+                if message is None:
+                    break
+                if message[0] == "done":
+                    self._finished = True
+                elif message[0] == "counts":
+                    _, sent, failed, skipped, params_sent, artifacts, last_error, run_id = message
+                    with _COUNTS_LOCK:
+                        self._child_failed = failed
+                        counts = tracker._counts
+                        tracker._counts = TrackerReport(
+                            sent=sent,
+                            failed=failed + self._orphaned,
+                            skipped=skipped,
+                            unsent=counts.unsent,
+                            params_sent=params_sent,
+                            artifacts_sent=artifacts,
+                            last_error=last_error,
+                            timed_out=counts.timed_out,
+                        )
+                        if run_id is not None:
+                            tracker._run_id = run_id
+                        self._done = sent + failed + skipped
+        except Exception as exc:  # a garbled message: the child is no use any more
+            self.process.kill()
+            tracker._update(last_error=f"{type(exc).__name__}: {exc}"[:300])
+        stdout.close()
+        code = self.process.wait()
+        if not self._finished:
+            self._stderr_done.wait(5)
+            tail = [line for line in self._stderr_tail if line.strip()]
+            detail = f": {tail[-1].strip()}" if tail else ""
+            tracker._update(last_error=f"the sender process exited with code {code}{detail}"[:300])
+        self._ended.set()
+
+    def _forward_stderr(self) -> None:
+        stderr = self.process.stderr
+        assert stderr is not None
+        try:
+            for raw in stderr:
+                line = raw.decode("utf-8", "replace")
+                self._stderr_tail.append(line)
+                # A closed or replaced stderr: the tail is still kept.
+                with contextlib.suppress(Exception):
+                    sys.stderr.write(line)
+        finally:
+            stderr.close()
+            self._stderr_done.set()
+
+
+# ------------------------------------------------------------------------------ the child
+
+
+def main() -> int:
+    """Runs the sender: rebuilds the tracker, then serves the parent until close or EOF."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent; EOF ends us
+    protocol_in = sys.stdin.buffer
+    protocol_out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # stray prints of the backend's client must not garble the protocol
+    sys.stdout = sys.stderr
+    write_lock = threading.Lock()
+
+    def send(message: tuple[Any, ...]) -> None:
+        with write_lock, contextlib.suppress(OSError):  # OSError: the parent is gone
+            _write(protocol_out, message)
+
+    start = _read(protocol_in)
+    if start is None or start[0] != "start":
+        return 2
+    _, parent_path, payload = start
+    sys.path[:0] = [path for path in parent_path if path not in sys.path]
+    try:
+        tracker: BaseTracker = pickle.loads(payload)
+    except Exception as exc:
+        traceback.print_exc()
+        message = f"the sender process could not rebuild the tracker: {type(exc).__name__}: {exc}"
+        send(("counts", 0, 0, 0, False, 0, message[:300], None))
+        return 1
+    return serve(tracker, protocol_in, send)
+
+
+def serve(tracker: BaseTracker, protocol_in: IO[bytes], send: Any) -> int:
+    """Feeds the parent's batches to the tracker's worker; reports every count change."""
+
+    def report() -> None:
+        counts = tracker._counts
+        send(
+            (
+                "counts",
+                counts.sent,
+                counts.failed,
+                counts.skipped,
+                counts.params_sent,
+                counts.artifacts_sent,
+                counts.last_error,
+                tracker._run_id,
+            )
+        )
+
+    from ppe_core.tracking._tracker import _Outbox
+
+    tracker._on_counts = report
+    # Batches arrive whole from the parent, which waited for them to fill: no second wait.
+    outbox = tracker._outbox = _Outbox(tracker._queue_size, tracker._batch_size, 0.0)
+    worker = threading.Thread(target=tracker._work, name="ppe-tracker-sender", daemon=True)
+    worker.start()
+    while True:
+        message = _read(protocol_in)
+        if message is None:  # the parent died: a short flush, the run marked failed
+            tracker._run_failed = True
+            outbox.close()
+            worker.join(ORPHAN_FLUSH)
+            tracker._abandon.set()
+            worker.join(1)
+            sys.stderr.flush()
+            os._exit(0)
+        if message[0] == "batch":
+            lost = sum(1 for entry in message[1] if not outbox.offer(entry))
+            if lost:  # the parent bounds what is unsent, so this does not happen
+                tracker._add(failed=lost)
+        elif message[0] == "close":
+            tracker._run_failed = bool(message[1])
+            outbox.close()
+            worker.join()
+            report()
+            send(("done",))
+            return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
