@@ -155,7 +155,11 @@ FILES: dict[str, tuple[str, str]] = {
         "unexpected keys, a data-parallel prefix, another optimizer type (PPE: torch's error)",
     ),
     _T + "_stop.py": (SAME, "the stop trigger (plus stop_reason)"),
-    _T + "_epoch_length.py": (BEYOND, "epochs of unknown length (loaders without len())"),
+    _T + "_epoch_length.py": (
+        BEYOND,
+        "epochs of unknown length (loaders without len()), read ahead; each epoch's end checked "
+        "against the length (PPE ends a short epoch in silence)",
+    ),
     _T + "_trainer.py": (SAME, "Trainer"),
     _T + "_trigger_util.py": (COMPAT, "PPE's private path of the trigger type aliases"),
     _T + "extension.py": (COMPAT, "PPE's path of Extension"),

@@ -21,6 +21,11 @@ from ppe_core.errors import (
     UnknownOptimizerError,
     ValLoaderIgnoredWarning,
 )
+from ppe_core.training._epoch_length import (
+    PROVISIONAL_EPOCH_LENGTH,
+    check_epoch_end,
+    run_first_epoch,
+)
 from ppe_core.training._evaluator import Evaluator, optional_length
 from ppe_core.training._extension import PRIORITY_WRITER, Extension, ExtensionEntry
 from ppe_core.training._manager import named_models
@@ -44,10 +49,6 @@ EvaluatorSpec = Evaluator | tuple[Evaluator, Any] | Mapping[str, Evaluator | tup
 
 #: The name of a single evaluator (not in a dict), as its extension is named in PPE.
 _SINGLE_EVALUATOR = "Evaluator"
-
-
-#: What ``next(batches, _END)`` returns when the loader has run out.
-_END: Any = object()
 
 
 def _should_stop(manager: ExtensionsManager) -> bool:
@@ -337,7 +338,6 @@ class Trainer:
             self._manager.load_state_dict(to_load)
 
     def _setup_manager(self, iters_per_epoch: int | None) -> ExtensionsManager:
-        from ppe_core.training._epoch_length import PROVISIONAL_EPOCH_LENGTH
         from ppe_core.training._manager import ExtensionsManager
 
         kwargs = dict(self._kwargs)
@@ -478,8 +478,8 @@ class Trainer:
                         batches = self._state.start_epoch(train_loader, manager.iteration)
                         if scopes is not None:
                             batches = scopes.batches(batches)
-                        self._first_epoch_of_unknown_length(
-                            manager, batches, begin, end, train_step, profile
+                        run_first_epoch(
+                            self, manager, self._state, batches, begin, end, train_step, profile
                         )
                         handler.train_epoch_end(self)
                         continue
@@ -504,33 +504,7 @@ class Trainer:
                         if stop:
                             break
                     else:
-                        if not sized and manager.iteration == first:
-                            raise ConfigurationError(
-                                f"the train loader ({type(train_loader).__name__}) yielded no "
-                                f"batches in epoch {manager.epoch + 1}: an iterator or "
-                                "generator can be read only once. Pass an iterable that starts "
-                                "again on each iter() (a DataLoader over an IterableDataset, a "
-                                "class with __iter__), or train one epoch (max_epochs=1)"
-                            )
-                        done = manager.iteration % iters_per_epoch
-                        if done != 0:
-                            raise ConfigurationError(
-                                f"the train loader ran out after {done} batches but the epoch "
-                                f"length is {iters_per_epoch}; pass the real train_len, or "
-                                "leave train_len out to use len(train_loader)"
-                                if sized
-                                else f"the train loader (no len()) ran out after {done} batches "
-                                f"but its first epoch had {iters_per_epoch}; every epoch of a "
-                                "loader without len() must have as many batches (drop the "
-                                "last incomplete batch, or pass train_len=<batches per epoch>)"
-                            )
-                        if not sized and next(batches, _END) is not _END:
-                            raise ConfigurationError(
-                                f"the train loader (no len()) yields more batches than the "
-                                f"{iters_per_epoch} of its first epoch; every epoch of a loader "
-                                "without len() must have as many batches (or pass "
-                                "train_len=<batches per epoch> to cut each epoch there)"
-                            )
+                        check_epoch_end(manager, train_loader, batches, sized=sized, first=first)
                     handler.train_epoch_end(self)
                 if profile is not None:
                     # As PPE: leaving the profiler must not emit one more (partial) trace.
@@ -550,62 +524,6 @@ class Trainer:
             handler.train_cleanup(self)
             host.trainer_teardown(self, error)
         manager.finalize()
-
-    def _first_epoch_of_unknown_length(
-        self,
-        manager: ExtensionsManager,
-        batches: Iterator[Any],
-        begin: Callable[[], None],
-        end: Callable[[], bool],
-        train_step: Callable[[Any, int, Any], Any],
-        profile: Any,
-    ) -> None:
-        """The first epoch over a loader without ``len()``, read one batch ahead.
-
-        The batch after each step is read before the step's iteration ends, so when the loader
-        runs out the manager learns the epoch length before the last iteration's extensions
-        run: epoch triggers and ``max_epochs`` fire there, as with a known length. Where an
-        extension that saves state (a snapshot) is due, the RNG and loader states are held
-        from before that read, so a resume continues with the batch read ahead.
-        """
-        state = self._state
-        batch_idx = manager.iteration  # > 0 when resuming inside the first epoch
-        batch = next(batches, _END)
-        if batch is _END:
-            raise ConfigurationError(
-                f"the train loader ({type(self._state.loader).__name__}, no len()) yielded no "
-                f"batches after {batch_idx}; check the dataset, and batch_size with "
-                "drop_last=True (a dataset smaller than one batch yields nothing)"
-            )
-        while True:
-            begin()
-            train_step(self, batch_idx, batch)
-            held = manager.needs_model_state()
-            if held:
-                state.hold()
-            try:
-                following = next(batches, _END)
-            except BaseException:
-                # The step succeeded: its iteration ends (as a sized loader's would, before
-                # the next read), then the loader's error propagates.
-                try:
-                    end()
-                finally:
-                    state.release()
-                raise
-            if following is _END:
-                manager.set_epoch_length(batch_idx + 1)
-            try:
-                stop = end()
-            finally:
-                if held:
-                    state.release()
-            if profile is not None:
-                profile.step()
-            if stop or following is _END:
-                return
-            batch = following
-            batch_idx += 1
 
 
 class _StepScopes:
