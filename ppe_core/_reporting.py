@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -321,38 +322,33 @@ def _as_tensor_like(value: Any, reference: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.ndim == 0 else tensor.to(reference.device)
 
 
+def _combine(op: Callable[[Any, Any], Any], left: Scalar, right: Scalar) -> Scalar:
+    """``op(left, right)``, a non-tensor operand taking the tensor operand's dtype first."""
+    if isinstance(left, torch.Tensor):
+        right = _as_tensor_like(right, left)
+    elif isinstance(right, torch.Tensor):
+        left = _as_tensor_like(left, right)
+    result: Scalar = op(left, right)
+    return result
+
+
 def divide_scalar(numerator: Scalar, denominator: Scalar) -> Scalar:
     """Returns ``numerator / denominator``; a tensor operand makes the result a tensor.
 
     The non-tensor operand is converted to the tensor's dtype first, as in PPE, so that e.g. a
     half-precision sum divided by an integer count stays half precision.
     """
-    if isinstance(numerator, torch.Tensor):
-        return numerator / _as_tensor_like(denominator, numerator)
-    if isinstance(denominator, torch.Tensor):
-        return _as_tensor_like(numerator, denominator) / denominator
-    result: Scalar = numerator / denominator  # type: ignore[operator]
-    return result
+    return _combine(operator.truediv, numerator, denominator)
 
 
 def multiply_scalar(left: Scalar, right: Scalar) -> Scalar:
     """Returns ``left * right``; a tensor operand makes the result a tensor (see divide)."""
-    if isinstance(left, torch.Tensor):
-        return left * _as_tensor_like(right, left)
-    if isinstance(right, torch.Tensor):
-        return _as_tensor_like(left, right) * right
-    result: Scalar = left * right  # type: ignore[operator]
-    return result
+    return _combine(operator.mul, left, right)
 
 
 def subtract_scalar(minuend: Scalar, subtrahend: Scalar) -> Scalar:
     """Returns ``minuend - subtrahend``; a tensor operand makes the result a tensor."""
-    if isinstance(minuend, torch.Tensor):
-        return minuend - _as_tensor_like(subtrahend, minuend)
-    if isinstance(subtrahend, torch.Tensor):
-        return _as_tensor_like(minuend, subtrahend) - subtrahend
-    result: Scalar = minuend - subtrahend  # type: ignore[operator]
-    return result
+    return _combine(operator.sub, minuend, subtrahend)
 
 
 def _host_values_to(
@@ -497,7 +493,9 @@ class Summary:
         if self._pending_weights is None:
             self._pending_weights = [1] * len(self._pending)
         self._pending_weights.append(weight)
-        self._push_value(value)
+        self._pending.append(value.detach())
+        if len(self._pending) >= _FOLD_SIZE:
+            self._fold()
 
     def add_tensor(self, value: torch.Tensor) -> None:
         """Adds a one-element tensor with weight 1: the per-step fast path of :meth:`add`.
@@ -512,15 +510,7 @@ class Summary:
         weights = self._pending_weights
         if weights is not None:
             weights.append(1)
-        if value.requires_grad:  # _push_value, inline: this runs per reported value per step
-            value = value.detach()
-        pending = self._pending
-        pending.append(value)
-        if len(pending) >= _FOLD_SIZE:
-            self._fold()
-
-    def _push_value(self, value: torch.Tensor) -> None:
-        if value.requires_grad:
+        if value.requires_grad:  # detached only when needed: this runs per value per step
             value = value.detach()
         pending = self._pending
         pending.append(value)
@@ -618,13 +608,8 @@ class Summary:
             "the summary is empty (total weight 0); add() values before computing a mean"
         )
 
-    def lone_cpu_value(self) -> float | None:
-        """The mean as a Python number when this summary holds exactly one CPU tensor of
-        weight 1 (its mean is that value: read directly, no copy); None otherwise.
-
-        The fast path of :meth:`DictSummary.compute_mean_floats` (a LogReport entry per
-        iteration); the number equals ``to_floats(self.compute_mean())``.
-        """
+    def _lone_value(self) -> torch.Tensor | None:
+        """The one tensor added (with weight 1) when it is all this summary holds, else None."""
         pending = self._pending
         if (
             len(pending) != 1
@@ -635,8 +620,17 @@ class Summary:
             or self._n != 0
         ):
             return None
-        value = pending[0]
-        if not value.is_cpu:
+        return pending[0]
+
+    def lone_cpu_value(self) -> float | None:
+        """The mean as a Python number when this summary holds exactly one CPU tensor of
+        weight 1 (its mean is that value: read directly, no copy); None otherwise.
+
+        The fast path of :meth:`DictSummary.compute_mean_floats` (a LogReport entry per
+        iteration); the number equals ``to_floats(self.compute_mean())``.
+        """
+        value = self._lone_value()
+        if value is None or not value.is_cpu:
             return None
         if not value.is_floating_point():  # compute_mean's dtype, then to_floats' read
             value = value.to(_result_dtype(value.dtype))
@@ -649,19 +643,11 @@ class Summary:
         Raises:
             EmptySummaryError: Only numbers were added and their total weight is 0.
         """
-        pending = self._pending
-        if (
-            len(pending) == 1
-            and self._shift is None
-            and self._pending_weights is None
-            and not self._deferred
-            and self._n.__class__ is int
-            and self._n == 0
-        ):
+        value = self._lone_value()
+        if value is not None:
             # One tensor of weight 1 (LogReport with an entry per iteration): the mean is the
             # value, what the reduction gives too, without its dozen tensor operations. A copy,
             # so the result never aliases the reported tensor.
-            value = pending[0]
             if value.ndim != 0:
                 value = value.reshape(())
             dtype = _result_dtype(value.dtype)

@@ -2,9 +2,10 @@
 
 ``_Snapshot`` is SnapshotMode.DEFAULT (one rank writes); the other modes subclass it
 (``_snapshot_modes``, ``_snapshot_dcp_mode``) and the factories that choose one live in
-``_snapshot``. The manifest and safe loading live in ``_snapshot_manifest``, the files of a
-series (autoload's choice, ``n_retains``) in ``_snapshot_retention``, and the writing itself in
-the writer (``Writer.submit`` runs a background snapshot in the writer's worker).
+``_snapshot``. The rank agreement under torch.distributed lives in ``_snapshot_ranks`` (the
+base class), the manifest and safe loading in ``_snapshot_manifest``, the files of a series
+(autoload's choice, ``n_retains``) in ``_snapshot_retention``, and the writing itself in the
+writer (``Writer.submit`` runs a background snapshot in the writer's worker).
 """
 
 from __future__ import annotations
@@ -12,13 +13,11 @@ from __future__ import annotations
 import copy
 import functools
 import os
-import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from ppe_core.distributed import group_world
 from ppe_core.errors import (
@@ -26,25 +25,26 @@ from ppe_core.errors import (
     ConfigurationError,
     ShardedStateError,
     SnapshotError,
-    SnapshotRanksError,
-    SnapshotRanksWarning,
 )
 from ppe_core.runtime import map_tensors
-from ppe_core.training._extension import PRIORITY_SNAPSHOT, Extension
-from ppe_core.training._ranks import device_of, object_device
+from ppe_core.training._extension import PRIORITY_SNAPSHOT
 from ppe_core.training._resume import record_ranks
 from ppe_core.training._state import PPE_CORE_STATE_KEY
 from ppe_core.training.extensions._snapshot_manifest import (
     _file_digest,
     _loadable_state,
-    _read_manifest,
     _write_bytes,
     _written_digest,
     manifest_bytes,
     manifest_path,
 )
+from ppe_core.training.extensions._snapshot_ranks import SnapshotRanks
 from ppe_core.training.extensions._snapshot_retention import SnapshotSeries
-from ppe_core.training.extensions._snapshot_sharding import sharded_tensors
+from ppe_core.training.extensions._snapshot_sharding import (
+    find_sharded,
+    saved_objects,
+    sharded_error,
+)
 from ppe_core.writing import SimpleWriter, Writer
 
 #: ``snapshot_on_error`` writes into this sub-directory of the output directory, where neither
@@ -133,7 +133,7 @@ def _describe_path(of_manager: bool, path: list[Any]) -> str:
     return f"the snapshot's state (at {keys})"
 
 
-class _Snapshot(Extension):
+class _Snapshot(SnapshotRanks):
     """Saves ``target.state_dict()`` (the manager's by default) through the writer."""
 
     trigger = (1, "epoch")
@@ -194,19 +194,9 @@ class _Snapshot(Extension):
         self._host_buffers: dict[_BufferKey, list[torch.Tensor]] = {}
         #: The path of the snapshot autoload restored, or None.
         self.loaded_from: str | None = None
-        # Set by initialize: the ranks lacking this snapshot (see ranks_lacking), and whether
-        # every rank has it, so that it may issue collectives.
-        self._lacking: tuple[int, ...] | None = None
-        self._collective = False
-        # Where this rank trains: object collectives put their payload there (NCCL).
-        self._device: torch.device | None = None
-        # Every rank's resume data, gathered for the save in progress (the saver's only).
-        self._rank_states: list[Any] | None = None
         # Set by initialize: whether what this snapshot saves holds sharded (DTensor) state.
         self._sharded = False
 
-    #: The mode named in :attr:`collectives` (subclasses: DISTRIBUTED, SHARDED).
-    _mode = "DEFAULT"
     #: Whether the files keep every rank's shards of sharded (DTensor) state; if not, such
     #: state is refused (:meth:`_find_sharded`).
     _holds_shards = False
@@ -219,19 +209,6 @@ class _Snapshot(Extension):
     @filename.setter
     def filename(self, value: str | Callable[[Any], str]) -> None:
         self._series.filename = value
-
-    @property
-    def collectives(self) -> str | None:
-        """The collectives this snapshot issues under torch.distributed (see ``_ranks``).
-
-        Gathering every rank's resume data (when it saves the manager) and comparing what
-        autoload found; None when it does neither (it saves another object, without autoload).
-        """
-        if self._target is not None and not self.autoload and self._mode == "DEFAULT":
-            return None
-        return (
-            f"snapshot(mode={self._mode}, autoload={self.autoload}, manager={self._target is None})"
-        )
 
     def _out_dir(self, manager: Any) -> str:
         writer = self.writer or getattr(manager, "writer", None)
@@ -263,43 +240,15 @@ class _Snapshot(Extension):
             None if self._holds_shards else self._sharded_error,
         )
 
-    def _saved_objects(self, manager: Any) -> dict[str, Any]:
-        """The models and optimizers this snapshot saves, named as in the messages."""
-        if self._target is None:
-            models = getattr(manager, "raw_models", {})
-            optimizers = getattr(manager, "optimizers", {})
-            return {
-                **{f"models[{k!r}]": v for k, v in models.items()},
-                **{f"optimizers[{k!r}]": v for k, v in optimizers.items()},
-            }
-        if isinstance(self._target, Mapping):
-            return {f"target[{k!r}]": v for k, v in self._target.items()}
-        return {"target": self._target}
-
     def _find_sharded(self, manager: Any) -> None:
         """Notes whether a saved model, optimizer or custom target holds sharded tensors; a
         mode that writes one rank's state raises then, on every rank, before training."""
-        found = sharded_tensors(self._saved_objects(manager))
-        self._sharded = bool(found)
-        if found and not self._holds_shards:
-            more = f" and {len(found) - 3} more" if len(found) > 3 else ""
-            raise self._sharded_error(", ".join(found[:3]) + more)
+        refuse = None if self._holds_shards else self._sharded_error
+        self._sharded = find_sharded(saved_objects(self._target, manager), refuse)
 
     def _sharded_error(self, what: str) -> ShardedStateError:
-        saver = self._saver()
-        return ShardedStateError(
-            f"snapshot {self.name!r} (SnapshotMode.{self._mode}) cannot save {what}: sharded "
-            "DTensors (an FSDP2 fully_shard or tensor-parallel model, or its optimizer), of "
-            f"which each rank holds only its own shard. This mode writes one file, from rank "
-            f"{saver}, which would hold rank {saver}'s shards only, and a run resumed from it "
-            "would train other weights, so nothing was written. Use "
-            "snapshot_mode=SnapshotMode.DCP with saver_rank=0 (every rank writes its shards "
-            "with torch.distributed.checkpoint, in the background; it reshards on load at "
-            "another world size) or snapshot_mode=SnapshotMode.SHARDED with saver_rank=0 "
-            "(every rank writes its own shards; it resumes at the same world size only), save "
-            "a full state dict yourself (torch.distributed.checkpoint.state_dict."
-            "get_model_state_dict with StateDictOptions(full_state_dict=True)), or train with "
-            "DDP."
+        return sharded_error(
+            f"snapshot {self.name!r} (SnapshotMode.{self._mode})", self._saver(), what
         )
 
     def _restore(self, state: Any, manager: Any) -> None:
@@ -315,100 +264,6 @@ class _Snapshot(Extension):
         world, rank = group_world()
         return world < 2 or rank == self._saver()
 
-    def _saver(self) -> int:
-        return 0 if self._saver_rank is None else self._saver_rank
-
-    def _agree(self) -> bool:
-        """Whether this snapshot may issue collectives: every rank has it, as agreed at start.
-
-        Otherwise (some ranks lack it) it must not, or the ranks having it would wait forever;
-        :meth:`_disagree` then warns (DEFAULT mode) or raises (the modes that need every rank).
-        """
-        if group_world()[0] < 2 or self.collectives is None:
-            return False
-        if self._lacking == ():
-            return True
-        self._disagree(self._lacking)
-        return False
-
-    def _ranks_message(self, lacking: tuple[int, ...] | None) -> str:
-        world, rank = group_world()
-        if lacking is None:
-            where = (
-                f"was registered after the manager of rank {rank} started, so the "
-                f"{world} ranks could not agree on it"
-            )
-        else:
-            having = [r for r in range(world) if r not in lacking]
-            where = (
-                f"is registered on ranks {having} but not on ranks {list(lacking)} (or there "
-                "with another trigger or epoch length)"
-            )
-        return f"snapshot {self.name!r} (SnapshotMode.{self._mode}) {where}"
-
-    def _disagree(self, lacking: tuple[int, ...] | None) -> None:
-        warnings.warn(
-            SnapshotRanksWarning(
-                f"{self._ranks_message(lacking)}. It takes its snapshots without any "
-                f"collective (so nothing waits for the other ranks), but then holds only rank "
-                f"{self._saver()}'s RNG and loader states: a run resumed from it is bit-exact "
-                f"on rank {self._saver()} only. Register the same snapshot on every rank "
-                "(ppe-core's Trainer does) to save every rank's states."
-            ),
-            stacklevel=4,
-        )
-
-    def _gather_rank_states(self, manager: Any) -> list[Any] | None:
-        """Every rank's resume data on the saver (None elsewhere): one ``gather_object``."""
-        resume_state_dict = getattr(manager, "resume_state_dict", None)
-        own = resume_state_dict() if callable(resume_state_dict) else {}
-        saver = self._saver()
-        world, rank = group_world()
-        gathered: list[Any] | None = [None] * world if rank == saver else None
-        with object_device(self._device):
-            dist.gather_object(own, gathered, dst=saver)
-        return gathered
-
-    def _check_ranks_agree(self, path: str | None, out_dir: str) -> None:
-        """Under torch.distributed, raise on every rank unless all chose the same snapshot.
-
-        One rank writes the snapshots, so a rank that cannot see its files (another
-        ``out_dir``, a node without the shared filesystem) would silently start afresh while
-        the others resume: the ranks would train different models.
-        """
-        world = group_world()[0]
-        if world < 2:
-            return
-        if not self._collective:
-            if path is not None:
-                raise SnapshotRanksError(
-                    f"{self._ranks_message(self._lacking)}, and it found {path} to resume from: "
-                    "the ranks without it would not restore it, and the ranks would train "
-                    "different models. Register the same snapshot(autoload=True) on every "
-                    "rank (ppe-core's Trainer does), or load the snapshot on every rank "
-                    "yourself (manager.load_state_dict(load_snapshot(path))) without autoload."
-                )
-            return
-        mine: tuple[str, Any] | None = None
-        if path is not None:
-            try:
-                digest = _read_manifest(path)[1].get("sha256")
-            except (OSError, ValueError, AttributeError):
-                digest = None
-            mine = (os.path.relpath(path, out_dir), digest)
-        everyone: list[Any] = [None] * world
-        with object_device(self._device):
-            dist.all_gather_object(everyone, mine)
-        if any(other != mine for other in everyone):
-            chosen = ", ".join(
-                f"rank {r}: {'nothing' if c is None else c[0]}" for r, c in enumerate(everyone)
-            )
-            raise SnapshotError(
-                f"autoload found different snapshots on different ranks ({chosen}) in "
-                f"{out_dir}. Under torch.distributed one rank writes the snapshots, so every rank "
-                "must read the same out_dir (one directory, on a filesystem shared by all nodes)"
-            )
-
     # Autoload ---------------------------------------------------------------------------------
     def initialize(self, manager: Any) -> str | None:  # type: ignore[override]
         """Restores the newest snapshot when ``autoload`` is set.
@@ -422,11 +277,7 @@ class _Snapshot(Extension):
                 autoload that found a snapshot) while some ranks lack this snapshot.
         """
         self._setup(manager)
-        ranks_lacking = getattr(manager, "ranks_lacking", None)
-        self._lacking = ranks_lacking(self.name) if callable(ranks_lacking) and self.name else None
-        self._collective = self._agree()
-        if self._collective:
-            self._device = device_of(getattr(manager, "raw_models", {}).values())
+        self._agree_on_ranks(manager)
         if not self.autoload:
             return None
         out_dir = self._out_dir(manager)
