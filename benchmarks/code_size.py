@@ -159,6 +159,11 @@ FILES: dict[str, tuple[str, str]] = {
         "a state that does not fit a model or optimizer explained: its name, missing and "
         "unexpected keys, a data-parallel prefix, another optimizer type (PPE: torch's error)",
     ),
+    _T + "_state_mismatch.py": (
+        BEYOND,
+        "a state that does not fit a model or optimizer explained: its name, missing and "
+        "unexpected keys, a data-parallel prefix, another optimizer type (PPE: torch's error)",
+    ),
     _T + "_stop.py": (SAME, "the stop trigger (plus stop_reason)"),
     _T + "_epoch_length.py": (
         BEYOND,
@@ -201,10 +206,20 @@ FILES: dict[str, tuple[str, str]] = {
         "the snapshot extension (SnapshotMode.DEFAULT: autoload, n_retains, writers)",
     ),
     _E + "_snapshot_modes.py": (SAME, "SnapshotMode.DISTRIBUTED and SHARDED"),
+    _E + "_snapshot_host_copy.py": (
+        BEYOND,
+        "a background snapshot's state copied to host memory first, large buffers refilled "
+        "(PPE's background writers save the live tensors)",
+    ),
     _E + "_snapshot_manifest.py": (
         BEYOND,
         "snapshot manifests: size and SHA-256 verified before loading, safe unpickling "
         "(PPE: a bare torch.load)",
+    ),
+    _E + "_snapshot_ranks.py": (
+        BEYOND,
+        "snapshots under torch.distributed: every rank's resume data gathered, autoload's "
+        "choice compared across ranks, only when every rank has the snapshot (PPE: neither)",
     ),
     _E + "_snapshot_ranks.py": (
         BEYOND,

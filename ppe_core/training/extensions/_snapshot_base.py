@@ -1,16 +1,16 @@
-"""The snapshot extension: what and when to save, autoload, the host copy of a background save.
+"""The snapshot extension: what and when to save, autoload, saving in the background.
 
 ``_Snapshot`` is SnapshotMode.DEFAULT (one rank writes); the other modes subclass it
 (``_snapshot_modes``, ``_snapshot_dcp_mode``) and the factories that choose one live in
 ``_snapshot``. The rank agreement under torch.distributed lives in ``_snapshot_ranks`` (the
-base class), the manifest and safe loading in ``_snapshot_manifest``, the files of a series
+base class), the host copy of a background save in ``_snapshot_host_copy``, the manifest and
+safe loading in ``_snapshot_manifest``, the files of a series
 (autoload's choice, ``n_retains``) in ``_snapshot_retention``, and the writing itself in the
 writer (``Writer.submit`` runs a background snapshot in the writer's worker).
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import os
 from collections.abc import Callable, Mapping
@@ -26,13 +26,14 @@ from ppe_core.errors import (
     ShardedStateError,
     SnapshotError,
 )
-from ppe_core.runtime import map_tensors
 from ppe_core.training._extension import PRIORITY_SNAPSHOT
 from ppe_core.training._resume import record_ranks
 from ppe_core.training._state import PPE_CORE_STATE_KEY
+from ppe_core.training.extensions._snapshot_host_copy import _BufferKey, _host_copy
 from ppe_core.training.extensions._snapshot_manifest import (
-    _file_digest,
+    _describe_path,
     _loadable_state,
+    _save_and_hash,
     _write_bytes,
     _written_digest,
     manifest_bytes,
@@ -51,86 +52,6 @@ from ppe_core.writing import SimpleWriter, Writer
 #: autoload nor ``n_retains`` looks: the state after a failure is not one a run can resume
 #: from bit-exactly, so it must never replace or push out a periodic snapshot.
 ERROR_SNAPSHOT_DIR = "snapshots_on_error"
-
-
-#: Host copies of tensors at least this large are kept for the next snapshot and refilled:
-#: allocating a fresh buffer of that size costs page faults on every snapshot (about 30 ms
-#: for 50 MB), several times the copy itself.
-_REUSE_BYTES = 1 << 16
-
-_BufferKey = tuple[tuple[int, ...], tuple[int, ...], torch.dtype]
-
-
-def _reuse_key(t: torch.Tensor) -> _BufferKey | None:
-    """Key of a host buffer ``t`` can be copied into, or None for tensors always copied afresh.
-
-    Only plain dense tensors (no subclass, quantized, sparse or conjugate/negative views) large
-    enough to matter; a refilled buffer is then identical to ``t.to("cpu", copy=True)``.
-    """
-    if (
-        type(t) not in (torch.Tensor, torch.nn.Parameter)
-        or t.layout is not torch.strided
-        or t.is_quantized
-        or t.is_conj()
-        or t.is_neg()
-        or t.numel() * t.element_size() < _REUSE_BYTES
-        or not t.is_contiguous()
-    ):
-        return None
-    return (tuple(t.shape), tuple(t.stride()), t.dtype)
-
-
-def _host_copy(obj: Any, reuse: dict[_BufferKey, list[torch.Tensor]] | None = None) -> Any:
-    """A copy of a state whose tensors are host tensors of their own and whose other values are
-    deep copies: what a background save reads while training goes on changing the originals.
-
-    Args:
-        obj: The state (nested containers of tensors and other values).
-        reuse: Host buffers no save reads any more (those of the previous snapshot, whose save
-            finished). Large tensors are copied into a matching one instead of a new
-            allocation; on return it holds this copy's large buffers, for the next call.
-    """
-    if reuse is None:
-        return map_tensors(obj, lambda t: t.detach().to("cpu", copy=True), leaf=copy.deepcopy)
-    free, used = dict(reuse), reuse
-    used.clear()
-
-    def copy_tensor(t: torch.Tensor) -> torch.Tensor:
-        key = _reuse_key(t)
-        if key is None:
-            return t.detach().to("cpu", copy=True)
-        buffers = free.get(key)
-        if buffers:
-            host = buffers.pop()
-            host.copy_(t.detach())
-        else:
-            host = t.detach().to("cpu", copy=True)
-        used.setdefault(key, []).append(host)
-        return host
-
-    return map_tensors(obj, copy_tensor, leaf=copy.deepcopy)
-
-
-def _save_and_hash(state: Any, path: str) -> tuple[int, str]:
-    """``torch.save(state, path)``, then ``(size, SHA-256)`` of the file it wrote.
-
-    Given a path, torch.save writes from C++ without holding the GIL, and reading the file back
-    in chunks releases it too; serializing into a Python buffer instead holds the GIL for the
-    whole copy (tens of ms per 50 MB), stalling the training thread. The writer that called
-    this (``save_via_path``) then flushes the file to disk and renames it into place.
-    """
-    torch.save(state, path)
-    return _file_digest(path)
-
-
-def _describe_path(of_manager: bool, path: list[Any]) -> str:
-    """Where ``path`` (keys from the state's root) is, naming the extension in a manager state."""
-    keys = "".join(f"[{key!r}]" for key in path) or "its root"
-    if of_manager and len(path) >= 2 and path[0] == "extensions":
-        rest = path[3:] if path[2:3] == ["extension"] else path[2:]
-        where = "".join(f"[{key!r}]" for key in rest) or "its root"
-        return f"the state of extension {path[1]!r} (at {where}; in the snapshot: {keys})"
-    return f"the snapshot's state (at {keys})"
 
 
 class _Snapshot(SnapshotRanks):

@@ -546,3 +546,25 @@ def _loadable_state(
         raise refuse(value, keys(path))
 
     return walk(state, ())
+
+
+def _save_and_hash(state: Any, path: str) -> tuple[int, str]:
+    """``torch.save(state, path)``, then ``(size, SHA-256)`` of the file it wrote.
+
+    Given a path, torch.save writes from C++ without holding the GIL, and reading the file back
+    in chunks releases it too; serializing into a Python buffer instead holds the GIL for the
+    whole copy (tens of ms per 50 MB), stalling the training thread. The writer that called
+    this (``save_via_path``) then flushes the file to disk and renames it into place.
+    """
+    torch.save(state, path)
+    return _file_digest(path)
+
+
+def _describe_path(of_manager: bool, path: list[Any]) -> str:
+    """Where ``path`` (keys from the state's root) is, naming the extension in a manager state."""
+    keys = "".join(f"[{key!r}]" for key in path) or "its root"
+    if of_manager and len(path) >= 2 and path[0] == "extensions":
+        rest = path[3:] if path[2:3] == ["extension"] else path[2:]
+        where = "".join(f"[{key!r}]" for key in rest) or "its root"
+        return f"the state of extension {path[1]!r} (at {where}; in the snapshot: {keys})"
+    return f"the snapshot's state (at {keys})"
