@@ -19,6 +19,8 @@ from ppe_core.handler._handler import step_function
 from ppe_core.handler._logic import keep_modes
 from ppe_core.reporting import DictSummary, Reporter, report
 from ppe_core.training._manager import named_models
+from ppe_core.training._sample_means import add_per_sample
+from ppe_core.training._sample_means import batch_size as _batch_size  # noqa: F401  (tests' name)
 
 if TYPE_CHECKING:
     from ppe_core.handler import BaseHandler
@@ -139,10 +141,6 @@ class Evaluator:
 
     def setup(self, loader: Iterable[Any]) -> None:
         """Calls the handler's ``eval_setup`` once; a Trainer calls it before training."""
-        self._setup(loader)
-
-    def _setup(self, loader: Iterable[Any]) -> None:
-        """Call the handler's ``eval_setup`` once (the trainer calls it before training)."""
         if not self._set_up:
             self.handler.eval_setup(self, loader)
             self._set_up = True
@@ -163,31 +161,6 @@ class Evaluator:
                     report({f"val/{k}": v for k, v in values.items()})
             self.handler.eval_post_step(evaluator, batch_idx, batch, outputs)
 
-    def _add_per_sample(self, batch_idx: int, batch: Any, observation: dict[str, Any]) -> None:
-        """Adds a batch's observation to the summary, weighted by the batch's number of samples.
-
-        Every reported value is taken as a mean over its batch, so the run's mean is the mean over
-        all samples: ``sum(n_b * v_b) / sum(n_b)``. Weights are relative to the first batch's size
-        (``_batch_unit``): batches of that size take the unweighted path (the same
-        arithmetic as PPE when all batches are full) and only a smaller last batch is weighted.
-        """
-        size = _batch_size(batch)
-        if batch_idx == 0:
-            self._batch_unit = size or 1
-        unit = self._batch_unit
-        if size == unit:
-            self._summary.add(observation)
-            return
-        scale = size / unit
-        self._summary.add(
-            {
-                key: (value[0], value[1] * scale)
-                if isinstance(value, tuple) and len(value) == 2
-                else (value, scale)
-                for key, value in observation.items()
-            }
-        )
-
     def _gather_summaries(self) -> None:
         """Combine ``self._summary`` over processes; a single process keeps its own."""
 
@@ -203,16 +176,16 @@ class Evaluator:
         handler: Any = self.handler
         host = active_host()
         restore_modes = keep_modes(self.models.values())
-        self._setup(loader)
+        self.setup(loader)
         host.evaluator_setup(self)
         error: BaseException | None = None
         bar = _make_bar(length) if self._progress_bar else None
-        self._summary = DictSummary()
+        summary = self._summary = DictSummary()
         reporter = self._reporter
         # One whole step per batch, whatever the handler (chosen once); metrics run before the
         # handler's post-step reports the outputs.
         step = step_function(handler, "eval", self._finish_step if self._metrics else None)
-        profile, add = self._profile, self._add_per_sample
+        profile, unit = self._profile, self._batch_unit
         previous = reporter.observation
         try:
             handler.eval_loop_begin(self)
@@ -224,11 +197,12 @@ class Evaluator:
                     observation: dict[str, Any] = {}
                     reporter.observation = observation
                     step(self, batch_idx, batch)
-                    add(batch_idx, batch, observation)
+                    unit = add_per_sample(summary, batch_idx, batch, observation, unit)
                     if bar is not None:
                         bar.update(1)
                     if profile is not None:
                         profile.step()
+            self._batch_unit = unit
             handler.eval_loop_end(self)
         except BaseException as exc:
             error = exc
@@ -361,49 +335,16 @@ class _PlainBar:
         )
 
 
-def _batch_size(batch: Any) -> int:
-    """The number of samples in ``batch``: the leading dimension of its first tensor.
-
-    Tensors are searched depth-first through dicts, lists and tuples (a ``(x, t)`` pair, a
-    ``{"x": x, "t": t}`` dict, a namedtuple). A batch without a tensor of at least one
-    dimension counts as one sample.
-    """
-    cls = type(batch)  # fast path for the usual dict or tuple of tensors (~1 us per batch)
-    first: Any = None
-    if cls is dict:
-        first = next(iter(batch.values()), None)
-    elif cls is tuple or cls is list:
-        first = batch[0] if batch else None
-    if type(first) is torch.Tensor and first.ndim:
-        return int(first.shape[0])
-    size = _leading_dim(batch)
-    return 1 if size is None else size
-
-
-def _leading_dim(batch: Any) -> int | None:
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.ndim else None
-    if isinstance(batch, Mapping):
-        batch = batch.values()
-    elif not isinstance(batch, (list, tuple)):
-        return None
-    for item in batch:
-        size = _leading_dim(item)
-        if size is not None:
-            return size
-    return None
-
-
 def _all_reduce_summary(
     summary: DictSummary, move: Callable[[torch.Tensor], torch.Tensor], unit: int = 1
 ) -> DictSummary:
     """Sum each key's statistics over all ranks into a new summary.
 
     Each rank's weights count in units of its first batch's size (``unit``, see
-    ``Evaluator._add_per_sample``); they are scaled to samples before summing, so the result is
-    the mean over every sample of every rank, whatever the ranks' batch sizes. The ranks must have
-    reported the same keys; a first small reduction checks that, so a mismatch raises on every
-    rank instead of hanging in the collective.
+    :func:`~ppe_core.training._sample_means.add_per_sample`); they are scaled to samples before
+    summing, so the result is the mean over every sample of every rank, whatever the ranks'
+    batch sizes. The ranks must have reported the same keys; a first small reduction checks
+    that, so a mismatch raises on every rank instead of hanging in the collective.
     """
     import torch.distributed as dist
 
