@@ -154,16 +154,6 @@ FILES: dict[str, tuple[str, str]] = {
         "a state that does not fit a model or optimizer explained: its name, missing and "
         "unexpected keys, a data-parallel prefix, another optimizer type (PPE: torch's error)",
     ),
-    _T + "_state_mismatch.py": (
-        BEYOND,
-        "a state that does not fit a model or optimizer explained: its name, missing and "
-        "unexpected keys, a data-parallel prefix, another optimizer type (PPE: torch's error)",
-    ),
-    _T + "_state_mismatch.py": (
-        BEYOND,
-        "a state that does not fit a model or optimizer explained: its name, missing and "
-        "unexpected keys, a data-parallel prefix, another optimizer type (PPE: torch's error)",
-    ),
     _T + "_stop.py": (SAME, "the stop trigger (plus stop_reason)"),
     _T + "_epoch_length.py": (
         BEYOND,
@@ -215,11 +205,6 @@ FILES: dict[str, tuple[str, str]] = {
         BEYOND,
         "snapshot manifests: size and SHA-256 verified before loading, safe unpickling "
         "(PPE: a bare torch.load)",
-    ),
-    _E + "_snapshot_ranks.py": (
-        BEYOND,
-        "snapshots under torch.distributed: every rank's resume data gathered, autoload's "
-        "choice compared across ranks, only when every rank has the snapshot (PPE: neither)",
     ),
     _E + "_snapshot_ranks.py": (
         BEYOND,
