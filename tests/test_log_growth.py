@@ -320,7 +320,7 @@ def test_a_csv_row_of_numbers_is_what_the_csv_module_writes() -> None:
 
 
 def _kept_handle(writer: SimpleWriter, path: Path) -> Any:
-    return writer._append_files._files[str(path)][0]
+    return writer._append_files.files[str(path)].file
 
 
 @pytest.mark.skipif(os.name != "posix", reason="O_APPEND is read with fcntl")
@@ -359,9 +359,23 @@ def test_the_json_log_is_extended_in_place_through_a_handle_without_o_append(
     assert (tmp_path / "log").read_text() == json.dumps([*json_log.log, extra], indent=4)
 
 
+@pytest.fixture
+def path_stats(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths the writers ``os.stat``, in order."""
+    paths: list[str] = []
+    real_stat = os.stat
+
+    def counting_stat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        paths.append(os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(_writer_base.os, "stat", counting_stat)
+    return paths
+
+
 @pytest.mark.parametrize("filename", ["log", "log.jsonl", "log.csv"])
-def test_a_log_file_replaced_or_removed_meanwhile_is_reopened(
-    tmp_path: Path, filename: str
+def test_a_log_file_replaced_or_removed_meanwhile_is_rebuilt_within_the_sync_interval(
+    tmp_path: Path, filename: str, clock: Clock, path_stats: list[str]
 ) -> None:
     writer = SimpleWriter()
     log_report = LogReport(trigger=(1, "iteration"), filename=filename, writer=writer)
@@ -370,28 +384,67 @@ def test_a_log_file_replaced_or_removed_meanwhile_is_reopened(
     _train(manager, iterations=3)
     kept = _kept_handle(writer, path)
 
-    # Replaced (a copy renamed over it, as log rotation or another writer's save does): the
-    # next entry goes into the new file, not into the one the handle still has open.
-    (tmp_path / "copy").write_bytes(path.read_bytes())
+    # Replaced by an older copy (a copy renamed over it, as a sync tool or another writer's
+    # save does). Within the sync interval the path is not looked at: the entries go to the
+    # file the handle has open, which no longer has a name.
+    stale = path.read_bytes()
+    (tmp_path / "copy").write_bytes(stale)
     os.replace(tmp_path / "copy", path)
+    path_stats.clear()
+    _train(manager, iterations=2)
+    assert path_stats == []  # no system call per entry but the write
+    assert path.read_bytes() == stale
+    # The first entry once the interval passed checks the path, finds another file there and
+    # writes the log whole: every entry, those of the interval included.
+    clock.now += writer.append_sync_interval
     _train(manager, iterations=1)
+    assert path_stats == [str(path)]
+    assert writer.append_reopens == 1
+    assert LogReport.read(path) == log_report.log
+    if filename == "log":
+        assert path.read_text() == json.dumps(log_report.log, indent=4)
+    _train(manager, iterations=1)  # and the next entry is appended to the rebuilt file
     assert _kept_handle(writer, path) is not kept
     assert LogReport.read(path) == log_report.log
 
-    # Removed: created again, holding the entries written since (a CSV file's rows without
-    # the header, which only a rewrite writes).
+    # Removed: created again at the first entry after the interval, holding the whole log
+    # (a CSV file with its header).
     os.remove(path)
     _train(manager, iterations=2)
+    assert not path.exists()
+    clock.now += writer.append_sync_interval
+    _train(manager, iterations=1)
+    assert writer.append_reopens == 2
+    assert LogReport.read(path) == log_report.log
+    assert len(log_report.log) == 10
     if filename == "log.csv":
-        rows = path.read_text().splitlines()
-        assert [int(row.split(",")[2]) for row in rows] == [
-            e["iteration"] for e in log_report.log[-2:]
-        ]
-    else:
-        assert LogReport.read(path) == log_report.log[-2:]
-    if filename == "log":
-        assert path.read_text() == json.dumps(log_report.log[-2:], indent=4)
+        assert path.read_text().splitlines()[0] == ",".join(log_report.log[0])
     writer.finalize()
+
+
+def test_a_writer_reopens_a_replaced_appended_file_once_the_sync_interval_passed(
+    tmp_path: Path, clock: Clock, fsyncs: list[int]
+) -> None:
+    """A writer used directly (no LogReport to rebuild the file) continues the new file."""
+    writer = SimpleWriter()
+    saver = LogReport(filename="log.jsonl")._extender
+    path = tmp_path / "log.jsonl"
+
+    def append(iteration: int) -> None:
+        writer("log.jsonl", str(tmp_path), [{"iteration": iteration}], savefun=saver, append=True)
+
+    append(1)
+    os.replace(path, tmp_path / "old.jsonl")  # moved away (a log rotation)
+    append(2)  # within the interval: into the moved file
+    clock.now += writer.append_sync_interval
+    append(3)  # the path is checked: a new file
+    append(4)
+    synced = len(fsyncs)
+    writer.finalize()
+    assert len(fsyncs) == synced + 1  # the appended file, through its handle
+    assert [e["iteration"] for e in LogReport.read(tmp_path / "old.jsonl")] == [1, 2]
+    assert [e["iteration"] for e in LogReport.read(path)] == [3, 4]
+    assert writer.append_reopens == 1
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX")
@@ -399,30 +452,31 @@ def test_a_forked_child_does_not_append_through_its_parents_handles(tmp_path: Pa
     writer = SimpleWriter()
     saver = LogReport(filename="log.jsonl")._extender
     writer("log.jsonl", str(tmp_path), [{"iteration": 1}], savefun=saver, append=True)
-    assert writer._append_files._files
+    assert writer._append_files.files
     pid = os.fork()
     if pid == 0:  # the child: its handles are forgotten, an append opens its own
         try:
-            ok = not writer._append_files._files
+            ok = not writer._append_files.files
             writer("log.jsonl", str(tmp_path), [{"iteration": 2}], savefun=saver, append=True)
             ok = ok and _kept_handle(writer, tmp_path / "log.jsonl").fileno() >= 0
         finally:
             os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert writer._append_files._files  # the parent's are untouched
+    assert writer._append_files.files  # the parent's are untouched
     writer("log.jsonl", str(tmp_path), [{"iteration": 3}], savefun=saver, append=True)
     writer.finalize()
     assert [e["iteration"] for e in LogReport.read(tmp_path / "log.jsonl")] == [1, 2, 3]
 
 
-def test_a_subdirectory_removed_meanwhile_is_created_again(tmp_path: Path) -> None:
+def test_a_subdirectory_removed_meanwhile_is_created_again(tmp_path: Path, clock: Clock) -> None:
     import shutil
 
     writer = SimpleWriter()
     saver = LogReport(filename="log.jsonl")._extender
     writer("sub/log.jsonl", str(tmp_path), [{"iteration": 1}], savefun=saver, append=True)
     shutil.rmtree(tmp_path / "sub")
+    clock.now += writer.append_sync_interval  # the path is checked once per interval
     writer("sub/log.jsonl", str(tmp_path), [{"iteration": 2}], savefun=saver, append=True)
     writer.finalize()
     assert LogReport.read(tmp_path / "sub" / "log.jsonl") == [{"iteration": 2}]

@@ -120,28 +120,47 @@ _OPEN_APPENDS = 8
 _FLAT_DESTINATIONS = 64
 
 
+class _Kept:
+    """A handle kept open between appends to one file, with what the writer knows of it."""
+
+    __slots__ = ("file", "identity", "positional", "size")
+
+    def __init__(
+        self, file: IO[bytes], identity: tuple[int, int], positional: bool, size: int | None
+    ) -> None:
+        self.file = file
+        #: ``(st_dev, st_ino)`` of the file it opened.
+        self.identity = identity
+        #: Opened without ``O_APPEND`` (for a savefun that writes at offsets).
+        self.positional = positional
+        #: The file's size after the last positional append (None: unknown, ``fstat`` it).
+        self.size = size
+
+
 class _AppendFiles:
     """Local files kept open for appending between a writer's appends, by destination path.
 
     Opening, checking for and closing a log file per entry cost about as much as writing it.
-    A kept handle is reused while the path still names the file it opened (one ``stat``), so
-    a file replaced (a rewrite's rename) or removed meanwhile is reopened, and created again.
-    Each append is still flushed to the OS before it returns; only the open is saved. Pickles
-    empty (a process writer's worker opens its own), and a forked child drops its parent's.
-    A handle is opened for appending (``O_APPEND``), or without ``O_APPEND`` (which moves
-    every write to the end) for a savefun that writes at offsets it chooses (see
-    :class:`Writer`, ``positional``).
+    A kept handle is used without a look at the path (no system call but the write) until its
+    file is due for an ``fsync`` (see :meth:`Writer._append_local`); then :meth:`open` checks
+    that the path still names the file it opened (one ``stat``), so a file replaced (a
+    rewrite's rename) or removed meanwhile is reopened, and created again. Each append is
+    still flushed to the OS before it returns; only the open is saved. Pickles empty (a
+    process writer's worker opens its own), and a forked child drops its parent's. A handle is
+    opened for appending (``O_APPEND``), or without ``O_APPEND`` (which moves every write to
+    the end) for a savefun that writes at offsets it chooses (see :class:`Writer`,
+    ``positional``).
     """
 
     def __init__(self) -> None:
-        # dest -> (handle, (st_dev, st_ino) of the file it opened, opened without O_APPEND)
-        self._files: dict[str, tuple[IO[bytes], tuple[int, int], bool]] = {}
+        #: dest -> its kept handle.
+        self.files: dict[str, _Kept] = {}
         _LIVE_APPEND_FILES.add(self)
         # A writer dropped without finalize() closes its handles quietly. Not __del__: in a
         # reference cycle (manager, extensions, writer) the garbage collector may finalize a
         # handle before its owner, and a file closed by its own finalizer warns
         # (ResourceWarning). The finalizer holds the dict, so the handles stay out of the cycle.
-        weakref.finalize(self, _close_files, self._files)
+        weakref.finalize(self, _close_files, self.files)
 
     def __reduce__(self) -> tuple[type[_AppendFiles], tuple[()]]:
         return (_AppendFiles, ())
@@ -152,16 +171,20 @@ class _AppendFiles:
         Closed here (the child's descriptors only; their buffers are flushed after every
         append, so nothing is written), as dropping them would at garbage collection.
         """
-        _close_files(self._files)
+        _close_files(self.files)
 
-    def get(self, dest: str, positional: bool = False) -> tuple[IO[bytes], int | None]:
-        """The open handle for ``dest`` and the file's size, None when this call created it.
+    def open(self, dest: str, positional: bool = False) -> tuple[_Kept, bool, bool]:
+        """The handle for ``dest``, checked against the path (a ``stat``), opened if need be.
 
         Args:
             dest: The file's path.
             positional: Open it without ``O_APPEND`` (mode ``'wb'``, not truncated), for a
                 savefun that writes at offsets (``os.pwrite``); otherwise for appending
                 (mode ``'ab'``).
+
+        Returns:
+            The kept handle; whether this call created the file; and whether the handle kept
+            before this call named another file than the path now does (or none: removed).
         """
         try:
             stat = os.stat(dest)
@@ -169,13 +192,18 @@ class _AppendFiles:
             identity = None
         else:
             identity = (stat.st_dev, stat.st_ino)
-        kept = self._files.get(dest)
+        kept = self.files.get(dest)
+        replaced = False
         if kept is not None:
-            if kept[1] == identity and kept[2] == positional:
-                return kept[0], stat.st_size
+            if kept.identity == identity:
+                if kept.positional == positional:
+                    kept.size = stat.st_size
+                    return kept, False, False
+            else:
+                replaced = True
             self.close(dest)
-        if len(self._files) >= _OPEN_APPENDS:
-            self.close(next(iter(self._files)))
+        if len(self.files) >= _OPEN_APPENDS:
+            self.close(next(iter(self.files)))
         file_obj: IO[bytes]
         if positional:
             flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_BINARY", 0)
@@ -188,24 +216,25 @@ class _AppendFiles:
         else:
             file_obj = open(dest, "ab")  # noqa: SIM115 (kept open; closed by close())
         opened = os.fstat(file_obj.fileno())
-        self._files[dest] = (file_obj, (opened.st_dev, opened.st_ino), positional)
-        return file_obj, None if identity is None else stat.st_size
+        kept = _Kept(file_obj, (opened.st_dev, opened.st_ino), positional, opened.st_size)
+        self.files[dest] = kept
+        return kept, identity is None, replaced
 
     def close(self, dest: str) -> None:
         """Closes the handle kept for ``dest``, if any."""
-        kept = self._files.pop(dest, None)
+        kept = self.files.pop(dest, None)
         if kept is not None:
             with contextlib.suppress(OSError):  # its bytes were flushed after each append
-                kept[0].close()
+                kept.file.close()
 
     def close_all(self) -> None:
-        _close_files(self._files)
+        _close_files(self.files)
 
 
-def _close_files(files: dict[str, tuple[IO[bytes], tuple[int, int], bool]]) -> None:
+def _close_files(files: dict[str, _Kept]) -> None:
     """Closes and forgets every handle in ``files`` (the dict is emptied in place)."""
     while files:
-        file_obj = files.popitem()[1][0]
+        file_obj = files.popitem()[1].file
         with contextlib.suppress(OSError):  # its bytes were flushed after each append
             file_obj.close()
 
@@ -408,8 +437,17 @@ class Writer:
     #: Seconds between two ``fsync`` of a file appended to (``append=True``) on the local file
     #: system; each append is flushed to the operating system at once. An append at least this
     #: long after the file's previous sync syncs it, and :meth:`finalize` syncs the rest. 0
-    #: syncs every append (an ``fsync`` costs milliseconds on many disks).
+    #: syncs every append (an ``fsync`` costs milliseconds on many disks). It is also how
+    #: long an append may go, unnoticed, into a file that was replaced or removed under the
+    #: writer (see :attr:`append_reopens`).
     append_sync_interval: float = 1.0
+
+    #: How many times an append found that the file kept open for it had been replaced or
+    #: removed under this writer (and reopened the path, creating it if need be). The path is
+    #: checked when the file is due for its ``fsync`` (at most every
+    #: :attr:`append_sync_interval` seconds), not per append, so the appends made within that
+    #: interval went to the replaced file. LogReport rewrites its log whole when this grows.
+    append_reopens: int = 0
 
     def __init__(self, fs: FileSystem | None = None, out_dir: str | None = None) -> None:
         self.fs: FileSystem = _LocalFileSystem() if fs is None else fs
@@ -616,28 +654,35 @@ class Writer:
         self, dest: str, target: Target, savefun: SaveFun, kwargs: Mapping[str, Any]
     ) -> None:
         """Appends to a local file through a handle kept open between appends (see
-        :class:`_AppendFiles`); the bytes reach the OS before returning, as with a fresh open."""
+        :class:`_AppendFiles`); the bytes reach the OS before returning, as with a fresh open.
+
+        The path is looked at (a ``stat``) only when the file is due for its ``fsync`` (at
+        most every :attr:`append_sync_interval` seconds), not per append: an append within the
+        interval is one ``write`` (``pwrite``) system call.
+        """
         positional = getattr(savefun, "positional", False)
-        file_obj, size = self._append_files.get(dest, positional)
-        created = size is None
+        synced_at = self._synced_at.get(dest)
+        due = synced_at is None or time.monotonic() - synced_at >= self.append_sync_interval
+        kept = self._append_files.files.get(dest)
+        created = False
+        if due or kept is None or kept.positional != positional:
+            kept, created, replaced = self._append_files.open(dest, positional)
+            if replaced:
+                self.append_reopens += 1
+        file_obj = kept.file
         try:
-            if positional:  # it writes at offsets: the size the stat above read saves an fstat
-                savefun(target, file_obj, size=size or 0, **kwargs)
+            if positional:  # it writes at offsets, from the size the writer keeps; returns it
+                size = savefun(target, file_obj, size=kept.size, **kwargs)
+                kept.size = size if isinstance(size, int) else None
             else:
                 savefun(target, file_obj, **kwargs)
-            # No fsync unless the file is new or its last one is append_sync_interval old.
-            synced_at = self._synced_at.get(dest)
-            if (
-                not created
-                and synced_at is not None
-                and time.monotonic() - synced_at < self.append_sync_interval
-            ):
-                file_obj.flush()  # in the OS: a killed process loses nothing of it
-                self._unsynced.add(dest)
-            else:
+            if due or created:
                 _sync_file(file_obj)
                 self._synced_at[dest] = time.monotonic()
                 self._unsynced.discard(dest)
+            else:
+                file_obj.flush()  # in the OS: a killed process loses nothing of it
+                self._unsynced.add(dest)
         except Exception as exc:
             self._append_files.close(dest)  # the next append reopens (and re-checks) the file
             full = _disk_full_error(exc, dest)
@@ -662,10 +707,14 @@ class Writer:
         """``fsync`` the local files appended to since their last sync."""
         # Saves of one writer run one at a time, and finalize() waits for them first.
         pending, self._unsynced = self._unsynced, set()
-        self._append_files.close_all()  # the end of the appends: their handles go
         now = time.monotonic()
         for dest in sorted(pending):
             self._synced_at[dest] = now
+            kept = self._append_files.files.get(dest)
+            if kept is not None:  # the file appended to, even if replaced or removed since
+                with contextlib.suppress(OSError, ValueError):
+                    os.fsync(kept.file.fileno())
+                continue
             try:
                 fd = os.open(dest, os.O_RDONLY | getattr(os, "O_BINARY", 0))
             except OSError:  # replaced or removed since: nothing of ours left to sync
@@ -674,6 +723,7 @@ class Writer:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+        self._append_files.close_all()  # the end of the appends: their handles go
 
     def _replace(
         self, dest: str, target: Target, savefun: SaveFun, kwargs: Mapping[str, Any]

@@ -102,16 +102,19 @@ class LogSaver:
 
     def __call__(
         self, target: list[dict[str, Any]], file_obj: IO[bytes], size: int | None = None
-    ) -> None:
+    ) -> int | None:
         """Writes (or with ``extend`` adds) ``target`` into ``file_obj``.
 
         ``size`` is the file's size, which writers pass to a :attr:`positional` saver (the
         JSON extender); it is read from the file when None.
+
+        Returns:
+            For the :attr:`positional` saver, the file's size after the write (the writer
+            keeps it for the next call); None otherwise.
         """
         if self.extend:
             if self.fmt == "json":
-                _extend_json_array(target, file_obj, size)
-                return
+                return _extend_json_array(target, file_obj, size)
             if len(target) == 1:  # the per-entry append of a log at every step: no detours
                 row = None
                 if self.fmt == "json-lines":
@@ -120,7 +123,7 @@ class LogSaver:
                     row = _csv_number_row(target[0], self.columns)
                 if row is not None:
                     file_obj.write(row.encode("utf-8"))
-                    return
+                    return None
         if self.fmt == "json":
             text = _json_array_text(target)
         elif self.fmt == "json-lines":
@@ -132,6 +135,7 @@ class LogSaver:
             yaml: Any = importlib.import_module("yaml")
             text = yaml.safe_dump(target) if target else ""
         file_obj.write(text.encode("utf-8"))
+        return None
 
 
 def _columns(entries: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -247,7 +251,7 @@ def _json_array_text(entries: Sequence[Mapping[str, Any]]) -> str:
 
 def _extend_json_array(
     entries: list[dict[str, Any]], file_obj: IO[bytes], size: int | None = None
-) -> None:
+) -> int | None:
     """Adds ``entries`` to the JSON array (``json.dumps(log, indent=4)``) in ``file_obj``.
 
     The new entries overwrite the array's closing ``\\n]`` and end with a new one, in one
@@ -260,10 +264,11 @@ def _extend_json_array(
     appending (``'ab'``) has the flag cleared around it (``fcntl``). Where the platform has
     neither ``pwrite`` nor ``fcntl`` (Windows) the handle is positioned and written, and an
     appending handle's end truncated first, two calls instead of one. ``size`` is the file's
-    size when the caller knows it (the writer's check of the path read it); else ``fstat``.
+    size when the caller knows it (the writer keeps it between appends); else ``fstat``.
+    Returns the file's size after the write (``size`` unchanged when ``entries`` is empty).
     """
     if not entries:
-        return
+        return size
     # The elements, "    {...},\n    {...}": what the array holds between "[\n" and "\n]".
     body = _json_entry_text(entries[0]) if len(entries) == 1 else None
     if body is None:
@@ -283,7 +288,7 @@ def _extend_json_array(
         else:
             file_obj.seek(offset)
         file_obj.write(data)
-        return
+        return offset + len(data)
     flags = fcntl.fcntl(fd, fcntl.F_GETFL) if appending else 0
     if appending:
         fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_APPEND)
@@ -294,6 +299,7 @@ def _extend_json_array(
     finally:
         if appending:  # the writer may keep the handle open for its next append
             fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+    return offset + len(data)
 
 
 def _read_json_array(text: str) -> list[dict[str, Any]]:
@@ -435,6 +441,8 @@ class LogReport(Extension):
         # entry rewrites it), and, for CSV, the columns of its header.
         self._file: str | None = None
         self._columns: dict[str, None] = {}
+        # The writer's append_reopens when it last wrote the file whole.
+        self._reopens = 0
         self._due = DueCheck(self._trigger)
 
     def __call__(self, manager: ManagerView) -> None:
@@ -479,15 +487,25 @@ class LogReport(Extension):
             writer(filename, manager.out, pending, savefun=self._saver, append=True)
         elif filename == self._file and self._extends(writer, entry):
             writer(filename, manager.out, [entry], savefun=self._extender, append=True)
+            if writer.append_reopens != self._reopens:
+                # The writer found a file replaced or removed under it (it checks once per
+                # sync interval): the log is written whole again, the entries appended to
+                # the old file within that interval included.
+                self._rewrite(writer, filename, manager.out)
         else:
-            if self._format == "csv":
-                self._columns = dict.fromkeys(_columns(self._log))
-                self._saver = LogSaver("csv", tuple(self._columns))
-                self._extender = LogSaver("csv", tuple(self._columns), extend=True)
-            # A copy: background writers serialize it after this returns.
-            writer(filename, manager.out, list(self._log), savefun=self._saver, append=False)
-            self._file = filename
+            self._rewrite(writer, filename, manager.out)
         self._written = len(self._log)
+
+    def _rewrite(self, writer: Any, filename: str, out: str) -> None:
+        """Replaces the file with the whole log; later entries are added to it."""
+        if self._format == "csv":
+            self._columns = dict.fromkeys(_columns(self._log))
+            self._saver = LogSaver("csv", tuple(self._columns))
+            self._extender = LogSaver("csv", tuple(self._columns), extend=True)
+        # A copy: background writers serialize it after this returns.
+        writer(filename, out, list(self._log), savefun=self._saver, append=False)
+        self._file = filename
+        self._reopens = getattr(writer, "append_reopens", 0)
 
     def _extends(self, writer: Any, entry: Mapping[str, Any]) -> bool:
         """Whether ``entry`` can be added to the file instead of rewriting it whole."""
