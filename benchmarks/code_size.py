@@ -64,6 +64,7 @@ EXTRA_MODULES: dict[str, str] = {
     "ppe_core/_resolve.py": "runtime",
     "ppe_core/_registry.py": "runtime",
     "ppe_core/_map.py": "runtime",
+    "ppe_core/_registrations.py": "runtime",
     "ppe_core/_active_host.py": "training",
 }
 #: PPE's parts, relative to the ``pytorch_pfn_extras`` package directory.
@@ -83,10 +84,14 @@ FILES: dict[str, tuple[str, str]] = {
     "ppe_core/_resolve.py": (SAME, "runtime resolution with the active registry (ppe.to's)"),
     "ppe_core/_registry.py": (
         SAME,
-        "the registry base (PPE: runtime/_registry.py), plus: duplicates raise, registrants "
-        "remembered, failed lookups explained",
+        "the registry base (PPE: runtime/_registry.py): register, look up, unregister",
     ),
     "ppe_core/_map.py": (SAME, "ppe.map (PPE's runtime/_map.py)"),
+    "ppe_core/_registrations.py": (
+        BEYOND,
+        "who registered what (plugins, lazy targets, replaced entries), first-party names kept "
+        "from other plugins, duplicates and failed lookups explained (PPE: a plain dict)",
+    ),
     "ppe_core/runtime/__init__.py": (SAME, "the runtime namespace"),
     "ppe_core/runtime/_device.py": (
         SAME,
