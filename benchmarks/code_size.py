@@ -120,8 +120,9 @@ FILES: dict[str, tuple[str, str]] = {
     "ppe_core/handler/_diagnostics.py": (
         BEYOND,
         "explained user errors PPE leaves to PyTorch or lets pass: a batch that does not fit "
-        "forward or the model's dtype, a first step that trains nothing, an unknown model or "
-        "optimizer name, an optimizer holding none of the models' parameters",
+        "forward or the model's dtype, a first step that trains nothing, Logic options of the "
+        "wrong type, an unknown model or optimizer name, an optimizer holding none of the "
+        "models' parameters",
     ),
     "ppe_core/handler/_grad_sync.py": (BEYOND, "DDP/FSDP2 no-sync switch for accumulation"),
     "ppe_core/handler/_logic.py": (SAME, "BaseLogic, Logic, ClousureLogic"),

@@ -1,8 +1,9 @@
 """Explanations of user errors that PPE leaves to PyTorch's message, or lets pass silently.
 
 A batch that does not fit ``forward``, a batch of another dtype than the model, a first step
-that trains nothing, a model or optimizer name the Logic cannot find, an optimizer holding
-none of the models' parameters: each raises an error naming the cause and the fix. The
+that trains nothing, a Logic option of the wrong type, a model or optimizer name the Logic
+cannot find, an optimizer holding none of the models' parameters: each raises an error naming
+the cause and the fix. The
 explanations run when something already failed, or once per run: never per step.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 
 from ppe_core.errors import (
+    AMPOptionError,
     BatchDtypeError,
     BatchMismatchError,
     ConfigurationError,
@@ -23,6 +25,7 @@ from ppe_core.errors import (
 )
 
 __all__ = [
+    "check_logic_options",
     "check_optimizers_hold_models",
     "check_something_trains",
     "explain_dtype_mismatch",
@@ -143,6 +146,51 @@ def explain_dtype_mismatch(model: torch.nn.Module, batch: Any, exc: RuntimeError
         "x.float(), or convert the model (e.g. model.double()) if that precision is the one "
         "you want. Integer class targets (for cross_entropy) can stay integers."
     ) from exc
+
+
+def check_logic_options(options: Mapping[str, Any]) -> None:
+    """Refuses ``Logic`` options of the wrong type or range when they are given, before the
+    Logic takes any (PPE takes them as they are, to fail at some step with PyTorch's error).
+
+    Raises:
+        ConfigurationError: ``backward_outputs``, ``backward_function``, ``autocast`` or
+            ``grad_accumulation_steps`` is unusable.
+        AMPOptionError: ``grad_scaler`` is not a ``torch.amp.GradScaler``.
+    """
+    keys = options.get("backward_outputs")
+    if keys and (
+        not isinstance(keys, (str, list, tuple))
+        or not all(isinstance(k, str) for k in ([keys] if isinstance(keys, str) else keys))
+    ):
+        raise ConfigurationError(
+            f"option 'backward_outputs' must be an output key or a list of them, got "
+            f"{keys!r}; e.g. options={{'backward_outputs': ['loss']}}"
+        )
+    backward_fn = options.get("backward_function")
+    if backward_fn is not None and not callable(backward_fn):
+        raise ConfigurationError(
+            f"option 'backward_function' must be a callable fn(tensor), got "
+            f"{type(backward_fn).__name__}; e.g. options={{'backward_function': "
+            "lambda loss: loss.backward()}, or leave it out to call tensor.backward()"
+        )
+    autocast = options.get("autocast")
+    if autocast is not None and not isinstance(autocast, (bool, dict)):
+        raise ConfigurationError(
+            f"option 'autocast' must be a bool or a dict of torch.autocast arguments, "
+            f"got {autocast!r}; e.g. options={{'autocast': {{'dtype': torch.bfloat16}}}}"
+        )
+    scaler = options.get("grad_scaler")
+    if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
+        raise AMPOptionError(
+            f"option 'grad_scaler' must be a torch.amp.GradScaler, got "
+            f"{type(scaler).__name__}; e.g. options={{'grad_scaler': "
+            "torch.amp.GradScaler('cuda')}"
+        )
+    steps = options.get("grad_accumulation_steps")
+    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
+        raise ConfigurationError(
+            f"option 'grad_accumulation_steps' must be an int >= 1, got {steps!r}"
+        )
 
 
 def unknown_name_error(logic: str, name: str, kind: str, names: list[str]) -> ConfigurationError:

@@ -18,6 +18,7 @@ from ppe_core.errors import (
     ModelOutputError,
 )
 from ppe_core.handler._diagnostics import (
+    check_logic_options,
     check_something_trains,
     explain_dtype_mismatch,
     explain_forward_mismatch,
@@ -385,49 +386,22 @@ class Logic(ModelLogic, StagedSteps):
 
     def consume_options(self, options: dict[str, Any]) -> None:
         super().consume_options(options)
+        check_logic_options(options)
         keys = options.pop("backward_outputs", None)
         if keys:
-            if not isinstance(keys, (str, list, tuple)) or not all(
-                isinstance(k, str) for k in ([keys] if isinstance(keys, str) else keys)
-            ):
-                raise ConfigurationError(
-                    f"option 'backward_outputs' must be an output key or a list of them, got "
-                    f"{keys!r}; e.g. options={{'backward_outputs': ['loss']}}"
-                )
             self.backward_outputs = keys
         backward_fn = options.pop("backward_function", None)
         if backward_fn is not None:
-            if not callable(backward_fn):
-                raise ConfigurationError(
-                    f"option 'backward_function' must be a callable fn(tensor), got "
-                    f"{type(backward_fn).__name__}; e.g. options={{'backward_function': "
-                    "lambda loss: loss.backward()}, or leave it out to call tensor.backward()"
-                )
             self._backward_fn = backward_fn
         autocast = options.pop("autocast", None)
         if autocast is not None:
-            if not isinstance(autocast, (bool, dict)):
-                raise ConfigurationError(
-                    f"option 'autocast' must be a bool or a dict of torch.autocast arguments, "
-                    f"got {autocast!r}; e.g. options={{'autocast': {{'dtype': torch.bfloat16}}}}"
-                )
             self._autocast_options = autocast
         self._autocast = _AutocastManager(self._autocast_options)
         scaler = options.pop("grad_scaler", None)
         if scaler is not None:
-            if not isinstance(scaler, torch.amp.GradScaler):
-                raise AMPOptionError(
-                    f"option 'grad_scaler' must be a torch.amp.GradScaler, got "
-                    f"{type(scaler).__name__}; e.g. options={{'grad_scaler': "
-                    "torch.amp.GradScaler('cuda')}"
-                )
             self._grad_scaler = scaler
         steps = options.pop("grad_accumulation_steps", None)
         if steps is not None:
-            if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-                raise ConfigurationError(
-                    f"option 'grad_accumulation_steps' must be an int >= 1, got {steps!r}"
-                )
             self.grad_accumulation_steps = steps
         targets = options.pop("optimizers", None)
         if targets is not None:
