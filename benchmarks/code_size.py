@@ -141,6 +141,11 @@ FILES: dict[str, tuple[str, str]] = {
     _T + "_extension.py": (SAME, "Extension, ExtensionEntry, make_extension"),
     _T + "_ignite.py": (SAME, "IgniteExtensionsManager (in PPE's manager.py)"),
     _T + "_manager.py": (SAME, "ExtensionsManager"),
+    _T + "_manager_checks.py": (
+        BEYOND,
+        "the manager's checks PPE lacks: iters_per_epoch, writer, step_optimizers names, a "
+        "finalized manager, models read outside needs_model_state",
+    ),
     _T + "_manager_protocol.py": (COMPAT, "PPE's path of the manager protocols"),
     _T + "_protocols.py": (SAME, "the manager protocols"),
     _T + "_ranks.py": (

@@ -333,8 +333,8 @@ class ExtensionEntry:
 
     Args:
         extension: An :class:`Extension` or a callable taking the manager.
-        name: Name to register under. Given explicitly, a clash with another extension is
-            an error; otherwise the manager makes the name unique with a ``_N`` suffix.
+        name: Name to register under; the manager makes a taken name unique with a ``_N``
+            suffix, as PPE does.
         priority: Invocation priority; higher runs first.
         trigger: When to run (anything ``get_trigger`` accepts).
         call_before_training: Whether to also run once before the first iteration.
@@ -355,7 +355,6 @@ class ExtensionEntry:
         )
         self.call_before_training = call_before_training
         self.trigger: Trigger = get_trigger(self.extension.trigger if trigger is None else trigger)
-        self._explicit_name = name is not None
         self.name: str = ""
         self.set_name(
             name if name is not None else (self.extension.name or self.extension.default_name)

@@ -15,7 +15,6 @@ import torch
 
 from ppe_core.errors import (
     ArgumentTypeError,
-    ConfigurationError,
     ExtensionErrorHandlerWarning,
     IgniteNotInstalledError,
     IgnoredArgumentWarning,
@@ -32,6 +31,13 @@ from ppe_core.training._extension import (
     ExtensionEntry,
     ExtensionLike,
     check_priority,
+)
+from ppe_core.training._manager_checks import (
+    check_iters_per_epoch,
+    check_step_optimizers,
+    check_writer,
+    finalized_error,
+    model_unavailable_error,
 )
 from ppe_core.training._protocols import StateObjectProtocol
 from ppe_core.training._ranks import agree_on_collectives, device_of
@@ -239,15 +245,7 @@ class ExtensionsManager:
     ) -> None:
         if transform_model is None:
             transform_model = identity_transform_model
-        if isinstance(iters_per_epoch, bool) or not isinstance(iters_per_epoch, int):
-            raise ConfigurationError(
-                f"iters_per_epoch must be an integer >= 1, got {iters_per_epoch!r}"
-            )
-        if iters_per_epoch < 1:
-            raise ConfigurationError(
-                f"iters_per_epoch must be >= 1, got {iters_per_epoch}; pass the number of "
-                "iterations per epoch, usually len(loader) (an empty loader gives 0)"
-            )
+        check_iters_per_epoch(iters_per_epoch)
         self._models = named_models(models)
         self._optimizers: dict[str, torch.optim.Optimizer] = (
             dict(optimizers) if isinstance(optimizers, Mapping) else {"main": optimizers}
@@ -322,12 +320,8 @@ class ExtensionsManager:
         self._out = out_dir
         if writer is None:
             writer = _make_default_writer(out_dir)
-        elif not all(callable(getattr(writer, m, None)) for m in ("initialize", "finalize")):
-            raise ArgumentTypeError(
-                f"writer must be a ppe_core.writing writer (with initialize() and finalize()), "
-                f"got {type(writer).__name__}; pass e.g. ppe.writing.SimpleWriter(out_dir=...), "
-                "or leave it out to write to out_dir"
-            )
+        else:
+            check_writer(writer)
         self.writer: _Writer | None = writer
         if self.writer is not None:
             self.writer.initialize(self.out)
@@ -426,14 +420,14 @@ class ExtensionsManager:
                 ``needs_model_state`` in an iteration where no such extension runs.
         """
         if not self._schedule.model_available:
-            self._raise_model_unavailable()
+            raise model_unavailable_error(self._iteration)
         return self._models_view
 
     @property
     def raw_models(self) -> Mapping[str, torch.nn.Module]:
         """The models as registered, without ``transform_model`` (read-only mapping)."""
         if not self._schedule.model_available:
-            self._raise_model_unavailable()
+            raise model_unavailable_error(self._iteration)
         return self._raw_models_view
 
     @property
@@ -486,13 +480,6 @@ class ExtensionsManager:
             return None
         length: tuple[float, str] = get_length()
         return length
-
-    def _raise_model_unavailable(self) -> None:
-        raise ModelStateUnavailableError(
-            f"models cannot be read by extensions at iteration {self._iteration}: no extension "
-            "declaring needs_model_state runs in this iteration. Set `needs_model_state = True` "
-            "on the extension (or make_extension(needs_model_state=True)) that reads them."
-        )
 
     # ----------------------------------------------------------------- registration
 
@@ -646,12 +633,7 @@ class ExtensionsManager:
         names = (step_optimizers,) if isinstance(step_optimizers, str) else tuple(step_optimizers)
         context = self._contexts.get(names)
         if context is None:
-            unknown = [name for name in names if name not in self._optimizers]
-            if unknown:
-                raise ConfigurationError(
-                    f"step_optimizers names unknown optimizers {unknown}; registered: "
-                    f"{sorted(self._optimizers)}"
-                )
+            check_step_optimizers(names, self._optimizers)
             context = self._contexts[names] = _IterationContext(self, names)
         return context
 
@@ -801,10 +783,7 @@ class ExtensionsManager:
 
     def _prepare_first_iteration(self) -> None:
         if self._finalized:
-            raise ManagerStateError(
-                "cannot run a finalized manager: the manager is finalized when training ends "
-                "(or a trainer fails); create a new manager (and load_state_dict) to train further"
-            )
+            raise finalized_error()
         self.start_extensions()
         self._ready = True
 

@@ -173,11 +173,6 @@ class ManagerState:
         internal = {name: obj.state_dict() for name, obj in self._internal.items()}
         return {name: value for name, value in internal.items() if value}
 
-    @property
-    def has_state_objects(self) -> bool:
-        """Whether any state object is registered."""
-        return bool(self._objects)
-
     def state_dict(
         self,
         iteration: int,

@@ -37,10 +37,8 @@ def _plain(value: Any) -> Any:
     """A reported value ready to accumulate: tensors detached (kept on their device)."""
     if isinstance(value, torch.Tensor):
         return value.detach()
-    if isinstance(value, (int, float)):
-        return float(value)
     try:
-        return float(value)  # NumPy scalars and other float-likes
+        return float(value)  # Python and NumPy numbers, other float-likes
     except (TypeError, ValueError):
         raise ArgumentTypeError(
             f"accumulate extensions take numbers or tensors, got {type(value).__name__} {value!r}"
