@@ -147,6 +147,11 @@ FILES: dict[str, tuple[str, str]] = {
         "finalized manager, models read outside needs_model_state",
     ),
     _T + "_manager_protocol.py": (COMPAT, "PPE's path of the manager protocols"),
+    _T + "_metric_checks.py": (
+        BEYOND,
+        "evaluators' metrics checked where given (PPE fails at the first batch), and the "
+        "extension Evaluator's two-argument metrics told from PPE's three-argument ones",
+    ),
     _T + "_protocols.py": (SAME, "the manager protocols"),
     _T + "_ranks.py": (
         BEYOND,

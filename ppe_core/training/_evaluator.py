@@ -14,11 +14,12 @@ import torch
 
 from ppe_core._active_host import active_host
 from ppe_core.distributed import is_distributed, run_collective, timeout_error
-from ppe_core.errors import ArgumentTypeError, ConfigurationError, DistributedNotInitializedError
+from ppe_core.errors import ConfigurationError, DistributedNotInitializedError
 from ppe_core.handler._handler import step_function
 from ppe_core.handler._logic import keep_modes
 from ppe_core.reporting import DictSummary, Reporter, report
 from ppe_core.training._manager import named_models
+from ppe_core.training._metric_checks import check_metrics, metric_result_error
 from ppe_core.training._sample_means import add_per_sample
 from ppe_core.training._sample_means import batch_size as _batch_size  # noqa: F401  (tests' name)
 
@@ -122,7 +123,7 @@ class Evaluator:
         self.handler = handler
         self.models: dict[str, torch.nn.Module] = named_models(models)
         self._progress_bar = progress_bar
-        self._metrics = _check_metrics(metrics)
+        self._metrics = check_metrics(metrics)
         self._profile = profile
         self._reporter = _observing_reporter(self.models)
         self._summary = DictSummary()
@@ -154,7 +155,7 @@ class Evaluator:
             for metric in self._metrics:
                 values = metric(batch, outputs)
                 if not isinstance(values, Mapping):
-                    raise _metric_result_error(metric, values)
+                    raise metric_result_error(metric, values)
                 if isinstance(outputs, dict):
                     outputs.update(values)  # reported by eval_post_step with the outputs
                 else:
@@ -264,36 +265,6 @@ class DistributedEvaluator(Evaluator):
             if timed_out is None:
                 raise
             raise timed_out from exc
-
-
-def _check_metrics(metrics: Any) -> list[Metric]:
-    if metrics is None:
-        return []
-    if (
-        callable(metrics)
-        or isinstance(metrics, (str, Mapping))
-        or not isinstance(metrics, Iterable)
-    ):
-        raise ArgumentTypeError(
-            f"metrics must be a list of callables metric(batch, outputs) -> dict, got "
-            f"{type(metrics).__name__}; wrap a single metric in a list: metrics=[metric]"
-        )
-    checked: list[Metric] = list(metrics)
-    for metric in checked:
-        if not callable(metric):
-            raise ArgumentTypeError(
-                f"every metric must be a callable metric(batch, outputs) -> dict, got "
-                f"{type(metric).__name__} {metric!r}"
-            )
-    return checked
-
-
-def _metric_result_error(metric: Metric, values: object) -> ArgumentTypeError:
-    name = getattr(metric, "__qualname__", None) or type(metric).__name__
-    return ArgumentTypeError(
-        f"metric {name} returned {type(values).__name__} {values!r}, but a metric must return a "
-        "dict of names to values (reported as val/<name>); return e.g. {'accuracy': acc}"
-    )
 
 
 def _make_bar(total: int | None) -> Any:

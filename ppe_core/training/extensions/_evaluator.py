@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import datetime
-import inspect
 import sys
 import time
 import warnings
@@ -32,6 +31,7 @@ from ppe_core.handler._logic import keep_modes
 from ppe_core.reporting import DictSummary, Reporter, get_current_reporter, report
 from ppe_core.training._extension import PRIORITY_WRITER, Extension
 from ppe_core.training._manager import named_models
+from ppe_core.training._metric_checks import check_metric, takes_last_iteration
 from ppe_core.training.extensions._console import is_terminal
 
 if TYPE_CHECKING:
@@ -172,33 +172,6 @@ def _length(iterator: Iterable[Any]) -> int | None:
         return None
 
 
-def _takes_last_iteration(metric: MetricFn) -> bool:
-    """Whether ``metric`` takes PPE's third argument ``last_iteration``."""
-    try:
-        parameters = inspect.signature(metric).parameters.values()
-    except (TypeError, ValueError):  # no signature (some builtins): assume PPE's
-        return True
-    positional = 0
-    for parameter in parameters:
-        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
-            return True
-        if parameter.kind in (
-            inspect.Parameter.POSITIONAL_ONLY,
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        ):
-            positional += 1
-    return positional >= 3
-
-
-def _check_metric(metric: object) -> MetricFn:
-    if not callable(metric):
-        raise ArgumentTypeError(
-            f"an evaluator metric must be a callable metric(batch, outputs, last_iteration), "
-            f"got {type(metric).__name__} {metric!r}"
-        )
-    return metric
-
-
 class Evaluator(Extension):
     """Evaluates models on a validation set and reports the means of what was reported.
 
@@ -279,7 +252,7 @@ class Evaluator(Extension):
         self.eval_hook = eval_hook
         self._eval_func = eval_func
         self._progress_bar = bool(kwargs.get("progress_bar", False))
-        self._metrics: list[MetricFn] = [_check_metric(m) for m in metrics]
+        self._metrics: list[MetricFn] = [check_metric(m) for m in metrics]
 
     def eval_func(self, *args: Any, **kwargs: Any) -> Any:
         """Evaluates one batch: calls ``eval_func`` (or the ``'main'`` target) with it."""
@@ -312,7 +285,7 @@ class Evaluator(Extension):
 
     def add_metric(self, metric_fn: MetricFn) -> None:
         """Adds a metric ``metric_fn(batch, outputs, last_iteration)`` run after every batch."""
-        self._metrics.append(_check_metric(metric_fn))
+        self._metrics.append(check_metric(metric_fn))
 
     def __call__(self, manager: ManagerView | None = None) -> dict[str, Any]:
         """Evaluates and reports the means to the current reporter; also returns them.
@@ -361,7 +334,7 @@ class Evaluator(Extension):
         if self.eval_hook is not None:
             self.eval_hook(self)
         reporter = _current_or_new_reporter()
-        metrics = [(m, _takes_last_iteration(m)) for m in self._metrics]
+        metrics = [(m, takes_last_iteration(m)) for m in self._metrics]
         summary = DictSummary()
         bar = self._progress(_length(iterator))
         if bar is not None:

@@ -1,0 +1,88 @@
+"""Evaluators' metrics, checked where they are given (PPE calls whatever it is given, to fail
+at the first batch), and the extension Evaluator's metrics of two arguments ``(batch,
+outputs)`` told apart from PPE's three ``(batch, outputs, last_iteration)``."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from ppe_core.errors import ArgumentTypeError
+
+__all__ = [
+    "MetricFn",
+    "check_metric",
+    "check_metrics",
+    "metric_result_error",
+    "takes_last_iteration",
+]
+
+#: A metric: ``metric(batch, outputs)`` (the engine Evaluator's, and the extension's alternative)
+#: or ``metric(batch, outputs, last_iteration)`` (PPE's extension signature).
+MetricFn = Callable[..., Any]
+
+
+def check_metrics(metrics: Any) -> list[MetricFn]:
+    """The engine Evaluator's ``metrics``: a list of callables (``None``: none).
+
+    Raises:
+        ArgumentTypeError: ``metrics`` is a single callable, a string, a dict or not iterable,
+            or holds something not callable.
+    """
+    if metrics is None:
+        return []
+    if (
+        callable(metrics)
+        or isinstance(metrics, (str, Mapping))
+        or not isinstance(metrics, Iterable)
+    ):
+        raise ArgumentTypeError(
+            f"metrics must be a list of callables metric(batch, outputs) -> dict, got "
+            f"{type(metrics).__name__}; wrap a single metric in a list: metrics=[metric]"
+        )
+    checked: list[MetricFn] = list(metrics)
+    for metric in checked:
+        if not callable(metric):
+            raise ArgumentTypeError(
+                f"every metric must be a callable metric(batch, outputs) -> dict, got "
+                f"{type(metric).__name__} {metric!r}"
+            )
+    return checked
+
+
+def metric_result_error(metric: MetricFn, values: object) -> ArgumentTypeError:
+    """The error for an engine Evaluator's metric that returned ``values``, not a dict."""
+    name = getattr(metric, "__qualname__", None) or type(metric).__name__
+    return ArgumentTypeError(
+        f"metric {name} returned {type(values).__name__} {values!r}, but a metric must return a "
+        "dict of names to values (reported as val/<name>); return e.g. {'accuracy': acc}"
+    )
+
+
+def takes_last_iteration(metric: MetricFn) -> bool:
+    """Whether ``metric`` takes PPE's third argument ``last_iteration``."""
+    try:
+        parameters = inspect.signature(metric).parameters.values()
+    except (TypeError, ValueError):  # no signature (some builtins): assume PPE's
+        return True
+    positional = 0
+    for parameter in parameters:
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            return True
+        if parameter.kind in (
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        ):
+            positional += 1
+    return positional >= 3
+
+
+def check_metric(metric: object) -> MetricFn:
+    """One metric of the extension Evaluator, checked to be callable."""
+    if not callable(metric):
+        raise ArgumentTypeError(
+            f"an evaluator metric must be a callable metric(batch, outputs, last_iteration), "
+            f"got {type(metric).__name__} {metric!r}"
+        )
+    return metric
