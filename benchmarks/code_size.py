@@ -276,6 +276,11 @@ FILES: dict[str, tuple[str, str]] = {
     # training: triggers
     _TR + "__init__.py": (SAME, "the triggers namespace"),
     _TR + "_base.py": (SAME, "Trigger and the trigger protocol"),
+    _TR + "_checks.py": (
+        BEYOND,
+        "trigger arguments checked with messages, periods read as exact fractions (PPE: an "
+        "assert on the unit, float epoch counts)",
+    ),
     _TR + "_due.py": (SAME, "due-iteration checks for every-iteration extensions"),
     _TR + "_factory.py": (SAME, "get_trigger"),
     _TR + "_function.py": (SAME, "FunctionTrigger"),

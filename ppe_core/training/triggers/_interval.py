@@ -9,7 +9,8 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from ppe_core.errors import ConfigurationError, TriggerTypeError
-from ppe_core.training.triggers._base import NEVER, Trigger, check_amount, check_unit
+from ppe_core.training.triggers._base import NEVER, Trigger
+from ppe_core.training.triggers._checks import check_amount, check_unit
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView

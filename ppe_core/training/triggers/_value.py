@@ -13,7 +13,8 @@ from ppe_core.errors import (
     MissingObservationWarning,
     TriggerTypeError,
 )
-from ppe_core.training.triggers._base import Trigger, TriggerLike, check_key
+from ppe_core.training.triggers._base import Trigger, TriggerLike
+from ppe_core.training.triggers._checks import check_key
 from ppe_core.training.triggers._factory import get_trigger
 
 if TYPE_CHECKING:
