@@ -10,12 +10,21 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
 from fractions import Fraction
 
 from ppe_core.errors import ConfigurationError, TriggerTypeError
 from ppe_core.training.triggers._base import UNITS
 
-__all__ = ["check_amount", "check_key", "check_unit"]
+__all__ = [
+    "check_amount",
+    "check_compare",
+    "check_early_stopping",
+    "check_epoch_length",
+    "check_key",
+    "check_seconds",
+    "check_unit",
+]
 
 # Fractional periods are read as the nearest fraction with at most this denominator, so that
 # 0.1 or 1/3 of an epoch mean exactly a tenth or a third despite float rounding.
@@ -78,3 +87,62 @@ def check_key(key: object, owner: str, what: str = "key") -> str:
             f"got {type(key).__name__} {key!r}"
         )
     return key
+
+
+def check_epoch_length(iters_per_epoch: int, owner: object) -> int:
+    """``iters_per_epoch`` for an epoch-unit trigger ``owner``; raises unless a positive int."""
+    if isinstance(iters_per_epoch, bool) or not isinstance(iters_per_epoch, int):
+        raise ConfigurationError(
+            f"{owner!r} counts epochs, but iters_per_epoch is {iters_per_epoch!r}, not an int; "
+            "give the manager a positive iters_per_epoch or use unit='iteration'"
+        )
+    if iters_per_epoch <= 0:
+        raise ConfigurationError(
+            f"{owner!r} counts epochs, but iters_per_epoch is {iters_per_epoch}; give the "
+            "manager a positive iters_per_epoch or use unit='iteration'"
+        )
+    return iters_per_epoch
+
+
+def check_seconds(period: object) -> float:
+    """``TimeTrigger``'s ``period`` as a float; raises unless a finite number of seconds > 0."""
+    if isinstance(period, bool) or not isinstance(period, numbers.Real):
+        raise TriggerTypeError(
+            f"TimeTrigger period must be a number of seconds, got {type(period).__name__} "
+            f"{period!r}; e.g. TimeTrigger(600) for every 10 minutes"
+        )
+    seconds = float(period)
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigurationError(
+            f"TimeTrigger period must be a finite number of seconds > 0, got {period!r}"
+        )
+    return seconds
+
+
+def check_compare(
+    compare: Callable[[float, float], bool], owner: str
+) -> Callable[[float, float], bool]:
+    """A value trigger's ``compare``; raises unless it is callable."""
+    if not callable(compare):
+        raise TriggerTypeError(
+            f"{owner} compare must be a callable compare(best, new) -> bool, got "
+            f"{type(compare).__name__} {compare!r}; e.g. lambda best, new: new < best"
+        )
+    return compare
+
+
+def check_early_stopping(patience: object, mode: object) -> None:
+    """Raises unless ``patience`` is an int >= 0 and ``mode`` is 'auto', 'min' or 'max'."""
+    owner = "EarlyStoppingTrigger"
+    if isinstance(patience, bool) or not isinstance(patience, int):
+        raise TriggerTypeError(
+            f"{owner} patience must be an int number of checks, got "
+            f"{type(patience).__name__} {patience!r}"
+        )
+    if patience < 0:
+        raise ConfigurationError(f"{owner} patience must be >= 0, got {patience}")
+    if mode not in ("auto", "min", "max"):
+        raise ConfigurationError(
+            f"{owner} mode must be 'auto', 'min' or 'max', got {mode!r}; 'min' suits "
+            "losses and 'max' accuracies"
+        )

@@ -8,26 +8,12 @@ from collections.abc import Iterable
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from ppe_core.errors import ConfigurationError, TriggerTypeError
+from ppe_core.errors import TriggerTypeError
 from ppe_core.training.triggers._base import NEVER, Trigger
-from ppe_core.training.triggers._checks import check_amount, check_unit
+from ppe_core.training.triggers._checks import check_amount, check_epoch_length, check_unit
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
-
-
-def _epoch_length(iters_per_epoch: int, owner: object) -> int:
-    if isinstance(iters_per_epoch, bool) or not isinstance(iters_per_epoch, int):
-        raise ConfigurationError(
-            f"{owner!r} counts epochs, but iters_per_epoch is {iters_per_epoch!r}, not an int; "
-            "give the manager a positive iters_per_epoch or use unit='iteration'"
-        )
-    if iters_per_epoch <= 0:
-        raise ConfigurationError(
-            f"{owner!r} counts epochs, but iters_per_epoch is {iters_per_epoch}; give the "
-            "manager a positive iters_per_epoch or use unit='iteration'"
-        )
-    return iters_per_epoch
 
 
 def _ceil_iteration(point: Fraction, scale: int) -> int:
@@ -79,7 +65,7 @@ class IntervalTrigger(Trigger):
         ratio = self._ratio
         if self._unit == "iteration":
             return ratio.numerator, 1
-        return ratio.numerator * _epoch_length(iters_per_epoch, self), ratio.denominator
+        return ratio.numerator * check_epoch_length(iters_per_epoch, self), ratio.denominator
 
     def __call__(self, manager: ManagerView) -> bool:
         """Returns whether a period boundary was reached by the iteration just completed."""
@@ -155,7 +141,7 @@ class ManualScheduleTrigger(Trigger):
     def _firing_iterations(self, iters_per_epoch: int) -> tuple[int, ...]:
         # A cache of a pure function of the epoch length, not state: any call order agrees.
         if iters_per_epoch != self._cached_length:
-            scale = 1 if self._unit == "iteration" else _epoch_length(iters_per_epoch, self)
+            scale = 1 if self._unit == "iteration" else check_epoch_length(iters_per_epoch, self)
             found = {_ceil_iteration(p, scale) for p in self._fractions}
             self._iterations = tuple(sorted(found))
             self._cached_length = iters_per_epoch

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ppe_core.errors import ConfigurationError, TriggerTypeError
 from ppe_core.training.triggers._base import Trigger
+from ppe_core.training.triggers._checks import check_seconds
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
@@ -30,19 +29,8 @@ class TimeTrigger(Trigger):
     """
 
     def __init__(self, period: float) -> None:
-        given: object = period  # validated as what callers may really pass
-        if isinstance(given, bool) or not isinstance(given, numbers.Real):
-            raise TriggerTypeError(
-                f"TimeTrigger period must be a number of seconds, got {type(given).__name__} "
-                f"{given!r}; e.g. TimeTrigger(600) for every 10 minutes"
-            )
-        seconds = float(given)
-        if not math.isfinite(seconds) or seconds <= 0:
-            raise ConfigurationError(
-                f"TimeTrigger period must be a finite number of seconds > 0, got {given!r}"
-            )
-        self.period: float = seconds
-        self._next_time: float = seconds
+        self.period: float = check_seconds(period)
+        self._next_time: float = self.period
 
     def __call__(self, manager: ManagerView) -> bool:
         """Returns whether ``manager.elapsed_time`` reached the next multiple of the period."""

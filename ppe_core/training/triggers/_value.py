@@ -11,10 +11,9 @@ from ppe_core._reporting import DictSummary
 from ppe_core.errors import (
     ConfigurationError,
     MissingObservationWarning,
-    TriggerTypeError,
 )
 from ppe_core.training.triggers._base import Trigger, TriggerLike
-from ppe_core.training.triggers._checks import check_key
+from ppe_core.training.triggers._checks import check_compare, check_early_stopping, check_key
 from ppe_core.training.triggers._factory import get_trigger
 
 if TYPE_CHECKING:
@@ -107,12 +106,7 @@ class BestValueTrigger(_MonitorTrigger):
     ) -> None:
         owner = type(self).__name__
         self._key = check_key(key, owner)
-        if not callable(compare):
-            raise TriggerTypeError(
-                f"{owner} compare must be a callable compare(best, new) -> bool, got "
-                f"{type(compare).__name__} {compare!r}; e.g. lambda best, new: new < best"
-            )
-        self._compare = compare
+        self._compare = check_compare(compare, owner)
         self._interval_trigger = get_trigger(trigger)
         self._best_value: float | None = None
         self._summary = DictSummary()
@@ -220,20 +214,8 @@ class EarlyStoppingTrigger(_MonitorTrigger):
         verbose: bool = False,
         max_trigger: TriggerLike = (100, "epoch"),
     ) -> None:
-        owner = "EarlyStoppingTrigger"
-        self.monitor = check_key(monitor, owner, "monitor")
-        if isinstance(patience, bool) or not isinstance(patience, int):
-            raise TriggerTypeError(
-                f"{owner} patience must be an int number of checks, got "
-                f"{type(patience).__name__} {patience!r}"
-            )
-        if patience < 0:
-            raise ConfigurationError(f"{owner} patience must be >= 0, got {patience}")
-        if mode not in ("auto", "min", "max"):
-            raise ConfigurationError(
-                f"{owner} mode must be 'auto', 'min' or 'max', got {mode!r}; 'min' suits "
-                "losses and 'max' accuracies"
-            )
+        self.monitor = check_key(monitor, "EarlyStoppingTrigger", "monitor")
+        check_early_stopping(patience, mode)
         if mode == "auto":
             mode = "max" if "accuracy" in monitor else "min"
         self.mode = mode
