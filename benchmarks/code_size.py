@@ -212,6 +212,11 @@ FILES: dict[str, tuple[str, str]] = {
         "the snapshot extension (SnapshotMode.DEFAULT: autoload, n_retains, writers)",
     ),
     _E + "_snapshot_modes.py": (SAME, "SnapshotMode.DISTRIBUTED and SHARDED"),
+    _E + "_snapshot_checks.py": (
+        BEYOND,
+        "snapshot arguments and the filename template checked before training (PPE fails at "
+        "the first save)",
+    ),
     _E + "_snapshot_host_copy.py": (
         BEYOND,
         "a background snapshot's state copied to host memory first, large buffers refilled "

@@ -21,14 +21,13 @@ import torch
 
 from ppe_core.distributed import group_world
 from ppe_core.errors import (
-    ArgumentTypeError,
-    ConfigurationError,
     ShardedStateError,
     SnapshotError,
 )
 from ppe_core.training._extension import PRIORITY_SNAPSHOT
 from ppe_core.training._resume import record_ranks
 from ppe_core.training._state import PPE_CORE_STATE_KEY
+from ppe_core.training.extensions._snapshot_checks import check_arguments, check_template
 from ppe_core.training.extensions._snapshot_host_copy import _BufferKey, _host_copy
 from ppe_core.training.extensions._snapshot_manifest import (
     _describe_path,
@@ -74,29 +73,7 @@ class _Snapshot(SnapshotRanks):
         savefun: Callable[..., Any] | None = None,
         saver_rank: int | None = None,
     ) -> None:
-        if not (callable(filename) or (isinstance(filename, str) and filename)):
-            raise ArgumentTypeError(
-                f"filename must be a non-empty str template (e.g. 'snapshot_iter_{{.iteration}}')"
-                f" or a callable taking the manager, got {filename!r}"
-            )
-        if autoload and not isinstance(filename, str):
-            raise ConfigurationError(
-                "autoload=True needs a str filename template to find earlier snapshots; a "
-                "callable filename cannot be matched against the files in out_dir"
-            )
-        if isinstance(target, Mapping):
-            bad = [k for k, v in target.items() if not hasattr(v, "state_dict")]
-            if bad:
-                raise ArgumentTypeError(
-                    f"snapshot target values must have state_dict()/load_state_dict(); {bad} do not"
-                )
-        elif target is not None and not hasattr(target, "state_dict"):
-            raise ArgumentTypeError(
-                f"snapshot target must have state_dict()/load_state_dict() (a model, an "
-                f"optimizer, ...) or be a dict of such objects, got {type(target).__name__}"
-            )
-        if isinstance(n_retains, bool) or not isinstance(n_retains, int):
-            raise ArgumentTypeError(f"n_retains must be an int (-1 keeps all), got {n_retains!r}")
+        check_arguments(target, filename, n_retains, autoload)
         self._target = target
         self.condition = condition
         self.writer = writer
@@ -226,15 +203,7 @@ class _Snapshot(SnapshotRanks):
         sharded models and optimizers here, on every rank, before training or autoload.
         """
         self._find_sharded(manager)
-        if isinstance(self.filename, str):
-            try:
-                self.filename.format(manager)
-            except (AttributeError, KeyError, IndexError, ValueError) as exc:
-                raise ConfigurationError(
-                    f"snapshot filename template {self.filename!r} cannot be formatted with "
-                    f"the manager ({type(exc).__name__}: {exc}); use fields of the manager "
-                    "such as '{.iteration}' or '{.epoch}', e.g. 'snapshot_iter_{.iteration}'"
-                ) from None
+        check_template(self.filename, manager)
         if self.writer is not None and self.writer is not getattr(manager, "writer", None):
             self.writer.initialize(manager.out)
 
