@@ -292,6 +292,55 @@ def test_json_log_text_is_json_dumps_with_indent_byte_for_byte(
         assert (tmp_path / "more").read_text() == json.dumps(entries, indent=4)
 
 
+def test_number_entries_skip_the_json_encoder_and_keep_its_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Entries of finite floats and ints (LogReport's) are formatted from a template of their
+    keys, encoded once; the text is still json.dumps' own, byte for byte."""
+    import random
+    import sys
+
+    from ppe_core.training.extensions import _log_report
+
+    numbers = [0.1, -0.0, 1e22, 5e-324, 1.7976931348623157e308, 3, -7, 10**30]
+    others = [True, None, "x%s", float("nan"), float("inf"), 10**400]
+    keys = ["train/loss", "a%b", 'q"uote', "\u00e9\n", "%r"]
+    rng = random.Random(25)
+    entries = []
+    for _ in range(2_000):
+        entry: dict[str, Any] = {}
+        for _ in range(rng.randint(1, 5)):
+            pool = others if rng.random() < 0.1 else numbers
+            value = (
+                rng.choice(pool)
+                if rng.random() < 0.5
+                else rng.random() * 10.0 ** rng.randint(-9, 9)
+            )
+            entry[rng.choice(keys) + str(rng.randint(0, 2))] = value
+        entries.append(entry)
+    expected = [(json.dumps(e) + "\n", json.dumps([e], indent=4)[2:-2]) for e in entries]
+    encoded: list[dict[str, Any]] = []
+    for name in ("_encode_line", "_encode_indented"):
+        real = getattr(_log_report, name)
+
+        def counting(entry: Any, level: int, real: Any = real) -> Any:
+            encoded.append(entry)
+            return real(entry, level)
+
+        monkeypatch.setattr(_log_report, name, counting)
+
+    got = [(_log_report._json_line(e), _log_report._json_entry_text(e)) for e in entries]
+    assert got == expected
+
+    def numbers_only(entry: dict[str, Any]) -> bool:
+        return all(
+            v.__class__ in (float, int) and abs(v) <= sys.float_info.max for v in entry.values()
+        )
+
+    assert any(numbers_only(e) for e in entries)
+    assert encoded and not any(numbers_only(e) for e in encoded)
+
+
 def test_json_text_without_the_c_encoder_is_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
     from ppe_core.training.extensions import _log_report
 

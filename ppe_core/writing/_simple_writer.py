@@ -52,11 +52,9 @@ class SimpleWriter(Writer):
             Exception: Whatever ``savefun`` or the file system raised; the destination file is
                 left as it was.
         """
-        self.save(
-            filename,
-            out_dir,
-            target,
-            self._savefun if savefun is None else savefun,
-            append,
-            **self._kwds,
-        )
+        if savefun is None:
+            savefun = self._savefun
+        if self._kwds:
+            self.save(filename, out_dir, target, savefun, append, **self._kwds)
+        else:  # a log's per-entry append: no keyword dictionary to build and unpack
+            self.save(filename, out_dir, target, savefun, append)
