@@ -205,6 +205,11 @@ FILES: dict[str, tuple[str, str]] = {
     _E + "_print_report.py": (SAME, "PrintReport"),
     _E + "_profile_report.py": (SAME, "ProfileReport"),
     _E + "_progress_bar.py": (SAME, "ProgressBar"),
+    _E + "_progress_plain.py": (
+        BEYOND,
+        "ProgressBar off a terminal: plain, rate-limited lines for logs (min_interval); nothing "
+        "off rank 0 (PPE writes terminal control codes everywhere, on every rank)",
+    ),
     _E + "_slack.py": (SAME, "Slack, SlackWebhook"),
     _E + "_snapshot.py": (SAME, "snapshot, snapshot_object, SnapshotMode: choosing the mode"),
     _E + "_snapshot_base.py": (

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import datetime
 import importlib
 import math
 import sys
@@ -14,6 +13,14 @@ from ppe_core.distributed import group_world
 from ppe_core.errors import ConfigurationError
 from ppe_core.training._extension import PRIORITY_READER, Extension
 from ppe_core.training.extensions._console import in_notebook, is_terminal
+from ppe_core.training.extensions._progress_plain import (
+    DEFAULT_MIN_INTERVAL as DEFAULT_MIN_INTERVAL,
+)
+from ppe_core.training.extensions._progress_plain import (
+    NoDisplay,
+    PlainDisplay,
+    plain_min_interval,
+)
 from ppe_core.training.triggers import Trigger
 
 if TYPE_CHECKING:
@@ -43,16 +50,6 @@ class _EveryN(Trigger):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.interval})"
-
-
-def _format_eta(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    return str(datetime.timedelta(seconds=round(max(seconds, 0.0))))
-
-
-#: ProgressBar's default ``min_interval``: seconds between plain (non-terminal) lines.
-DEFAULT_MIN_INTERVAL = 5.0
 
 
 class _Progress:
@@ -89,79 +86,6 @@ class _Progress:
         loaded after the bar started moved the count, and those iterations took no time)."""
         self.recent.clear()
         self.recent.append((iteration, time.perf_counter()))
-
-
-def _format_speed(speed: float) -> str:
-    return f"{speed:.4g}" if math.isfinite(speed) else "?"
-
-
-class _PlainDisplay:
-    """One self-contained line per update: for logs, pipes and files (no ``\\r``, no ANSI).
-
-    The line starts with PPE's status phrase (``2 iter, 0 epoch / 5 epochs``) so that
-    anything matching PPE's output still finds it.
-    """
-
-    def __init__(self, out: IO[str], progress: _Progress, min_interval: float) -> None:
-        self._out = out
-        self._progress = progress
-        self._min_interval = min_interval
-        self._last = -1
-        self._last_time = -math.inf
-
-    def update(self, iteration: int, epoch_detail: float, final: bool = False) -> None:
-        if iteration == self._last:
-            return
-        if not final:
-            # Like tqdm's ``mininterval``: a line every few seconds keeps CI logs and
-            # redirected output readable however short the update interval is.
-            now = time.perf_counter()
-            if now - self._last_time < self._min_interval:
-                return
-            self._last_time = now
-        self._last = iteration
-        progress = self._progress
-        speed = progress.speed(iteration)
-        total = progress.total
-        per_epoch = progress.iters_per_epoch
-        status = f"{iteration} iter, {iteration // per_epoch if per_epoch else 0} epoch"
-        if total and per_epoch:
-            if progress.length is not None:
-                amount, unit = progress.length
-                status += f" / {amount:g} {unit}s"
-            eta = (total - iteration) / speed if speed > 0 else math.inf
-            line = (
-                f"{status} | {iteration}/{total} iters ({min(iteration / total, 1.0):.2%}), "
-                f"epoch {epoch_detail:.2f}/{total / per_epoch:g}, "
-                f"{_format_speed(speed)} iters/sec, ETA {_format_eta(eta)}\n"
-            )
-        elif per_epoch:
-            line = f"{status} | epoch {epoch_detail:.2f}, {_format_speed(speed)} iters/sec\n"
-        else:
-            line = f"{status} | epoch length not known yet, {_format_speed(speed)} iters/sec\n"
-        self._out.write(line)
-        flush = getattr(self._out, "flush", None)
-        if flush is not None:
-            flush()
-
-    def rebase(self, iteration: int) -> None:
-        self._progress.rebase(iteration)
-
-    def close(self) -> None:
-        pass
-
-
-class _NoDisplay:
-    """What ranks other than 0 show under torch.distributed: nothing."""
-
-    def update(self, iteration: int, epoch_detail: float, final: bool = False) -> None:
-        pass
-
-    def rebase(self, iteration: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 class _TqdmDisplay:
@@ -261,19 +185,7 @@ class ProgressBar(Extension):
                 raise ConfigurationError(
                     f"ProgressBar {name} must be a positive integer, got {value!r}"
                 )
-        if min_interval is None:
-            own = out is None or out is sys.stdout or out is sys.stderr
-            min_interval = DEFAULT_MIN_INTERVAL if own else 0.0
-        if (
-            isinstance(min_interval, bool)
-            or not isinstance(min_interval, (int, float))
-            or not min_interval >= 0
-        ):
-            raise ConfigurationError(
-                f"ProgressBar min_interval must be a number of seconds >= 0, got "
-                f"{min_interval!r}; e.g. min_interval=5.0, or 0 for a line at every update"
-            )
-        self._min_interval = float(min_interval)
+        self._min_interval = plain_min_interval(min_interval, out)
         if training_length is not None:
             _check_length(training_length)
         self._training_length = training_length
@@ -282,7 +194,7 @@ class ProgressBar(Extension):
         self._out: IO[str] = sys.stdout if out is None else out
         self._schedule = _EveryN(update_interval)
         self.trigger = self._schedule
-        self._display: _PlainDisplay | _TqdmDisplay | _NoDisplay | None = None
+        self._display: PlainDisplay | _TqdmDisplay | NoDisplay | None = None
         #: Whether the display was made before the epoch length was known (no total).
         self._length_unknown = False
         #: The iteration at initialize until the first update (then None).
@@ -321,7 +233,7 @@ class ProgressBar(Extension):
         progress = _Progress(total, per_epoch, start, self._length(manager))
         out = self._out
         if group_world()[1] != 0:
-            self._display = _NoDisplay()
+            self._display = NoDisplay()
         elif out is sys.stdout and in_notebook():
             tqdm_auto: Any = importlib.import_module("tqdm.auto")
             self._display = _TqdmDisplay(tqdm_auto.tqdm, out, progress, start, self._bar_length)
@@ -329,7 +241,8 @@ class ProgressBar(Extension):
             tqdm: Any = importlib.import_module("tqdm")
             self._display = _TqdmDisplay(tqdm.tqdm, out, progress, start, self._bar_length)
         else:
-            self._display = _PlainDisplay(out, progress, self._min_interval)
+            # The clock ProgressBar's speed estimate reads too.
+            self._display = PlainDisplay(out, progress, self._min_interval, time.perf_counter)
 
     def __call__(self, manager: ManagerView) -> None:
         """Redraws the bar (or prints a line) for the current iteration."""
