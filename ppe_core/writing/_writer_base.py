@@ -416,8 +416,10 @@ class Writer:
     of that interval. A ``savefun`` whose ``positional`` attribute is true extends a file at
     offsets it chooses (``os.pwrite``; LogReport's JSON log writes its new entries over the
     array's closing bracket): on the local file system its appends get a handle opened without
-    ``O_APPEND`` and the keyword argument ``size`` (the file's size before the append), and
-    otherwise the same sync and flush as any append.
+    ``O_APPEND`` and the keyword argument ``size`` (the file's size before the append, which
+    the writer keeps between appends: the savefun returns the size after it), and otherwise the
+    same sync and flush as any append. An appended file kept open is checked against its path
+    only when due for its ``fsync`` (see :attr:`append_reopens`).
 
     Subclasses decide where the save runs (this thread, another thread, another process) by
     overriding :meth:`__call__`; all of them end up in :meth:`save`. Work made of several

@@ -418,7 +418,10 @@ class LogReport(Extension):
     none written before it; the kill can tear only the entry being written, which
     :meth:`read` and a resumed run repair. Writers ``fsync`` appended files at most every
     :attr:`~ppe_core.writing.Writer.append_sync_interval` seconds (1 s), so a machine crash
-    loses at most that interval's entries. Writers that are not
+    loses at most that interval's entries. A file replaced or removed under the writer is
+    noticed at its next ``fsync`` (so within that interval, not per entry: the entries between
+    go to the file the writer has open), and the log is then written whole again. Writers
+    that are not
     :class:`~ppe_core.writing.Writer` objects (e.g. ``TensorBoardWriter``) receive the whole
     log at every entry with ``append=False``, as in PPE, and JSON through a writer on
     another file system (``fs=``) is rewritten whole.
@@ -502,7 +505,9 @@ class LogReport(Extension):
         # entry rewrites it), and, for CSV, the columns of its header.
         self._file: str | None = None
         self._columns: dict[str, None] = {}
-        # The writer's append_reopens when it last wrote the file whole.
+        # The writer that wrote the file whole, if entries can be added to the file through it
+        # (see _extends), and its append_reopens then.
+        self._extending: Any = None  # a Writer (Any: the manager's writer is typed Any)
         self._reopens = 0
         self._due = DueCheck(self._trigger)
 
@@ -533,26 +538,31 @@ class LogReport(Extension):
         self._write(manager, entry)
 
     def _write(self, manager: ManagerView, entry: Mapping[str, Any]) -> None:
-        if group_world()[1] != 0:
-            # Under torch.distributed only rank 0 writes the file; every rank keeps the entries
-            # (PrintReport, BestValue, ... read them) and its snapshots stay identical.
-            self._written = len(self._log)
-            return
         writer: Any = self._writer if self._writer is not None else getattr(manager, "writer", None)
         if writer is None:
             writer = self._writer = SimpleWriter()
         # A name without a field is the common case; formatting it per entry costs a dict.
         filename = self._filename if self._static_filename else self._filename.format(**entry)
-        if self._append:
-            pending = self._log[self._written :]
-            writer(filename, manager.out, pending, savefun=self._saver, append=True)
-        elif filename == self._file and self._extends(writer, entry):
+        if (
+            writer is self._extending
+            and filename == self._file
+            and (self._format != "csv" or self._columns.keys() >= entry.keys())  # else: wider
+        ):
+            # Added to the file this LogReport wrote whole through this writer, which only
+            # rank 0 does (decided then, so no rank check per entry).
             writer(filename, manager.out, [entry], savefun=self._extender, append=True)
             if writer.append_reopens != self._reopens:
                 # The writer found a file replaced or removed under it (it checks once per
                 # sync interval): the log is written whole again, the entries appended to
                 # the old file within that interval included.
                 self._rewrite(writer, filename, manager.out)
+        elif group_world()[1] != 0:
+            # Under torch.distributed only rank 0 writes the file; every rank keeps the entries
+            # (PrintReport, BestValue, ... read them) and its snapshots stay identical.
+            pass
+        elif self._append:
+            pending = self._log[self._written :]
+            writer(filename, manager.out, pending, savefun=self._saver, append=True)
         else:
             self._rewrite(writer, filename, manager.out)
         self._written = len(self._log)
@@ -566,14 +576,14 @@ class LogReport(Extension):
         # A copy: background writers serialize it after this returns.
         writer(filename, out, list(self._log), savefun=self._saver, append=False)
         self._file = filename
+        self._extending = writer if self._extends(writer) else None
         self._reopens = getattr(writer, "append_reopens", 0)
 
-    def _extends(self, writer: Any, entry: Mapping[str, Any]) -> bool:
-        """Whether ``entry`` can be added to the file instead of rewriting it whole."""
+    def _extends(self, writer: Any) -> bool:
+        """Whether later entries can be added to the file ``writer`` wrote (instead of it
+        being rewritten whole); for CSV, also only entries without a new key."""
         if not isinstance(writer, Writer):
             return False  # PPE's protocol: a custom writer gets the whole log every time
-        if self._format == "csv":
-            return self._columns.keys() >= entry.keys()  # else: a wider header
         return self._format != "json" or writer.writes_local_files  # JSON edits in place
 
     @property
