@@ -217,6 +217,11 @@ FILES: dict[str, tuple[str, str]] = {
         "the snapshot extension (SnapshotMode.DEFAULT: autoload, n_retains, writers)",
     ),
     _E + "_snapshot_modes.py": (SAME, "SnapshotMode.DISTRIBUTED and SHARDED"),
+    _E + "_snapshot_candidates.py": (
+        BEYOND,
+        "which snapshot files are trusted: links out of the directory refused, manifests read, "
+        "ppe-core's files whose manifest a kill prevented (PPE: the newest matching file)",
+    ),
     _E + "_snapshot_checks.py": (
         BEYOND,
         "snapshot arguments and the filename template checked before training (PPE fails at "

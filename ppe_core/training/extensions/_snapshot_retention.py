@@ -2,7 +2,9 @@
 
 A series is the files one snapshot extension writes into an output directory (named by its
 filename template). Autoload takes the newest valid one; ``n_retains`` deletes all but the newest
-complete ones, never an incomplete file nor one ppe-core did not write.
+complete ones, never an incomplete file nor one ppe-core did not write. What makes a file
+trustworthy (no link out of the directory, its manifest, ppe-core's own files without one) is
+``_snapshot_candidates``'.
 """
 
 from __future__ import annotations
@@ -16,14 +18,12 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import torch
-
 from ppe_core.errors import SnapshotError, SnapshotVerificationWarning, UnsafeSnapshotError
+from ppe_core.training.extensions._snapshot_candidates import Candidate, Orphans, load_unverified
 from ppe_core.training.extensions._snapshot_manifest import (
     MANIFEST_SUFFIX,
     _complete_manifest,
     _is_int,
-    _parse_manifest,
     load_snapshot,
     manifest_path,
     verify_snapshot,
@@ -60,48 +60,6 @@ def _glob_pattern(filename: str) -> str:
     return re.sub(r"\{[^{}]*\}", "*", glob.escape(filename).replace("[{]", "{").replace("[}]", "}"))
 
 
-class _Candidate:
-    """A file that may be a snapshot: its path, manifest, iteration and why it cannot be used.
-
-    ``problem`` is set when the file must be skipped whatever its contents (an unreadable
-    manifest, a symbolic link out of the output directory); ``iteration`` (from the manifest,
-    else the name) orders candidates, never the manifest's clock time, which a wrong clock or
-    a copied file makes meaningless; the file's modification time only breaks ties.
-    """
-
-    __slots__ = ("iteration", "manifest", "mtime", "path", "problem")
-
-    def __init__(self, path: str, out_dir: str, name_iteration: Callable[[str], int | None]):
-        self.path = path
-        self.manifest: dict[str, Any] | None = None
-        self.problem: str | None = None
-        try:
-            self.mtime = os.path.getmtime(path)
-        except OSError:
-            self.mtime = 0.0
-        real, real_out = os.path.realpath(path), os.path.realpath(out_dir)
-        try:
-            inside = os.path.commonpath([real, real_out]) == real_out
-        except ValueError:  # another drive
-            inside = False
-        if not inside:
-            # Loading it would resume from a file the run never wrote (another run's, or one
-            # planted through the link); it must be copied in to be used.
-            self.problem = (
-                f"{path} is a symbolic link to {real} (or lies under one), outside the output "
-                f"directory {real_out}; copy the file into the directory to resume from it"
-            )
-        else:
-            try:
-                self.manifest = _parse_manifest(path)
-            except SnapshotError as exc:
-                self.problem = str(exc)
-        relative = os.path.relpath(path, out_dir)
-        self.iteration = (
-            self.manifest["iteration"] if self.manifest is not None else name_iteration(relative)
-        )
-
-
 class SnapshotSeries:
     """The files one snapshot extension writes into an output directory.
 
@@ -113,9 +71,8 @@ class SnapshotSeries:
     def __init__(self, filename: str | Callable[[Any], str]) -> None:
         self.filename = filename
         self._written: list[str] = []  # paths written, for a callable filename
-        # Files without a manifest that retiring looked into: path -> ((mtime, size), what
-        # _orphan found), so each is loaded once, not at every snapshot.
-        self._orphans: dict[str, tuple[tuple[float, int], tuple[int, float, str] | None]] = {}
+        # Files without a manifest that retiring looked into (each loaded once).
+        self._orphans = Orphans()
 
     def files(self, out_dir: str) -> list[str]:
         """Files in ``out_dir`` matching the filename template (not manifests or temp files)."""
@@ -142,13 +99,13 @@ class SnapshotSeries:
         """
         name_iteration = _name_iteration(self.filename) if isinstance(self.filename, str) else None
         candidates = [
-            _Candidate(path, out_dir, name_iteration or (lambda name: None))
+            Candidate(path, out_dir, name_iteration or (lambda name: None))
             for path in self.files(out_dir)
         ]
         for candidate in [c for c in candidates if c.iteration is None and c.problem is None]:
             # Neither a manifest nor the name tells the iteration: the state does.
             try:
-                state = _load_unverified(candidate.path)
+                state = load_unverified(candidate.path)
             except UnsafeSnapshotError:
                 raise
             except SnapshotError as exc:
@@ -170,7 +127,7 @@ class SnapshotSeries:
                     verify_snapshot(path)
                     state = load_snapshot(path, verify=False)
                 else:
-                    state = _load_unverified(path)
+                    state = load_unverified(path)
                 if not isinstance(state, Mapping):
                     raise SnapshotError(
                         f"{path} holds a {type(state).__name__}, not a snapshot's state dict"
@@ -194,7 +151,7 @@ class SnapshotSeries:
         Deletes all but the newest ``n_retains`` complete snapshots (N > 0; otherwise all are
         kept), never ``path`` nor an incomplete one. Complete snapshots are those with a
         complete manifest, and ppe-core's own data files whose manifest a kill prevented (see
-        :meth:`_orphan`). Other files stay: those with a manifest they do not match (a
+        :class:`Orphans`). Other files stay: those with a manifest they do not match (a
         background save may still be writing them) and those ppe-core did not write (PPE's).
         """
         if path in self._written:
@@ -207,7 +164,7 @@ class SnapshotSeries:
             try:
                 manifest = _complete_manifest(found)
             except SnapshotError:
-                orphan = self._orphan(found)
+                orphan = self._orphans.find(found)
                 if orphan is not None:
                     complete.append(orphan)
                 continue
@@ -221,48 +178,4 @@ class SnapshotSeries:
                     os.remove(victim)
             with contextlib.suppress(ValueError):
                 self._written.remove(old)
-            self._orphans.pop(old, None)
-
-    def _orphan(self, path: str) -> tuple[int, float, str] | None:
-        """``(iteration, mtime, path)`` if ``path`` is a snapshot ppe-core wrote whose manifest
-        a kill prevented; None otherwise.
-
-        Writers rename a data file into place complete, so such a file is a whole snapshot.
-        It is told from PPE's by ppe-core's resume data (``_ppe_core``, a key PPE never
-        writes) inside: finding that costs a load (memory-mapped), done once per file and
-        only for files without any manifest. A file with a manifest it does not match is not
-        an orphan: it may be being written.
-        """
-        if any(os.path.exists(m) for m in (manifest_path(path), path + MANIFEST_SUFFIX)):
-            return None
-        try:
-            stat = os.stat(path)
-        except OSError:
-            return None
-        key = (stat.st_mtime, stat.st_size)
-        cached = self._orphans.get(path)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        found: tuple[int, float, str] | None = None
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except Exception:  # unreadable, or not ours: it stays, as PPE's files do
-            state = None
-        if isinstance(state, dict) and "_ppe_core" in state:
-            iteration = state.get("_start_iteration")
-            found = (iteration if isinstance(iteration, int) else -1, stat.st_mtime, path)
-        del state
-        self._orphans[path] = (key, found)
-        return found
-
-
-def _load_unverified(path: str) -> Any:
-    """Loads a file without a manifest; a failure says so in its message."""
-    try:
-        return load_snapshot(path, verify=False)
-    except UnsafeSnapshotError:
-        raise
-    except SnapshotError as exc:
-        detail = str(exc).removeprefix(f"{path}: ")
-        message = f"{path}: unreadable snapshot without a manifest: {detail}"
-        raise SnapshotError(message) from exc
+            self._orphans.forget(old)
