@@ -31,6 +31,17 @@ __all__ = [
 _MAX_DENOMINATOR = 1_000_000
 
 
+def _positive_number(value: object, wrong_type: str, not_positive: str) -> float:
+    """``value`` as a float; raises ``TriggerTypeError(wrong_type)`` unless it is a real
+    number, ``ConfigurationError(not_positive)`` unless it is finite and > 0."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TriggerTypeError(wrong_type)
+    number = float(value)
+    if not math.isfinite(number) or number <= 0:
+        raise ConfigurationError(not_positive)
+    return number
+
+
 def check_unit(unit: object, owner: str) -> str:
     """Validates a trigger unit, naming the owner and the accepted values in the error."""
     example = f"e.g. {owner}(1, 'epoch')"
@@ -55,16 +66,12 @@ def check_amount(value: object, unit: str, what: str, owner: str) -> Fraction:
         what: The argument's name for messages (``'period'``, ``'point'``).
         owner: The trigger class name for messages.
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TriggerTypeError(
-            f"{owner} {what} must be a positive int or float, got {type(value).__name__} "
-            f"{value!r}; the arguments are ({what}, unit), e.g. {owner}(1, 'epoch')"
-        )
-    number = float(value)
-    if not math.isfinite(number) or number <= 0:
-        raise ConfigurationError(
-            f"{owner} {what} must be a finite number > 0, got {value!r}; use e.g. 1 or 0.5"
-        )
+    number = _positive_number(
+        value,
+        f"{owner} {what} must be a positive int or float, got {type(value).__name__} "
+        f"{value!r}; the arguments are ({what}, unit), e.g. {owner}(1, 'epoch')",
+        f"{owner} {what} must be a finite number > 0, got {value!r}; use e.g. 1 or 0.5",
+    )
     if unit == "iteration":
         if not number.is_integer():
             raise ConfigurationError(
@@ -106,17 +113,12 @@ def check_epoch_length(iters_per_epoch: int, owner: object) -> int:
 
 def check_seconds(period: object) -> float:
     """``TimeTrigger``'s ``period`` as a float; raises unless a finite number of seconds > 0."""
-    if isinstance(period, bool) or not isinstance(period, numbers.Real):
-        raise TriggerTypeError(
-            f"TimeTrigger period must be a number of seconds, got {type(period).__name__} "
-            f"{period!r}; e.g. TimeTrigger(600) for every 10 minutes"
-        )
-    seconds = float(period)
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ConfigurationError(
-            f"TimeTrigger period must be a finite number of seconds > 0, got {period!r}"
-        )
-    return seconds
+    return _positive_number(
+        period,
+        f"TimeTrigger period must be a number of seconds, got {type(period).__name__} "
+        f"{period!r}; e.g. TimeTrigger(600) for every 10 minutes",
+        f"TimeTrigger period must be a finite number of seconds > 0, got {period!r}",
+    )
 
 
 def check_compare(
