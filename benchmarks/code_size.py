@@ -170,7 +170,8 @@ FILES: dict[str, tuple[str, str]] = {
         "a state that does not fit a model or optimizer explained: its name, missing and "
         "unexpected keys, a data-parallel prefix, another optimizer type (PPE: torch's error)",
     ),
-    _T + "_stop.py": (SAME, "the stop trigger (plus stop_reason)"),
+    _T + "_stop.py": (SAME, "the stop trigger, consulted once per iteration"),
+    _T + "_stop_reason.py": (BEYOND, "why training ended: stop_reason (PPE only stops)"),
     _T + "_epoch_length.py": (
         BEYOND,
         "epochs of unknown length (loaders without len()), read ahead; each epoch's end checked "

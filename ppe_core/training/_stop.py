@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from ppe_core.errors import ConfigurationError
+from ppe_core.training._stop_reason import StopKind, StopReason
 from ppe_core.training.triggers import Trigger, get_trigger, next_due
 
 if TYPE_CHECKING:
@@ -16,7 +16,6 @@ __all__ = ["StopCondition", "StopKind", "StopReason", "max_epochs_trigger"]
 #: Why training ended: ``"max_epochs"`` (the default stop trigger, ``(max_epochs, 'epoch')``,
 #: fired), ``"stop_trigger"`` (a ``stop_trigger`` the user passed fired) or ``"error"`` (an
 #: exception ended training).
-StopKind = Literal["max_epochs", "stop_trigger", "error"]
 
 
 class _NoEpochs(Trigger):
@@ -51,35 +50,6 @@ def max_epochs_trigger(max_epochs: int) -> Trigger:
                 "train (0 only for a manager that just loads a state)"
             )
     return get_trigger((max_epochs, "epoch"))
-
-
-@dataclass(frozen=True)
-class StopReason:
-    """Which condition ended training, and when.
-
-    Read it as ``trainer.stop_reason`` or ``manager.stop_reason`` (None while training goes
-    on). ``str()`` gives a sentence for logs, e.g. ``"stop_trigger EarlyStoppingTrigger(...)
-    fired at iteration 14 (epoch 1.75)"``.
-
-    Attributes:
-        kind: ``"max_epochs"``, ``"stop_trigger"`` or ``"error"`` (see :data:`StopKind`).
-        iteration: Completed iterations when training ended.
-        epoch_detail: The same as a fraction of epochs.
-        trigger: The stop trigger that fired; None for ``"error"``.
-        error: The exception that ended training; None unless ``kind == "error"``.
-    """
-
-    kind: StopKind
-    iteration: int
-    epoch_detail: float
-    trigger: Trigger | None = None
-    error: BaseException | None = None
-
-    def __str__(self) -> str:
-        when = f"at iteration {self.iteration} (epoch {self.epoch_detail:g})"
-        if self.kind == "error":
-            return f"error {type(self.error).__name__}: {self.error} {when}"
-        return f"{self.kind} {self.trigger!r} fired {when}"
 
 
 class StopCondition:
