@@ -115,7 +115,7 @@ class Registry(Generic[T]):
         """Remove ``name``, restoring whatever it had replaced, and return its object."""
         entry = self._entries.pop(name, None)
         if entry is None:
-            raise self._not_found(name)
+            raise RegistryLookupError(self._not_found_message(name))
         if entry.replaced is not None:
             self._entries[name] = entry.replaced
         if type(entry.obj) is LazyTarget:
@@ -131,7 +131,7 @@ class Registry(Generic[T]):
         """
         entry = self._entries.get(name)
         if entry is None:
-            raise self._not_found(name)
+            raise RegistryLookupError(self._not_found_message(name))
         obj = entry.obj
         if type(obj) is LazyTarget:
             return self._resolve(entry)
@@ -182,9 +182,6 @@ class Registry(Generic[T]):
 
     def _validate(self, name: str, obj: T) -> None:
         """Reject objects this kind of registry cannot hold; subclasses tighten it."""
-
-    def _not_found(self, name: str, hint: str = "") -> RegistryLookupError:
-        return RegistryLookupError(self._not_found_message(name, hint))
 
     def _not_found_message(self, name: str, hint: str = "") -> str:
         failures = self._describe_failures() if self._describe_failures else ""

@@ -40,23 +40,22 @@ def explain_forward_mismatch(model: torch.nn.Module, batch: Any, exc: TypeError)
         signature = inspect.signature(model.forward)
     except (TypeError, ValueError):
         return
+    args: Any = (batch,)
+    kwargs: Any = {}
+    if isinstance(batch, Mapping):
+        args, kwargs = (), batch
+        given = f"a dict with keys {sorted(batch)}"
+        rule = "dict batches are passed as keyword arguments, so their keys must match"
+    elif isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
+        args = batch
+        given = f"a {type(batch).__name__} of {len(batch)} items"
+        rule = "list/tuple batches are passed as positional arguments, so their items match"
+    else:
+        given = f"a single {type(batch).__name__}"
+        rule = "any other batch is passed as the single argument, so it must match"
     try:
-        if isinstance(batch, Mapping):
-            signature.bind(**batch)
-        elif isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
-            signature.bind(*batch)
-        else:
-            signature.bind(batch)
+        signature.bind(*args, **kwargs)
     except TypeError as mismatch:
-        if isinstance(batch, Mapping):
-            given = f"a dict with keys {sorted(batch)}"
-            rule = "dict batches are passed as keyword arguments, so their keys must match"
-        elif isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
-            given = f"a {type(batch).__name__} of {len(batch)} items"
-            rule = "list/tuple batches are passed as positional arguments, so their items match"
-        else:
-            given = f"a single {type(batch).__name__}"
-            rule = "any other batch is passed as the single argument, so it must match"
         # Parameter names only: annotations make the message long and say nothing about the fix.
         empty = inspect.Parameter.empty
         names = signature.replace(

@@ -95,7 +95,9 @@ class BaseHandler:
         """Restore :meth:`state_dict`."""
 
 
-def _report_keys(value: Any, name: str) -> list[str] | None:
+def _report_keys(options: dict[str, Any], name: str) -> list[str] | None:
+    """Pops the option ``name``: a list of output keys, or None."""
+    value = options.pop(name, None)
     if value is None:
         return None
     if isinstance(value, str) or not all(isinstance(k, str) for k in value):
@@ -143,12 +145,8 @@ class Handler(BaseHandler):
         self._eval_names: dict[str, str] = {}
 
     def consume_options(self, options: dict[str, Any]) -> None:
-        self._train_report_keys = _report_keys(
-            options.pop("train_report_keys", None), "train_report_keys"
-        )
-        self._eval_report_keys = _report_keys(
-            options.pop("eval_report_keys", None), "eval_report_keys"
-        )
+        self._train_report_keys = _report_keys(options, "train_report_keys")
+        self._eval_report_keys = _report_keys(options, "eval_report_keys")
         options.pop("async", None)  # PPE accepts it for backward compatibility; no effect
 
     @property
@@ -160,11 +158,7 @@ class Handler(BaseHandler):
     @property
     def runtimes(self) -> list[BaseRuntime]:
         """The distinct runtimes found for the models (after setup)."""
-        unique: list[BaseRuntime] = []
-        for _, runtime in self._runtimes:
-            if all(runtime is not seen for seen in unique):
-                unique.append(runtime)
-        return unique
+        return list({id(runtime): runtime for _, runtime in self._runtimes}.values())
 
     # Runtime discovery ----------------------------------------------------------------------
     def _discover(self, models: Mapping[str, torch.nn.Module]) -> None:

@@ -551,13 +551,14 @@ class Logic(ModelLogic, StagedSteps):
                 stacklevel=3,
             )
 
-    def _backward(self, outputs: Any, scale: int = 1) -> None:
+    def _backward(self, outputs: Any, scale: int = 1) -> list[torch.Tensor]:
         """Backpropagate the chosen outputs (``outputs`` raw or normalized), divided by
-        ``scale`` (the accumulation window) and scaled by the grad scaler."""
+        ``scale`` (the accumulation window) and scaled by the grad scaler; returns the tensors
+        backpropagated (none: nothing was)."""
         named = outputs if type(outputs) is dict else self._keyed(outputs)
         tensors = self._to_backward(named)
         if not tensors:
-            return
+            return tensors
         if scale != 1:
             tensors = [t / scale for t in tensors]
         if self._grad_scaler is not None:
@@ -569,6 +570,7 @@ class Logic(ModelLogic, StagedSteps):
             tensors[0].backward()  # type: ignore[no-untyped-call]
         else:
             torch.autograd.backward(tensors)
+        return tensors
 
     # Step callbacks -------------------------------------------------------------------------
     def train_epoch_begin(
@@ -727,20 +729,14 @@ class ClousureLogic(Logic):
             optimizer.zero_grad()
             with autocast.autocast():
                 outs = self._forward(model, batch)
-            tensors = self._to_backward(self._keyed(outs))
+            # No accumulation window and no grad scaler here: the tensors are the outputs.
+            tensors = self._backward(outs)
             if not tensors:
                 raise ModelOutputError(
                     "ClousureLogic found no loss to backpropagate in the model's outputs; "
                     "return the loss (e.g. {'loss': loss}) or name it with "
                     "options={'backward_outputs': ['loss']}."
                 )
-            if self._backward_fn is not None:
-                for t in tensors:
-                    self._backward_fn(t)
-            elif len(tensors) == 1:
-                tensors[0].backward()  # type: ignore[no-untyped-call]
-            else:
-                torch.autograd.backward(tensors)
             loss = tensors[0] if len(tensors) == 1 else torch.stack(tensors).sum()
             return ClousureModelOutput(outs=outs, loss=loss)
 

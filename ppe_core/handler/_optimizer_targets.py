@@ -147,10 +147,6 @@ class Stage:
     #: Whether the first step's checks (loss keys, something trains) have run.
     checked: bool = False
 
-    @property
-    def optimizers(self) -> list[torch.optim.Optimizer]:
-        return [optimizer for group in self.groups for optimizer in group.optimizers]
-
 
 @dataclasses.dataclass
 class Plan:
@@ -162,11 +158,6 @@ class Plan:
     #: Whether each group backpropagates to its own optimizers' parameters only (several
     #: groups: a generator's loss must not leave gradients on the discriminator).
     restrict: bool
-
-    def serves(
-        self, models: Mapping[str, torch.nn.Module], optimizers: Mapping[str, torch.optim.Optimizer]
-    ) -> bool:
-        return models is self.models and optimizers is self.optimizers
 
 
 def build_plan(
@@ -306,7 +297,7 @@ class StagedSteps:
         self, models: Mapping[str, torch.nn.Module], optimizers: Mapping[str, torch.optim.Optimizer]
     ) -> Plan:
         plan = self._plan
-        if plan is None or not plan.serves(models, optimizers):
+        if plan is None or plan.models is not models or plan.optimizers is not optimizers:
             assert self._targets is not None
             keys = self.backward_outputs
             plan = self._plan = build_plan(
@@ -338,8 +329,9 @@ class StagedSteps:
         outputs: Any = None
         for stage in stages:
             if n == 1 or batch_idx % n == 0:
-                for optimizer in stage.optimizers:
-                    optimizer.zero_grad()
+                for group in stage.groups:
+                    for optimizer in group.optimizers:
+                        optimizer.zero_grad()
             model = stage.model
             no_sync = None if ends else no_sync_of(model)
             with contextlib.nullcontext() if no_sync is None else no_sync():

@@ -129,8 +129,7 @@ class RuntimeOptions:
 
 
 def _type_name(t: type) -> str:
-    if t is torch.dtype:
-        return "torch.dtype"
+    # torch.dtype needs no entry: its module is "torch".
     if t is torch.amp.GradScaler:
         return "torch.amp.GradScaler"
     if issubclass(t, Mapping):

@@ -80,7 +80,7 @@ def device_type_of(device: DeviceLike) -> str:
 def _is_torch_device_type(device_type: str) -> bool:
     try:
         torch.device(device_type)
-    except (RuntimeError, ValueError):
+    except (RuntimeError, TypeError, ValueError):
         return False
     return True
 

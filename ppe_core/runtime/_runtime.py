@@ -409,24 +409,21 @@ def get_runtime(module: object) -> BaseRuntime | None:
 
 
 def iter_runtime_modules(
-    module: torch.nn.Module, prefix: str = ""
+    module: torch.nn.Module, prefix: str = "", *, _parent: BaseRuntime | None = None
 ) -> Iterator[tuple[str, torch.nn.Module, BaseRuntime]]:
     """Yield ``(name, submodule, runtime)`` for the top-most tagged module on each branch.
 
-    A submodule re-tagged with a different runtime (moved to another device) is yielded too.
+    A submodule re-tagged with a different runtime (moved to another device) is yielded too
+    (``_parent``: the runtime of the branch above, for the recursion).
     """
-    yield from _walk(module, prefix, None)
-
-
-def _walk(
-    module: torch.nn.Module, name: str, parent_runtime: BaseRuntime | None
-) -> Iterator[tuple[str, torch.nn.Module, BaseRuntime]]:
     runtime = get_runtime(module)
-    if runtime is not None and runtime is not parent_runtime:
-        yield name, module, runtime
-        parent_runtime = runtime
-    for child_name, child in module.named_children():
-        yield from _walk(child, f"{name}.{child_name}" if name else child_name, parent_runtime)
+    if runtime is not None and runtime is not _parent:
+        yield prefix, module, runtime
+        _parent = runtime
+    for name, child in module.named_children():
+        yield from iter_runtime_modules(
+            child, f"{prefix}.{name}" if prefix else name, _parent=_parent
+        )
 
 
 # PPE's helpers under PPE's names -----------------------------------------------------------
@@ -450,9 +447,8 @@ def named_runtime_modules(
             yield from named_runtime_modules(child, child_name, False, recursive)
 
 
-def _module_runtime_tag(module: torch.nn.Module) -> BaseRuntime | None:
-    """PPE's name for :func:`get_runtime`."""
-    return get_runtime(module)
+#: PPE's name for :func:`get_runtime`.
+_module_runtime_tag = get_runtime
 
 
 def _set_module_runtime_tag(module: torch.nn.Module, runtime: BaseRuntime) -> None:

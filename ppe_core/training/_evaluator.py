@@ -32,8 +32,10 @@ __all__ = ["DistributedEvaluator", "DistributedNotInitializedError", "Evaluator"
 Metric = Callable[[Any, Any], Mapping[str, Any]]
 
 
-def loader_length(loader: Iterable[Any], given: int | None, argument: str) -> int:
-    """The number of batches to take from ``loader``, with a clear error when unknowable."""
+def optional_length(loader: Iterable[Any], given: int | None, argument: str) -> int | None:
+    """The number of batches to take from ``loader``: ``given``, else ``len(loader)``, else
+    None for a loader without ``len()`` (it is read until it runs out); a clear error for a
+    ``given`` that is not a positive int and for an empty loader."""
     if given is not None:
         if not isinstance(given, int) or isinstance(given, bool) or given < 1:
             raise ConfigurationError(
@@ -43,11 +45,8 @@ def loader_length(loader: Iterable[Any], given: int | None, argument: str) -> in
         return given
     try:
         length = len(loader)  # type: ignore[arg-type]
-    except TypeError:
-        raise ConfigurationError(
-            f"the loader ({type(loader).__name__}) has no len(), so the number of batches is "
-            f"unknown; pass {argument}=<batches per epoch>."
-        ) from None
+    except TypeError:  # an IterableDataset's loader, a generator, a stream
+        return None
     if length < 1:
         raise ConfigurationError(
             f"the loader ({type(loader).__name__}) is empty: len() is {length}. Check the "
@@ -55,17 +54,6 @@ def loader_length(loader: Iterable[Any], given: int | None, argument: str) -> in
             "yields nothing)."
         )
     return length
-
-
-def optional_length(loader: Iterable[Any], given: int | None, argument: str) -> int | None:
-    """Like :func:`loader_length`, but None for a loader without ``len()`` and no ``given``:
-    it is read until it runs out."""
-    if given is None:
-        try:
-            len(loader)  # type: ignore[arg-type]
-        except TypeError:  # an IterableDataset's loader, a generator, a stream
-            return None
-    return loader_length(loader, given, argument)
 
 
 def _observing_reporter(models: Mapping[str, torch.nn.Module]) -> Reporter:
@@ -269,18 +257,14 @@ class DistributedEvaluator(Evaluator):
 
 def _make_bar(total: int | None) -> Any:
     """A tqdm bar on a terminal or in Jupyter; one plain summary line anywhere else."""
+    from ppe_core.training.extensions._console import in_notebook, is_terminal
+
     out = sys.stdout
-    if _is_interactive(out):
+    if is_terminal(out) or in_notebook():
         from tqdm.auto import tqdm  # imported when used: keeps ``import ppe_core`` cheap
 
         return tqdm(total=total, desc="validation", unit="batch", leave=False, file=out)
     return _PlainBar(total, out)
-
-
-def _is_interactive(out: Any) -> bool:
-    from ppe_core.training.extensions._console import in_notebook, is_terminal
-
-    return is_terminal(out) or (in_notebook() and out is sys.stdout)
 
 
 class _PlainBar:

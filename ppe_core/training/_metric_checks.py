@@ -23,8 +23,11 @@ __all__ = [
 MetricFn = Callable[..., Any]
 
 
-def check_metrics(metrics: Any) -> list[MetricFn]:
-    """The engine Evaluator's ``metrics``: a list of callables (``None``: none).
+def check_metrics(
+    metrics: Any, signature: str = "metric(batch, outputs) -> dict"
+) -> list[MetricFn]:
+    """An evaluator's ``metrics``: a list of callables (``None``: none); ``signature`` is the
+    call the messages show (the engine Evaluator's by default).
 
     Raises:
         ArgumentTypeError: ``metrics`` is a single callable, a string, a dict or not iterable,
@@ -38,17 +41,10 @@ def check_metrics(metrics: Any) -> list[MetricFn]:
         or not isinstance(metrics, Iterable)
     ):
         raise ArgumentTypeError(
-            f"metrics must be a list of callables metric(batch, outputs) -> dict, got "
+            f"metrics must be a list of callables {signature}, got "
             f"{type(metrics).__name__}; wrap a single metric in a list: metrics=[metric]"
         )
-    checked: list[MetricFn] = list(metrics)
-    for metric in checked:
-        if not callable(metric):
-            raise ArgumentTypeError(
-                f"every metric must be a callable metric(batch, outputs) -> dict, got "
-                f"{type(metric).__name__} {metric!r}"
-            )
-    return checked
+    return [check_metric(metric, signature) for metric in metrics]
 
 
 def metric_result_error(metric: MetricFn, values: object) -> ArgumentTypeError:
@@ -66,23 +62,18 @@ def takes_last_iteration(metric: MetricFn) -> bool:
         parameters = inspect.signature(metric).parameters.values()
     except (TypeError, ValueError):  # no signature (some builtins): assume PPE's
         return True
-    positional = 0
-    for parameter in parameters:
-        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
-            return True
-        if parameter.kind in (
-            inspect.Parameter.POSITIONAL_ONLY,
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        ):
-            positional += 1
-    return positional >= 3
+    kinds = [parameter.kind for parameter in parameters]
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return inspect.Parameter.VAR_POSITIONAL in kinds or sum(k in positional for k in kinds) >= 3
 
 
-def check_metric(metric: object) -> MetricFn:
-    """One metric of the extension Evaluator, checked to be callable."""
+def check_metric(
+    metric: object, signature: str = "metric(batch, outputs, last_iteration)"
+) -> MetricFn:
+    """One metric, checked to be callable (``signature``: as for :func:`check_metrics`; the
+    extension Evaluator's by default)."""
     if not callable(metric):
         raise ArgumentTypeError(
-            f"an evaluator metric must be a callable metric(batch, outputs, last_iteration), "
-            f"got {type(metric).__name__} {metric!r}"
+            f"every metric must be a callable {signature}, got {type(metric).__name__} {metric!r}"
         )
     return metric

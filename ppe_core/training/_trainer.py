@@ -51,12 +51,6 @@ EvaluatorSpec = Evaluator | tuple[Evaluator, Any] | Mapping[str, Evaluator | tup
 _SINGLE_EVALUATOR = "Evaluator"
 
 
-def _should_stop(manager: ExtensionsManager) -> bool:
-    # A function, not an inline property read: the answer changes as iterations run, and
-    # type checkers would otherwise narrow ``manager.stop_trigger`` across the loop.
-    return manager.stop_trigger
-
-
 class _EvaluatorExtension(Extension):
     """Runs an evaluator on its trigger, before every other extension of that iteration."""
 
@@ -66,16 +60,12 @@ class _EvaluatorExtension(Extension):
     def __init__(self, trainer: Trainer, evaluator: Evaluator) -> None:
         self._trainer = trainer
         self._evaluator = evaluator
-        self._loader: Iterable[Any] | None = None
-        self._eval_len: int | None = None
-
-    def set_loader(self, loader: Iterable[Any] | None, eval_len: int | None) -> None:
-        """The validation data of the current ``run()`` (the trainer sets it when run starts)."""
-        self._loader = loader
-        self._eval_len = eval_len
+        #: The validation data of the current ``run()`` (the trainer sets them when it starts).
+        self.loader: Iterable[Any] | None = None
+        self.eval_len: int | None = None
 
     def __call__(self, manager: Any) -> None:
-        trainer, evaluator, loader = self._trainer, self._evaluator, self._loader
+        trainer, evaluator, loader = self._trainer, self._evaluator, self.loader
         if loader is None:  # run() checks this; the extension may also be called by hand
             raise ConfigurationError("the evaluator extension needs run(train_loader, val_loader)")
         handler: Any = evaluator.handler
@@ -83,7 +73,7 @@ class _EvaluatorExtension(Extension):
         try:
             # The evaluator reports its means into the manager's observation (the current
             # reporter while extensions run).
-            evaluator.run(loader, eval_len=self._eval_len)
+            evaluator.run(loader, eval_len=self.eval_len)
         finally:
             handler.train_validation_end(trainer, evaluator)
 
@@ -168,9 +158,7 @@ class Trainer:
         #: The models by name, as registered (a plain attribute: the handler reads it every
         #: step). PPE's ``trainer.models`` is the manager's ``raw_models``: the same modules.
         self.models: dict[str, torch.nn.Module] = named_models(models)
-        optimizers = kwargs.pop("optimizers", None)
-        if optimizers is None:
-            optimizers = {}
+        optimizers = kwargs.pop("optimizers", None) or {}
         #: The optimizers by name.
         self.optimizers: dict[str, torch.optim.Optimizer] = (
             dict(optimizers) if isinstance(optimizers, Mapping) else {"main": optimizers}
@@ -178,7 +166,6 @@ class Trainer:
         extensions = kwargs.pop("extensions", None)
         _check_manager_kwargs(kwargs)
         self._kwargs = kwargs
-        self._max_epochs = kwargs.get("max_epochs")
         self._out_dir: str = kwargs.get("out_dir", "result")
         stop_trigger = kwargs.pop("stop_trigger", None)
         self._stop_trigger = None if stop_trigger is None else get_trigger(stop_trigger)
@@ -305,13 +292,8 @@ class Trainer:
                 "cannot extend after starting the trainer: its extensions were set up when "
                 "run() started; call trainer.extend(...) before trainer.run(...)"
             )
-        entry_args: dict[str, Any] = {}
-        if name is not None:
-            entry_args["name"] = name
-        if trigger is not None:
-            entry_args["trigger"] = trigger
-        if priority is not None:
-            entry_args["priority"] = priority
+        given = {"name": name, "trigger": trigger, "priority": priority}
+        entry_args: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
         if call_before_training:
             entry_args["call_before_training"] = True
         if not isinstance(extension, ExtensionEntry) and not kwargs:
@@ -371,12 +353,6 @@ class Trainer:
         self._manager = manager
         return manager
 
-    def _step_scopes(self) -> _StepScopes | None:
-        """PPE's per-step sections when ``enable_profile``/``enable_trace`` is set, else None."""
-        if not (self._enable_profile or self._enable_trace):
-            return None
-        return _StepScopes(self._enable_profile, self._enable_trace)
-
     def _step_function(self) -> Callable[[Any, int, Any], Any]:
         """The handler's whole step, wrapped in a profiler record only when asked for."""
         from ppe_core.handler._handler import step_function
@@ -384,16 +360,12 @@ class Trainer:
         step = step_function(self.handler, "train")
         if not (self._enable_profile or self._enable_trace):
             return step
-        tag, enable, trace = (
-            "ppe.training.Trainer:train_step",
-            self._enable_profile,
-            self._enable_trace,
-        )
+        enable, trace = self._enable_profile, self._enable_trace
 
         def recorded(trainer: Any, batch_idx: int, batch: Any) -> Any:
             # A torch.profiler range, a TimeSummary entry (enable_profile) and a tracer event
             # (enable_trace), as ppe.profiler.record gives.
-            with record(tag, enable=enable, trace=trace):
+            with record("ppe.training.Trainer:train_step", enable=enable, trace=trace):
                 return step(trainer, batch_idx, batch)
 
         return recorded
@@ -434,7 +406,7 @@ class Trainer:
         if val_loader is not None:
             eval_len = optional_length(val_loader, eval_len, "eval_len")
         for extension in self._evaluator_extensions:
-            extension.set_loader(val_loader, eval_len)
+            extension.loader, extension.eval_len = val_loader, eval_len
         if self._manager is None:
             self._setup_manager(iters_per_epoch)
         manager = self.manager
@@ -464,26 +436,17 @@ class Trainer:
         profile = self._profile
         # With enable_profile/enable_trace: PPE's sections around each step (the iteration,
         # the data fetch, run_iteration); nothing is added to the loop otherwise.
-        scopes = self._step_scopes()
-        if scopes is not None:
+        scopes = None
+        if self._enable_profile or self._enable_trace:
+            scopes = _StepScopes(self._enable_profile, self._enable_trace)
             begin, end = scopes.wrap(begin, end)
         manager.start_extensions()
         host.trainer_setup(self)
         error: BaseException | None = None
         try:
             with profile if profile is not None else contextlib.nullcontext():
-                while not _should_stop(manager):
-                    if not manager.epoch_length_known:
-                        handler.train_epoch_begin(self, train_loader)
-                        batches = self._state.start_epoch(train_loader, manager.iteration)
-                        if scopes is not None:
-                            batches = scopes.batches(batches)
-                        run_first_epoch(
-                            self, manager, self._state, batches, begin, end, train_step, profile
-                        )
-                        handler.train_epoch_end(self)
-                        continue
-                    iters_per_epoch = manager.iters_per_epoch
+                while not manager.stop_trigger:
+                    iters_per_epoch = manager.iters_per_epoch  # provisional while unknown
                     first = manager.iteration
                     start = first % iters_per_epoch  # > 0 when resuming mid-epoch
                     handler.train_epoch_begin(self, train_loader)
@@ -493,18 +456,25 @@ class Trainer:
                     batches = self._state.start_epoch(train_loader, start)
                     if scopes is not None:
                         batches = scopes.batches(batches)
-                    for batch_idx, batch in zip(
-                        range(start, iters_per_epoch), batches, strict=False
-                    ):
-                        begin()
-                        train_step(self, batch_idx, batch)
-                        stop = end()  # True once the stop condition fired
-                        if profile is not None:
-                            profile.step()
-                        if stop:
-                            break
+                    if not manager.epoch_length_known:
+                        run_first_epoch(
+                            self, manager, self._state, batches, begin, end, train_step, profile
+                        )
                     else:
-                        check_epoch_end(manager, train_loader, batches, sized=sized, first=first)
+                        for batch_idx, batch in zip(
+                            range(start, iters_per_epoch), batches, strict=False
+                        ):
+                            begin()
+                            train_step(self, batch_idx, batch)
+                            stop = end()  # True once the stop condition fired
+                            if profile is not None:
+                                profile.step()
+                            if stop:
+                                break
+                        else:
+                            check_epoch_end(
+                                manager, train_loader, batches, sized=sized, first=first
+                            )
                     handler.train_epoch_end(self)
                 if profile is not None:
                     # As PPE: leaving the profiler must not emit one more (partial) trace.
@@ -538,13 +508,12 @@ class _StepScopes:
     """
 
     def __init__(self, time: bool, trace: bool) -> None:
-        self._record = record
         self._time = time
         self._trace = trace
         self._open: list[Any] = []  # entered sections, innermost last
 
     def _enter(self, tag: str) -> None:
-        section = self._record(tag, enable=self._time, trace=self._trace)
+        section = record(tag, enable=self._time, trace=self._trace)
         section.__enter__()
         self._open.append(section)
 

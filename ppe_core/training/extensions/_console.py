@@ -10,10 +10,9 @@ __all__ = ["in_notebook", "is_terminal"]
 
 def is_terminal(out: IO[Any]) -> bool:
     """Whether ``out`` is an interactive terminal (so cursor control is allowed)."""
-    isatty = getattr(out, "isatty", None)
     try:
-        return bool(isatty()) if isatty is not None else False
-    except ValueError:  # closed stream
+        return bool(out.isatty())
+    except (AttributeError, ValueError):  # no isatty (a bare writer), or a closed stream
         return False
 
 

@@ -31,7 +31,7 @@ from ppe_core.handler._logic import keep_modes
 from ppe_core.reporting import DictSummary, Reporter, get_current_reporter, report
 from ppe_core.training._extension import PRIORITY_WRITER, Extension
 from ppe_core.training._manager import named_models
-from ppe_core.training._metric_checks import check_metric, takes_last_iteration
+from ppe_core.training._metric_checks import check_metric, check_metrics, takes_last_iteration
 from ppe_core.training.extensions._console import is_terminal
 
 if TYPE_CHECKING:
@@ -165,13 +165,6 @@ def _batches(iterator: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
         current = following
 
 
-def _length(iterator: Iterable[Any]) -> int | None:
-    try:
-        return len(iterator)  # type: ignore[arg-type]
-    except TypeError:
-        return None
-
-
 class Evaluator(Extension):
     """Evaluates models on a validation set and reports the means of what was reported.
 
@@ -240,19 +233,13 @@ class Evaluator(Extension):
             raise ArgumentTypeError(
                 f"eval_func must be callable with a batch, got {type(eval_func).__name__}"
             )
-        metrics = kwargs.get("metrics")
-        if metrics is None:
-            metrics = []
-        elif callable(metrics) or not isinstance(metrics, Iterable):
-            raise ArgumentTypeError(
-                f"metrics must be a list of callables, got {type(metrics).__name__}; wrap a "
-                "single metric in a list: metrics=[metric]"
-            )
         self.name = None
         self.eval_hook = eval_hook
         self._eval_func = eval_func
         self._progress_bar = bool(kwargs.get("progress_bar", False))
-        self._metrics: list[MetricFn] = [check_metric(m) for m in metrics]
+        self._metrics: list[MetricFn] = check_metrics(
+            kwargs.get("metrics"), "metric(batch, outputs, last_iteration)"
+        )
 
     def eval_func(self, *args: Any, **kwargs: Any) -> Any:
         """Evaluates one batch: calls ``eval_func`` (or the ``'main'`` target) with it."""
@@ -311,10 +298,17 @@ class Evaluator(Extension):
             return self.eval_func(**batch)
         return self.eval_func(batch)
 
-    def _progress(self, total: int | None) -> _EvaluationBar | None:
+    def _progress(self, iterator: Iterable[Any]) -> _EvaluationBar | None:
+        """PPE's bar over ``iterator``, drawn at zero (None without ``progress_bar``)."""
         if not self._progress_bar:
             return None
-        return _EvaluationBar(self.name or self.default_name, total)
+        try:
+            total: int | None = len(iterator)  # type: ignore[arg-type]
+        except TypeError:
+            total = None
+        bar = _EvaluationBar(self.name or self.default_name, total)
+        bar.advance(0)
+        return bar
 
     def _gather_summaries(self, summary: DictSummary) -> DictSummary:
         """Combines the summaries of all processes; this process's alone here."""
@@ -336,9 +330,7 @@ class Evaluator(Extension):
         reporter = _current_or_new_reporter()
         metrics = [(m, takes_last_iteration(m)) for m in self._metrics]
         summary = DictSummary()
-        bar = self._progress(_length(iterator))
-        if bar is not None:
-            bar.advance(0)
+        bar = self._progress(iterator)
         restore_modes = keep_modes(self._targets.values(), False)
         try:
             for done, (batch, is_last) in enumerate(_batches(iterator), start=1):
@@ -487,10 +479,8 @@ class IgniteEvaluator(Evaluator):
         iterator = self._iterators["main"]
         self.summary = DictSummary()
         self._reporter = _current_or_new_reporter()
-        self._bar = self._progress(_length(iterator))
+        self._bar = self._progress(iterator)
         try:
-            if self._bar is not None:
-                self._bar.advance(0)
             self.evaluator.run(iterator)
         finally:
             self._pop()  # the engine raised inside an iteration
