@@ -14,12 +14,18 @@ without LogReport (the per-step ``report`` in ``forward`` stays): the difference
 log costs per step. The file is read back at the end to check it holds N + steps entries.
 
 ``tracking``: per-step time of LogReport alone and of LogReport + ``MLflowLogger`` against a
-local ``mlflow server`` (SQLite store, a free port) that the section starts and stops, in two
-settings: an entry every iteration (the worst case) and every 100 iterations (a realistic
-trigger). Three clocks: the training thread's CPU time (``time.thread_time``: what the step
-path pays; the tracker's worker thread is not in it), the process's CPU time (the worker's
-MLflow client included) and wall time. The tracker's cost is given per step and per entry.
-Skipped, saying so, when mlflow is not installed.
+local ``mlflow server`` (SQLite store, a free port) that the section starts and stops, and of
+LogReport + ``WandbLogger`` offline (when wandb is installed), each with its client on a
+thread and in a sender process, in two settings: an entry every iteration (the worst case)
+and every 100 iterations (a realistic trigger). The timed window starts once the tracker's
+run is open and its backlog sent (a sender process takes seconds to start). Three clocks: the
+training thread's CPU time (``time.thread_time``: what the step path pays), the process's CPU
+time (a worker thread's client included; a sender process's not) and wall time. The
+tracker's cost is given per step and per entry. Then, unless ``--quick`` or without
+valgrind, callgrind counts the instructions per step of the training thread and of the
+process's other threads (``--separate-threads``) over 300 steps with an entry each, for a
+no-op backend, W&B and MLflow on each sender. Skipped, saying so, when mlflow is not
+installed.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import socket
@@ -42,6 +49,7 @@ from typing import Any
 import torch
 
 import ppe_core as ppe
+from ppe_core.tracking import BaseTracker
 
 #: Log lengths (entries already in the log) at which per-step cost is measured.
 LOG_SIZES = (1_000, 10_000, 100_000)
@@ -259,9 +267,56 @@ class MlflowServer:
             self.process.wait(30)
 
 
+def _tracker_variants(uri: str, root: str) -> dict[str, Callable[[], Any] | None]:
+    """Row name -> a new tracker (None: LogReport alone): MLflowLogger against the local
+    server and, when wandb is installed, WandbLogger offline, each on a thread and in a
+    sender process."""
+    from ppe_mlflow import MLflowLogger
+
+    variants: dict[str, Callable[[], Any] | None] = {"LogReport alone": None}
+    for sender in ("thread", "process"):
+
+        def mlflow(sender: str = sender) -> Any:
+            return MLflowLogger(uri, experiment_name="bench", sender=sender)
+
+        variants[f"MLflowLogger, {sender}"] = mlflow
+    if importlib.util.find_spec("wandb") is not None:
+        from ppe_wandb import WandbLogger
+
+        os.environ.setdefault("WANDB_SILENT", "true")
+        for sender in ("thread", "process"):
+
+            def wandb(sender: str = sender) -> Any:
+                return WandbLogger(project="bench", dir=root, mode="offline", sender=sender)
+
+            variants[f"WandbLogger offline, {sender}"] = wandb
+    return variants
+
+
+def _until_sending(tracker: Any, iteration: int) -> Any:
+    """An extension that waits, at ``iteration`` (before the timed window), until the
+    tracker's run is open and what it queued is sent: the window times the steady state,
+    not the sender starting (a sender process imports torch: seconds)."""
+
+    @ppe.training.make_extension(
+        trigger=ppe.training.triggers.ManualScheduleTrigger([iteration], "iteration"),
+        priority=-1000,
+    )
+    def until_sending(manager: Any) -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            counts = tracker.report
+            if counts.params_sent and counts.sent + counts.failed >= counts.queued:
+                return
+            time.sleep(0.01)
+
+    return until_sending
+
+
 def section_tracking(report: Any, args: argparse.Namespace) -> None:
-    """Per-step time of LogReport + MLflowLogger (local server) beside LogReport alone, with
-    an entry every iteration and every 100 iterations."""
+    """Per-step time of LogReport + a tracker (MLflowLogger against a local server, W&B
+    offline), on a thread and in a sender process, beside LogReport alone, with an entry
+    every iteration and every 100 iterations."""
     import suite
 
     if importlib.util.find_spec("mlflow") is None or importlib.util.find_spec("ppe_mlflow") is None:
@@ -272,7 +327,6 @@ def section_tracking(report: Any, args: argparse.Namespace) -> None:
             "mlflow is not installed: pip install -e plugins/ppe_mlflow",
         )
         return
-    from ppe_mlflow import MLflowLogger
 
     steps = 1_000 if args.quick else 2_000
     repeats = 1 if args.quick else min(args.repeats, 3)
@@ -281,16 +335,18 @@ def section_tracking(report: Any, args: argparse.Namespace) -> None:
     started = time.perf_counter()
     server = MlflowServer(root)
     startup = time.perf_counter() - started
-    trackers: dict[int, list[Any]] = {every: [] for every in TRACKING_INTERVALS}
+    factories = _tracker_variants(server.uri, root)
+    trackers: dict[tuple[int, str], list[Any]] = {}
 
-    def variant(every: int, tracked: bool) -> Callable[[], list[Any]]:
+    def variant(every: int, name: str) -> Callable[[], list[Any]]:
         def extensions() -> list[Any]:
             log = ppe.training.extensions.LogReport(trigger=(every, "iteration"))
-            if not tracked:
+            factory = factories[name]
+            if factory is None:
                 return [log]
-            tracker = MLflowLogger(server.uri, experiment_name="bench")
-            trackers[every].append(tracker)
-            return [log, tracker]
+            tracker = factory()
+            trackers.setdefault((every, name), []).append(tracker)
+            return [log, tracker, _until_sending(tracker, LOG_SKIP - 1)]
 
         return extensions
 
@@ -298,44 +354,170 @@ def section_tracking(report: Any, args: argparse.Namespace) -> None:
         return "entry every iteration" if every == 1 else f"entry every {every} iterations"
 
     variants = {
-        (every, tracked): variant(every, tracked)
-        for every in TRACKING_INTERVALS
-        for tracked in (False, True)
+        (every, name): variant(every, name) for every in TRACKING_INTERVALS for name in factories
     }
-    clocks: dict[tuple[int, bool], list[Clocks]] = {key: [] for key in variants}
+    clocks: dict[tuple[int, str], list[Clocks]] = {key: [] for key in variants}
     try:
-        timed_run(data, 200, LOG_SKIP, variant(1, True), tempfile.mkdtemp(dir=root))  # warm-up
-        for every in TRACKING_INTERVALS:
-            trackers[every].clear()
+        for name in factories:  # warm-up: imports, the server's first requests
+            timed_run(data, 200, LOG_SKIP, variant(1, name), tempfile.mkdtemp(dir=root))
+        trackers.clear()
         for _ in range(repeats):
-            for key, extensions in variants.items():  # interleaved: each pair in the same minute
+            for key, extensions in variants.items():  # interleaved: each set in the same minute
                 out = tempfile.mkdtemp(dir=root)
                 per_step, _ = timed_run(data, steps, LOG_SKIP, extensions, out)
                 clocks[key].append(per_step)
+        counted = None if args.quick or not shutil.which("valgrind") else server.uri
+        instructions = tracking_instructions(counted) if counted else {}
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
-    for (every, tracked), values in clocks.items():
-        name = "LogReport + MLflowLogger" if tracked else "LogReport alone"
+    for (every, name), values in clocks.items():
+        row = name if name == "LogReport alone" else f"LogReport + {name}"
         report.add(
             "tracking",
-            f"{name}, {label(every)}",
+            f"{row}, {label(every)}",
             f"{suite.med_range([v[0] for v in values], 1e6)} us/step thread CPU",
             f"process CPU {suite.med_range([v[1] for v in values], 1e6)}, wall "
             f"{suite.med_range([v[2] for v in values], 1e6)}; {steps} steps, "
             f"{steps // every} entries, {repeats} run(s)",
         )
-    for every in TRACKING_INTERVALS:
-        pairs = zip(clocks[every, True], clocks[every, False], strict=True)
-        gap = [(t[0] - a[0], t[1] - a[1]) for t, a in pairs]
-        sent = [tracker.report for tracker in trackers[every]]
+    for (every, name), values in clocks.items():
+        if name == "LogReport alone":
+            continue
+        pairs = zip(values, clocks[every, "LogReport alone"], strict=True)
+        gap = [(t[0] - a[0], t[1] - a[1], t[2] - a[2]) for t, a in pairs]
+        sent = [tracker.report for tracker in trackers.get((every, name), [])]
         report.add(
             "tracking",
-            f"MLflowLogger on the training thread, {label(every)}",
+            f"{name} over LogReport alone, {label(every)}",
             f"+{suite.med_range([g[0] for g in gap], 1e6)} us/step thread CPU",
             f"per entry +{suite.med_range([g[0] * every for g in gap], 1e6)} us; process CPU "
-            f"+{suite.med_range([g[1] for g in gap], 1e6)} us/step; goal: within 1 us/step of "
-            "LogReport alone; entries sent "
+            f"+{suite.med_range([g[1] for g in gap], 1e6)} us/step (the sender process not "
+            f"in it), wall +{suite.med_range([g[2] for g in gap], 1e6)}; goal: within 1 "
+            "us/step of LogReport alone; entries sent "
             + ", ".join(f"{r.sent}/{r.queued}" for r in sent)
             + f"; server started in {startup:.0f} s",
         )
+    alone = instructions.pop("alone", (0, 0))[0]
+    for name, (main, others) in instructions.items():
+        report.add(
+            "tracking",
+            f"{name} over LogReport alone, callgrind, entry every iteration",
+            f"+{main - alone:,} instructions/step on the training thread",
+            f"the process's other threads {others:,}/step (a sender process's own not "
+            f"counted); {TRACKING_COUNTED_STEPS} steps counted",
+        )
+
+
+# --- tracking, in instructions ----------------------------------------------------------------
+
+#: Steps counted by callgrind in the ``tracking`` section's instruction rows.
+TRACKING_COUNTED_STEPS = 300
+
+_TRACKING_INSTRUCTIONS_CHILD = """
+import sys
+sys.path.insert(0, {here!r})
+import torch
+torch.set_num_threads(1)
+import bench_log
+bench_log.counted_tracking_run(sys.argv[1], sys.argv[2], sys.argv[3])
+"""
+
+
+class NoopTracker(BaseTracker):
+    """A backend that accepts every batch: what the training process pays, without a
+    client (an importable class, so that it can run in a sender process)."""
+
+    def open_run(self, run_id: str | None) -> str:
+        return run_id or "noop"
+
+    def log_metrics(self, entries: Any) -> None:
+        return None
+
+
+def counted_tracking_run(backend: str, sender: str, root: str) -> None:
+    """Trains under callgrind with instrumentation on for ``TRACKING_COUNTED_STEPS`` steps
+    (after the tracker is sending), LogReport at every iteration and a tracker on ``sender``:
+    ``NoopTracker`` (``backend`` ``"noop"``), ``WandbLogger`` offline under ``root``
+    (``"wandb"``) or ``MLflowLogger`` against the server at ``backend`` (a URI);
+    ``"alone"``: none."""
+    import suite
+
+    def make_tracker() -> BaseTracker:
+        if backend == "noop":
+            return NoopTracker(sender=sender)
+        if backend == "wandb":
+            from ppe_wandb import WandbLogger
+
+            return WandbLogger(project="bench", dir=root, mode="offline", sender=sender)
+        from ppe_mlflow import MLflowLogger
+
+        return MLflowLogger(backend, experiment_name="counted", sender=sender)
+
+    def toggle(manager: Any) -> None:
+        on = manager.iteration == LOG_SKIP
+        subprocess.run(
+            ["callgrind_control", "-i", "on" if on else "off", str(os.getpid())],
+            capture_output=True,
+            check=False,
+        )
+
+    def extensions() -> list[Any]:
+        counted = ppe.training.triggers.ManualScheduleTrigger(
+            [LOG_SKIP, LOG_SKIP + TRACKING_COUNTED_STEPS], "iteration"
+        )
+        switch = ppe.training.make_extension(trigger=counted, priority=-1001)(toggle)
+        log = ppe.training.extensions.LogReport(trigger=(1, "iteration"))
+        if sender == "alone":
+            return [log, switch]
+        tracker = make_tracker()
+        return [log, tracker, _until_sending(tracker, LOG_SKIP - 1), switch]
+
+    data = suite.batches(500, seed=4)
+    with tempfile.TemporaryDirectory() as out:
+        timed_run(data, TRACKING_COUNTED_STEPS, LOG_SKIP, extensions, out)
+
+
+def tracking_instructions(mlflow_uri: str | None) -> dict[str, tuple[int, int]]:
+    """Variant -> (instructions of the training thread, of the process's other threads)
+    per step, counted by callgrind (``--separate-threads``) over the counted steps: LogReport
+    alone, then each backend (no-op, W&B offline when installed, MLflow at ``mlflow_uri``)
+    on a thread and in a sender process (whose own instructions are not counted)."""
+    backends = ["noop"]
+    if importlib.util.find_spec("wandb") is not None:
+        backends.append("wandb")
+    if mlflow_uri is not None:
+        backends.append(mlflow_uri)
+    variants = [("alone", "alone")]
+    variants += [(b, sender) for b in backends for sender in ("thread", "process")]
+    here = os.path.dirname(os.path.abspath(__file__))
+    counts: dict[str, tuple[int, int]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        script = os.path.join(tmp, "child.py")
+        with open(script, "w", encoding="utf-8") as file_obj:
+            file_obj.write(_TRACKING_INSTRUCTIONS_CHILD.format(here=here))
+        for number, (backend, sender) in enumerate(variants):
+            prefix = os.path.join(tmp, f"cg-{number}.out")
+            command = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
+            command += ["--separate-threads=yes", f"--callgrind-out-file={prefix}"]
+            subprocess.run(
+                [*command, sys.executable, script, backend, sender, tmp],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            per_thread: dict[int, int] = {}
+            for name in os.listdir(tmp):
+                match = re.fullmatch(re.escape(f"cg-{number}.out") + r"-(\d+)", name)
+                if not match:
+                    continue
+                with open(os.path.join(tmp, name), encoding="utf-8") as file_obj:
+                    total = re.search(r"^totals: (\d+)", file_obj.read(), re.M)
+                per_thread[int(match[1])] = int(total[1]) if total else 0
+            main = per_thread.pop(1, 0)
+            name = "mlflow" if backend == mlflow_uri else backend
+            counts[name if sender == "alone" else f"{name}, {sender}"] = (
+                main // TRACKING_COUNTED_STEPS,
+                sum(per_thread.values()) // TRACKING_COUNTED_STEPS,
+            )
+    return counts

@@ -90,7 +90,7 @@ def _train(manager: Any, iterations: int | None = None) -> None:
     while not manager.stop_trigger and steps != iterations:
         with manager.run_iteration(step_optimizers=["main"]):
             loss = manager.models["main"](x).square().mean()
-            loss.backward()  # type: ignore[no-untyped-call]
+            loss.backward()
             report({"train/loss": loss})
         steps += 1
     manager.finalize()

@@ -1,6 +1,6 @@
 """The sender process: a tracker's backend calls in a child process, off the training GIL.
 
-The parent (:class:`ProcessSender`) starts ``python -m ppe_core.tracking._sender`` with
+The parent (:class:`ProcessSender`) starts ``python -m ppe_core.tracking._child`` with
 pipes, never re-running the user's script (no multiprocessing spawn) and never forking a
 process that holds torch's threads. Messages are length-prefixed pickles:
 
@@ -24,37 +24,32 @@ import contextlib
 import dataclasses
 import os
 import pickle
-import signal
 import struct
 import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Mapping
 from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ppe_core.tracking._tracker import BaseTracker
 
-__all__ = ["ProcessSender", "main", "unsendable_reason"]
+__all__ = ["ProcessSender", "read_message", "unsendable_reason", "write_message"]
 
 _HEADER = struct.Struct("!I")
-
-# Seconds the child keeps sending after its parent died (stdin EOF without "close").
-ORPHAN_FLUSH = 3.0
 
 # Lines of the child's stderr kept for the report of a sender that died.
 _STDERR_TAIL = 20
 
 
-def _write(stream: IO[bytes], message: tuple[Any, ...]) -> None:
+def write_message(stream: IO[bytes], message: tuple[Any, ...]) -> None:
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     stream.write(_HEADER.pack(len(data)) + data)
     stream.flush()
 
 
-def _read(stream: IO[bytes]) -> tuple[Any, ...] | None:
+def read_message(stream: IO[bytes]) -> tuple[Any, ...] | None:
     """The next message, or None at EOF (a torn message counts as EOF)."""
     header = stream.read(_HEADER.size)
     if len(header) < _HEADER.size:
@@ -114,7 +109,7 @@ class ProcessSender:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "ppe_core.tracking._sender"],
+            [sys.executable, "-m", "ppe_core.tracking._child"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -177,7 +172,7 @@ class ProcessSender:
                 started = True
                 try:
                     payload = pickle.dumps(self._tracker, protocol=pickle.HIGHEST_PROTOCOL)
-                    _write(stdin, ("start", list(sys.path), payload))
+                    write_message(stdin, ("start", list(sys.path), payload))
                 except Exception as exc:
                     broken = True
                     self._tracker._update(last_error=f"{type(exc).__name__}: {exc}"[:300])
@@ -195,7 +190,7 @@ class ProcessSender:
                 batch = [items.popleft() for _ in range(min(self._batch_size, len(items)))]
                 if not broken:
                     try:
-                        _write(stdin, ("batch", batch))
+                        write_message(stdin, ("batch", batch))
                         continue
                     except OSError:
                         broken = True
@@ -204,7 +199,7 @@ class ProcessSender:
                 break
         try:
             if not broken:
-                _write(stdin, ("close", self._close_failed))
+                write_message(stdin, ("close", self._close_failed))
             stdin.close()
         except OSError:
             pass
@@ -226,7 +221,7 @@ class ProcessSender:
         tracker = self._tracker
         try:
             while True:
-                message = _read(stdout)
+                message = read_message(stdout)
                 if message is None:
                     break
                 if message[0] == "done":
@@ -274,86 +269,3 @@ class ProcessSender:
         finally:
             stderr.close()
             self._stderr_done.set()
-
-
-# ------------------------------------------------------------------------------ the child
-
-
-def main() -> int:
-    """Runs the sender: rebuilds the tracker, then serves the parent until close or EOF."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent; EOF ends us
-    protocol_in = sys.stdin.buffer
-    protocol_out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # stray prints of the backend's client must not garble the protocol
-    sys.stdout = sys.stderr
-    write_lock = threading.Lock()
-
-    def send(message: tuple[Any, ...]) -> None:
-        with write_lock, contextlib.suppress(OSError):  # OSError: the parent is gone
-            _write(protocol_out, message)
-
-    start = _read(protocol_in)
-    if start is None or start[0] != "start":
-        return 2
-    _, parent_path, payload = start
-    sys.path[:0] = [path for path in parent_path if path not in sys.path]
-    try:
-        tracker: BaseTracker = pickle.loads(payload)
-    except Exception as exc:
-        traceback.print_exc()
-        message = f"the sender process could not rebuild the tracker: {type(exc).__name__}: {exc}"
-        send(("counts", 0, 0, 0, False, 0, message[:300], None))
-        return 1
-    return serve(tracker, protocol_in, send)
-
-
-def serve(tracker: BaseTracker, protocol_in: IO[bytes], send: Any) -> int:
-    """Feeds the parent's batches to the tracker's worker; reports every count change."""
-
-    def report() -> None:
-        counts = tracker._counts
-        send(
-            (
-                "counts",
-                counts.sent,
-                counts.failed,
-                counts.skipped,
-                counts.params_sent,
-                counts.artifacts_sent,
-                counts.last_error,
-                tracker._run_id,
-            )
-        )
-
-    from ppe_core.tracking._tracker import _Outbox
-
-    tracker._on_counts = report
-    # Batches arrive whole from the parent, which waited for them to fill: no second wait.
-    outbox = tracker._outbox = _Outbox(tracker._queue_size, tracker._batch_size, 0.0)
-    worker = threading.Thread(target=tracker._work, name="ppe-tracker-sender", daemon=True)
-    worker.start()
-    while True:
-        message = _read(protocol_in)
-        if message is None:  # the parent died: a short flush, the run marked failed
-            tracker._run_failed = True
-            outbox.close()
-            worker.join(ORPHAN_FLUSH)
-            tracker._abandon.set()
-            worker.join(1)
-            sys.stderr.flush()
-            os._exit(0)
-        if message[0] == "batch":
-            lost = sum(1 for entry in message[1] if not outbox.offer(entry))
-            if lost:  # the parent bounds what is unsent, so this does not happen
-                tracker._add(failed=lost)
-        elif message[0] == "close":
-            tracker._run_failed = bool(message[1])
-            outbox.close()
-            worker.join()
-            report()
-            send(("done",))
-            return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,8 +17,10 @@ class WandbLogger(BaseTracker):
 
     The run's params (optimizer, trainer options, runtime; see
     :meth:`~ppe_core.tracking.BaseTracker.run_params`) go to the run's config. Every W&B call
-    runs on the tracker's worker thread (see :class:`~ppe_core.tracking.BaseTracker` for the
-    queue, retries, drops and final flush). The run id is saved in snapshots, so a resumed
+    runs in the tracker's sender process (``sender="process"``, the default: W&B's protobuf
+    work never holds the training process's GIL) or on its worker thread
+    (``sender="thread"``); see :class:`~ppe_core.tracking.BaseTracker` for the queue,
+    retries, drops and final flush. The run id is saved in snapshots, so a resumed
     training continues the same run (``resume="allow"``) from the resumed iteration.
 
     Works offline (``mode="offline"`` or ``WANDB_MODE=offline``): the run is written under
@@ -33,7 +35,7 @@ class WandbLogger(BaseTracker):
         entity: The W&B entity (user or team).
         tags: Tags of the run.
         init_options: More ``wandb.init`` arguments.
-        sender: ``"thread"`` (default) or ``"process"``: where the W&B client runs.
+        sender: ``"process"`` (default) or ``"thread"``: where the W&B client runs.
         **tracker_options: ``BaseTracker`` options (``params``, ``queue_size``,
             ``batch_size``, ``max_retries``, ``retry_backoff``, ``flush_timeout``,
             ``log_report``).
@@ -56,7 +58,7 @@ class WandbLogger(BaseTracker):
         entity: str | None = None,
         tags: Sequence[str] | None = None,
         init_options: Mapping[str, Any] | None = None,
-        sender: str = "thread",
+        sender: str = "process",
         **tracker_options: Any,
     ) -> None:
         if importlib.util.find_spec("wandb") is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 import threading
 from collections.abc import Iterator, Sequence
@@ -125,8 +126,15 @@ def _run_dir(root: Path, run_id: str) -> list[Path]:
     return sorted(root.glob(f"wandb/offline-run-*-{run_id}*"))
 
 
-def test_offline_run_files_hold_the_json_logs_metrics_and_steps(tmp_path: Path) -> None:
-    logger = ThreadRecordingLogger(project="ppe", dir=str(tmp_path))
+def test_the_sender_process_is_the_default() -> None:
+    assert WandbLogger(project="ppe").sender == "process"
+
+
+@pytest.mark.parametrize("sender", ["process", "thread"])
+def test_offline_run_files_hold_the_json_logs_metrics_and_steps(
+    tmp_path: Path, sender: str
+) -> None:
+    logger = ThreadRecordingLogger(project="ppe", dir=str(tmp_path), sender=sender)
     trainer = _trainer(tmp_path / "out", 2, logger)
     trainer.run(_data())
 
@@ -141,7 +149,12 @@ def test_offline_run_files_hold_the_json_logs_metrics_and_steps(tmp_path: Path) 
     assert config["optimizer/main/class"] == "Adam"
     assert config["optimizer/main/lr"] == 0.01
     assert config["max_epochs"] == 2
-    assert logger.threads == {"ppe-tracker-ThreadRecordingLogger"}
+    assert logger.sender == sender
+    if sender == "process":  # every W&B call ran in the child
+        assert logger.sender_pid is not None and logger.sender_pid != os.getpid()
+        assert logger.threads == set()
+    else:
+        assert logger.threads == {"ppe-tracker-ThreadRecordingLogger"}
     assert logger.report.sent == len(log)
 
 

@@ -1,0 +1,107 @@
+"""The sender process's side (``python -m ppe_core.tracking._child``): rebuilds the tracker
+from the parent's pickle and serves its batches; the protocol is in ``_sender``.
+
+Its own module, not ``_sender``: the package imports ``_sender``, and ``python -m`` warns
+about running a module that its package already imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import sys
+import threading
+import traceback
+from typing import IO, TYPE_CHECKING, Any
+
+from ppe_core.tracking._sender import read_message, write_message
+
+if TYPE_CHECKING:
+    from ppe_core.tracking._tracker import BaseTracker
+
+__all__ = ["main", "serve"]
+
+# Seconds the child keeps sending after its parent died (stdin EOF without "close").
+ORPHAN_FLUSH = 3.0
+
+
+def main() -> int:
+    """Runs the sender: rebuilds the tracker, then serves the parent until close or EOF."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent; EOF ends us
+    protocol_in = sys.stdin.buffer
+    protocol_out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # stray prints of the backend's client must not garble the protocol
+    sys.stdout = sys.stderr
+    write_lock = threading.Lock()
+
+    def send(message: tuple[Any, ...]) -> None:
+        with write_lock, contextlib.suppress(OSError):  # OSError: the parent is gone
+            write_message(protocol_out, message)
+
+    start = read_message(protocol_in)
+    if start is None or start[0] != "start":
+        return 2
+    _, parent_path, payload = start
+    sys.path[:0] = [path for path in parent_path if path not in sys.path]
+    try:
+        tracker: BaseTracker = pickle.loads(payload)
+    except Exception as exc:
+        traceback.print_exc()
+        message = f"the sender process could not rebuild the tracker: {type(exc).__name__}: {exc}"
+        send(("counts", 0, 0, 0, False, 0, message[:300], None))
+        return 1
+    return serve(tracker, protocol_in, send)
+
+
+def serve(tracker: BaseTracker, protocol_in: IO[bytes], send: Any) -> int:
+    """Feeds the parent's batches to the tracker's worker; reports every count change."""
+
+    def report() -> None:
+        counts = tracker._counts
+        send(
+            (
+                "counts",
+                counts.sent,
+                counts.failed,
+                counts.skipped,
+                counts.params_sent,
+                counts.artifacts_sent,
+                counts.last_error,
+                tracker._run_id,
+            )
+        )
+
+    from ppe_core.tracking._tracker import _Outbox
+
+    tracker._on_counts = report
+    # Batches arrive whole from the parent, which waited for them to fill: no second wait.
+    outbox = tracker._outbox = _Outbox(tracker._queue_size, tracker._batch_size, 0.0)
+    worker = threading.Thread(target=tracker._work, name="ppe-tracker-sender", daemon=True)
+    worker.start()
+    while True:
+        message = read_message(protocol_in)
+        if message is None:  # the parent died: a short flush, the run marked failed
+            tracker._run_failed = True
+            outbox.close()
+            worker.join(ORPHAN_FLUSH)
+            tracker._abandon.set()
+            worker.join(1)
+            sys.stderr.flush()
+            os._exit(0)
+        if message[0] == "batch":
+            lost = sum(1 for entry in message[1] if not outbox.offer(entry))
+            if lost:  # the parent bounds what is unsent, so this does not happen
+                tracker._add(failed=lost)
+        elif message[0] == "close":
+            tracker._run_failed = bool(message[1])
+            outbox.close()
+            worker.join()
+            report()
+            send(("done",))
+            return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
