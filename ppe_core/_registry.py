@@ -55,10 +55,7 @@ class Registry(Generic[T]):
         """
         self._check_name(name, "register('mydev', obj)")
         self._validate(name, obj)
-        admitted = self._admit(name, describe(obj), replace)
-        if admitted is not None:
-            registrant, previous = admitted
-            self._entries[name] = RegistryEntry(name, obj, registrant, previous)
+        self._admit(name, obj, describe(obj), replace)
         return obj
 
     def register_lazy(self, name: str, target: str, *, replace: bool = False) -> None:
@@ -70,13 +67,8 @@ class Registry(Generic[T]):
         """
         lazy = LazyTarget(target)
         self._check_name(name, "register_lazy('mydev', 'pkg.mod:Obj')")
-        admitted = self._admit(name, target, replace)
-        if admitted is None:
-            return
-        registrant, previous = admitted
         # The placeholder stands in for T until _resolve replaces it with the real object.
-        placeholder = cast(T, lazy)
-        self._entries[name] = RegistryEntry(name, placeholder, registrant, previous)
+        self._admit(name, cast(T, lazy), target, replace)
 
     def _check_name(self, name: object, example: str) -> None:
         if not isinstance(name, str) or not name:
@@ -85,14 +77,16 @@ class Registry(Generic[T]):
                 f"users will ask for, e.g. {example}"
             )
 
-    def _admit(
-        self, name: str, described: str, replace: bool
-    ) -> tuple[Registrant, RegistryEntry[T] | None] | None:
-        """:func:`~ppe_core._registrations.admit` for this registry (called directly by the
-        public register methods: the caller's frame is found by depth)."""
-        return admit(
+    def _admit(self, name: str, obj: T, described: str, replace: bool) -> None:
+        """Enters ``obj`` as ``name`` if :func:`~ppe_core._registrations.admit` admits it
+        (called directly by the public register methods: the caller's frame is found by
+        depth)."""
+        admitted = admit(
             self._entries.get(name), self.kind, name, described, replace, self._current_registrant
         )
+        if admitted is not None:
+            registrant, previous = admitted
+            self._entries[name] = RegistryEntry(name, obj, registrant, previous)
 
     def _resolve(self, entry: RegistryEntry[T]) -> T:
         """Import a lazy entry's target, validate it and store it in place of the placeholder."""
