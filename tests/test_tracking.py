@@ -304,7 +304,7 @@ def test_a_tracker_that_is_not_installed_is_named_with_its_install_command(
 
 
 def test_the_queue_wakes_its_worker_once_per_batch_and_drops_when_full() -> None:
-    from ppe_core.tracking._tracker import _Outbox
+    from ppe_core.tracking._channel import Outbox as _Outbox
 
     outbox = _Outbox(capacity=250, batch_size=100, interval=0.0)
     wakes: list[int] = []

@@ -1,5 +1,6 @@
 """The sender process's side (``python -m ppe_core.tracking._child``): rebuilds the tracker
-from the parent's pickle and serves its batches; the protocol is in ``_sender``.
+from the parent's pickle and serves its batches; the protocol is in ``_sender``, the
+messages' framing in ``_channel``.
 
 Its own module, not ``_sender``: the package imports ``_sender``, and ``python -m`` warns
 about running a module that its package already imported.
@@ -16,7 +17,7 @@ import threading
 import traceback
 from typing import IO, TYPE_CHECKING, Any
 
-from ppe_core.tracking._sender import read_message, write_message
+from ppe_core.tracking._channel import Outbox, read_message, write_message
 
 if TYPE_CHECKING:
     from ppe_core.tracking._tracker import BaseTracker
@@ -73,11 +74,9 @@ def serve(tracker: BaseTracker, protocol_in: IO[bytes], send: Any) -> int:
             )
         )
 
-    from ppe_core.tracking._tracker import _Outbox
-
     tracker._on_counts = report
     # Batches arrive whole from the parent, which waited for them to fill: no second wait.
-    outbox = tracker._outbox = _Outbox(tracker._queue_size, tracker._batch_size, 0.0)
+    outbox = tracker._outbox = Outbox(tracker._queue_size, tracker._batch_size, 0.0)
     worker = threading.Thread(target=tracker._work, name="ppe-tracker-sender", daemon=True)
     worker.start()
     while True:

@@ -24,42 +24,22 @@ import contextlib
 import dataclasses
 import os
 import pickle
-import struct
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Mapping
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
+
+from ppe_core.tracking._channel import COUNTS_LOCK, TrackerReport, read_message, write_message
 
 if TYPE_CHECKING:
     from ppe_core.tracking._tracker import BaseTracker
 
-__all__ = ["ProcessSender", "read_message", "unsendable_reason", "write_message"]
-
-_HEADER = struct.Struct("!I")
+__all__ = ["ProcessSender", "unsendable_reason"]
 
 # Lines of the child's stderr kept for the report of a sender that died.
 _STDERR_TAIL = 20
-
-
-def write_message(stream: IO[bytes], message: tuple[Any, ...]) -> None:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_HEADER.pack(len(data)) + data)
-    stream.flush()
-
-
-def read_message(stream: IO[bytes]) -> tuple[Any, ...] | None:
-    """The next message, or None at EOF (a torn message counts as EOF)."""
-    header = stream.read(_HEADER.size)
-    if len(header) < _HEADER.size:
-        return None
-    (size,) = _HEADER.unpack(header)
-    data = stream.read(size)
-    if len(data) < size:
-        return None
-    message = pickle.loads(data)
-    return message if isinstance(message, tuple) else None
 
 
 def unsendable_reason(tracker: BaseTracker) -> str:
@@ -205,17 +185,13 @@ class ProcessSender:
             pass
 
     def _orphan(self, count: int) -> None:
-        from ppe_core.tracking._tracker import _COUNTS_LOCK
-
         tracker = self._tracker
-        with _COUNTS_LOCK:
+        with COUNTS_LOCK:
             self._orphaned += count
             counts = tracker._counts
             tracker._counts = dataclasses.replace(counts, failed=counts.failed + count)
 
     def _read_counts(self) -> None:
-        from ppe_core.tracking._tracker import _COUNTS_LOCK, TrackerReport
-
         stdout = self.process.stdout
         assert stdout is not None
         tracker = self._tracker
@@ -228,7 +204,7 @@ class ProcessSender:
                     self._finished = True
                 elif message[0] == "counts":
                     _, sent, failed, skipped, params_sent, artifacts, last_error, run_id = message
-                    with _COUNTS_LOCK:
+                    with COUNTS_LOCK:
                         self._child_failed = failed
                         counts = tracker._counts
                         tracker._counts = TrackerReport(

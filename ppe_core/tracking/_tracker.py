@@ -11,7 +11,6 @@ import time
 import types
 import uuid
 import warnings
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +18,9 @@ from ppe_core._version import __version__
 from ppe_core.distributed import group_world
 from ppe_core.errors import ConfigurationError, TrackerWarning
 from ppe_core.runtime import get_runtime
+from ppe_core.tracking._channel import COUNTS_LOCK as _COUNTS_LOCK
+from ppe_core.tracking._channel import Outbox as _Outbox
+from ppe_core.tracking._channel import TrackerReport
 from ppe_core.tracking._sender import ProcessSender, unsendable_reason
 from ppe_core.training._extension import PRIORITY_READER, Extension
 from ppe_core.training.extensions._log_reader import NewEntriesTrigger, find_log_report
@@ -33,8 +35,6 @@ __all__ = ["BaseTracker", "TrackerEntry", "TrackerReport"]
 # The longest pause between two retries, whatever ``retry_backoff`` doubles to.
 _MAX_BACKOFF = 30.0
 
-# Counts are updated by the training thread and the workers; updates are rare (per entry).
-_COUNTS_LOCK = threading.Lock()
 
 #: Where a tracker's backend methods may run (``sender=``).
 SENDERS = ("thread", "process")
@@ -68,95 +68,6 @@ class TrackerEntry:
 
     step: int
     metrics: dict[str, float]
-
-
-@dataclasses.dataclass(frozen=True)
-class TrackerReport:
-    """What a tracker did with the entries LogReport emitted (:attr:`BaseTracker.report`).
-
-    ``queued == sent + failed + skipped + unsent``; ``dropped`` entries never entered the
-    queue.
-
-    Attributes:
-        queued: Entries put on the queue.
-        sent: Entries the backend accepted.
-        dropped: Entries dropped because the queue was full.
-        failed: Entries the backend refused after every retry.
-        skipped: Entries at or below the last step a resumed run already held (no duplicates).
-        unsent: Entries still queued or in flight (when the final flush timed out).
-        params_sent: Whether the run's params reached the backend.
-        artifacts_sent: Files uploaded as artifacts.
-        last_error: The last backend error, as ``"Type: message"``.
-        timed_out: Whether the final flush gave up after ``flush_timeout`` seconds.
-    """
-
-    queued: int = 0
-    sent: int = 0
-    dropped: int = 0
-    failed: int = 0
-    skipped: int = 0
-    unsent: int = 0
-    params_sent: bool = False
-    artifacts_sent: int = 0
-    last_error: str | None = None
-    timed_out: bool = False
-
-
-class _Outbox:
-    """A bounded queue of LogReport entries between the training thread and the worker.
-
-    ``offer`` never waits: it answers False when the queue is full. It wakes the worker only
-    for the first entry of a batch and for a full batch, so the worker (and the GIL it takes)
-    runs once per batch, not once per entry.
-    """
-
-    def __init__(self, capacity: int, batch_size: int, interval: float) -> None:
-        self._capacity = capacity
-        self._batch_size = batch_size
-        self._interval = interval
-        self._items: deque[Mapping[str, Any]] = deque()
-        # The condition's own lock, taken directly by `offer`: a Condition's `with` runs two
-        # Python-level methods around the lock's C-level ones, on the training thread.
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._closed = False
-
-    def offer(self, item: Mapping[str, Any]) -> bool:
-        """Appends ``item`` unless the queue is full (False); never waits for the worker."""
-        items = self._items
-        with self._lock:
-            count = len(items)
-            if count >= self._capacity:
-                return False
-            items.append(item)
-            if count == 0 or count + 1 == self._batch_size:
-                self._cond.notify()  # the lock is held: a waiting worker cannot miss it
-            return True
-
-    def take(self) -> list[Mapping[str, Any]] | None:
-        """The next batch: ``batch_size`` entries, or those ``interval`` seconds after the
-        first one arrived, or all that is left once closed; None once closed and empty."""
-        with self._cond:
-            while not self._items and not self._closed:
-                self._cond.wait()
-            deadline = time.monotonic() + self._interval
-            while not self._closed and len(self._items) < self._batch_size:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining)
-            if not self._items:
-                return None
-            count = min(self._batch_size, len(self._items))
-            return [self._items.popleft() for _ in range(count)]
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-
-    def __len__(self) -> int:
-        return len(self._items)
 
 
 class BaseTracker(Extension):
