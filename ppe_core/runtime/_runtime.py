@@ -311,15 +311,13 @@ def _autocast_kwargs(option: Any, device_type: str) -> dict[str, Any] | None:
     """``torch.autocast`` keyword arguments for the ``autocast`` option (``None``: off)."""
     if option is None or option is False:
         return None
-    if option is True:
-        return {"device_type": device_type}
-    if not isinstance(option, Mapping):
+    if option is not True and not isinstance(option, Mapping):
         raise RuntimeOptionError(
             f"runtime option 'autocast' must be a bool or a dict of torch.autocast arguments, "
             f"got {option!r}; e.g. options={{'autocast': True}} or "
             "{'autocast': {'dtype': torch.bfloat16}}"
         )
-    kwargs = dict(option)
+    kwargs = {} if option is True else dict(option)
     kwargs.setdefault("device_type", device_type)
     if not kwargs.pop("enabled", True):
         return None
