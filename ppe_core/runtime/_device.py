@@ -122,13 +122,10 @@ class DeviceRuntime(PyTorchRuntime):
         autocast = autocast_kwargs(
             resolved["autocast"], autocast_type, self.default_autocast_dtype, name
         )
+        given = {k: v for k, v in (options or {}).items() if v is not None and k != "autocast"}
         if autocast is not None:
             require_autocast(autocast_type, f"{name} option 'autocast'", name)
-        given = {k: v for k, v in (options or {}).items() if v is not None}
-        if autocast is not None:
             given["autocast"] = autocast  # the normalised form the core's handler reads
-        else:
-            given.pop("autocast", None)
         super().__init__(torch_device, given)
         self.device_spec = device_spec  # what the user passed, e.g. "mydev:1"
         self.autocast_device_type = autocast_type
