@@ -322,8 +322,7 @@ class Trainer:
     def _setup_manager(self, iters_per_epoch: int | None) -> ExtensionsManager:
         from ppe_core.training._manager import ExtensionsManager
 
-        kwargs = dict(self._kwargs)
-        if "max_epochs" not in kwargs:
+        if "max_epochs" not in self._kwargs:
             raise ConfigurationError(
                 "the trainer needs max_epochs (the number of epochs to train); pass "
                 "Trainer(..., max_epochs=10) or use ppe.engine.create_trainer"
@@ -333,7 +332,7 @@ class Trainer:
             self.optimizers,
             iters_per_epoch=iters_per_epoch or PROVISIONAL_EPOCH_LENGTH,
             stop_trigger=self._stop_trigger,
-            **kwargs,
+            **self._kwargs,
         )
         # PPE's trainer also reports each step's duration as ``elapsed_time``; ppe-core leaves
         # it out (docs/migration.md): LogReport/PrintReport overwrite the key with the run's
