@@ -326,9 +326,7 @@ class Handler(BaseHandler):
     # Snapshots ------------------------------------------------------------------------------
     def _grad_scaler(self) -> torch.amp.GradScaler | None:
         """The logic's grad scaler, else the one given in the runtime options."""
-        scaler = self._logic.get_grad_scaler()
-        if scaler is None:
-            scaler = self._entry_runtime.options.get("grad_scaler")
+        scaler = self._logic.get_grad_scaler() or self._entry_runtime.options.get("grad_scaler")
         return scaler if isinstance(scaler, torch.amp.GradScaler) else None
 
     def state_dict(self) -> dict[str, Any]:
