@@ -44,10 +44,9 @@ def _inner_triggers(extension: object) -> Iterator[tuple[str, object]]:
 def due_checks(extensions: Iterable[object]) -> Iterator[DueCheck]:
     """The :class:`DueCheck` schedules held by ``extensions`` (reset once the length is known)."""
     for extension in extensions:
-        if hasattr(extension, "__dict__"):
-            for value in vars(extension).values():
-                if isinstance(value, DueCheck):
-                    yield value
+        for value in vars(extension).values() if hasattr(extension, "__dict__") else ():
+            if isinstance(value, DueCheck):
+                yield value
 
 
 def check_triggers(named: Iterable[tuple[str, Any, object]], iteration: int) -> None:
