@@ -163,6 +163,11 @@ FILES: dict[str, tuple[str, str]] = {
         "epoch length warns)",
     ),
     _T + "_run_lock.py": (BEYOND, "run lock: one live run per output directory"),
+    _T + "_sample_means.py": (
+        BEYOND,
+        "evaluation means over samples: each batch weighted by its number of samples (PPE "
+        "averages batches, a smaller last batch as much as a full one)",
+    ),
     _T + "_schedule.py": (SAME, "running extensions on their triggers, by priority"),
     _T + "_state.py": (SAME, "the manager's state_dict and load_state_dict (PPE's layout)"),
     _T + "_state_mismatch.py": (
