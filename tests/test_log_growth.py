@@ -85,6 +85,10 @@ def test_each_entry_after_the_first_writes_only_itself(
     assert LogReport.read(tmp_path / filename) == log_report.log
     if fmt == "json":
         assert (tmp_path / filename).read_text() == json.dumps(log_report.log, indent=4)
+    if fmt == "yaml":
+        import yaml
+
+        assert (tmp_path / filename).read_text() == yaml.safe_dump(log_report.log)
 
 
 def test_a_csv_header_is_rewritten_only_when_the_key_set_grows(
@@ -339,6 +343,57 @@ def test_number_entries_skip_the_json_encoder_and_keep_its_text(
 
     assert any(numbers_only(e) for e in entries)
     assert encoded and not any(numbers_only(e) for e in encoded)
+
+
+def test_number_entries_skip_yamls_emitter_and_keep_its_text(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A YAML log's per-iteration item of finite floats and ints comes from a template of its
+    keys (checked once against PyYAML's dump), byte for byte ``yaml.safe_dump([entry])``;
+    keys PyYAML quotes or writes in another style, and other values, keep PyYAML's emitter."""
+    import random
+
+    yaml = pytest.importorskip("yaml")
+    from ppe_core.training.extensions import _log_report
+
+    numbers = [0.1, -0.0, 1e17, 1e16, 1e22, 5e-324, 1e-05, 3, -7, 10**30, 0, 1.0]
+    others = [True, None, "x%s", float("nan"), float("inf"), 10**400]
+    keys = ["train/loss", "a%b", "1", "true", "null", "- x", "a: b", "#c", "k" * 130, "", "~"]
+    rng = random.Random(22)
+    entries = []
+    for _ in range(2_000):
+        entry: dict[str, Any] = {}
+        for _ in range(rng.randint(1, 6)):
+            pool = others if rng.random() < 0.1 else numbers
+            value = (
+                rng.choice(pool)
+                if rng.random() < 0.5
+                else rng.random() * 10.0 ** rng.randint(-30, 30)
+            )
+            entry[rng.choice(keys) + rng.choice(["", "0"])] = value
+        entries.append(entry)
+    pairs = [(entry, _log_report._yaml_number_item(entry)) for entry in entries]
+    fast = [(text, yaml.safe_dump([entry])) for entry, text in pairs if text is not None]
+    assert [text for text, _ in fast] == [dumped for _, dumped in fast]
+    assert len(fast) > 1_000  # most take the template
+    assert all(text is None for entry, text in pairs if None in entry.values())
+
+    # A per-iteration YAML log written through the template: PyYAML dumps the first write and
+    # the template, not every entry, and the file is what one dump of the whole log writes.
+    dumps: list[Any] = []
+    real_dump = yaml.safe_dump
+
+    def counting_dump(data: Any, *args: Any, **kwargs: Any) -> Any:
+        dumps.append(data)
+        return real_dump(data, *args, **kwargs)
+
+    monkeypatch.setattr(yaml, "safe_dump", counting_dump)
+    _log_report._YAML_TEMPLATES.clear()
+    log_report = LogReport(trigger=(1, "iteration"), filename="log.yaml")
+    _train(_manager(tmp_path, [log_report], max_epochs=10))  # 40 entries
+    assert len(log_report.log) == 40
+    assert (tmp_path / "log.yaml").read_text() == real_dump(log_report.log)
+    assert len(dumps) <= 3
 
 
 def test_json_text_without_the_c_encoder_is_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
