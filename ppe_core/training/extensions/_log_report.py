@@ -233,6 +233,22 @@ _ELEMENT = "    {\n        %s\n    }"
 _TEMPLATES: dict[tuple[str, ...], str] = {}
 
 
+def _finite_numbers(entry: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """The values of a non-empty dict ``entry`` when all are finite ``float``/``int`` (exactly
+    those types: not ``bool``), else None: the entries the number templates write."""
+    if entry.__class__ is not dict or not entry:
+        return None
+    values = tuple(entry.values())
+    if not _REPR_NUMBERS.issuperset(map(type, values)):
+        return None
+    try:
+        if not all(map(math.isfinite, values)):
+            return None  # NaN and infinities have their own spellings (JSON's, YAML's)
+    except OverflowError:  # an int beyond a float's range
+        return None
+    return values
+
+
 def _number_text(entry: Mapping[str, Any], layout: str) -> str | None:
     """``entry``'s JSON text in ``layout`` when its values are finite floats and ints, else None.
 
@@ -243,15 +259,8 @@ def _number_text(entry: Mapping[str, Any], layout: str) -> str | None:
     non-empty dict only; anything else (text, None, bool, NaN, an int too large for a float)
     is left to the caller's encoder.
     """
-    if entry.__class__ is not dict or not entry:
-        return None
-    values = tuple(entry.values())
-    if not _REPR_NUMBERS.issuperset(map(type, values)):
-        return None
-    try:
-        if not all(map(math.isfinite, values)):
-            return None  # json writes NaN, Infinity, -Infinity
-    except OverflowError:  # an int beyond a float's range
+    values = _finite_numbers(entry)
+    if values is None:
         return None
     key = (layout, *entry)
     template = _TEMPLATES.get(key)
@@ -292,15 +301,7 @@ def _yaml_number_item(entry: Mapping[str, Any]) -> str | None:
     Numbers are written as PyYAML writes them: ``str`` of an int, ``repr`` of a float with
     ``.0`` put before an exponent that has no decimal point.
     """
-    if entry.__class__ is not dict or not entry:
-        return None
-    values = tuple(entry.values())
-    if not _REPR_NUMBERS.issuperset(map(type, values)):
-        return None
-    try:
-        if not all(map(math.isfinite, values)):
-            return None  # .nan, .inf
-    except OverflowError:
+    if _finite_numbers(entry) is None:
         return None
     keys = tuple(entry)
     cached = _YAML_TEMPLATES.get(keys)
@@ -314,8 +315,8 @@ def _yaml_number_item(entry: Mapping[str, Any]) -> str | None:
     return template % tuple(_yaml_number(entry[key]) for key in order)
 
 
-def _yaml_number(value: float) -> str:
-    if value.__class__ is int:
+def _yaml_number(value: float | int) -> str:
+    if isinstance(value, int):  # bool never comes here (see _finite_numbers)
         return str(value)
     text = repr(value)
     if "." not in text and "e" in text:
