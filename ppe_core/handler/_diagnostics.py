@@ -3,8 +3,8 @@
 A batch that does not fit ``forward``, a batch of another dtype than the model, a first step
 that trains nothing, a Logic option of the wrong type, a model or optimizer name the Logic
 cannot find, an optimizer holding none of the models' parameters: each raises an error naming
-the cause and the fix. The
-explanations run when something already failed, or once per run: never per step.
+the cause and the fix. The explanations run when something already failed, or once per run:
+never per step.
 """
 
 from __future__ import annotations
