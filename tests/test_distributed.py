@@ -386,7 +386,7 @@ def test_evaluator_mean_is_per_sample_when_the_last_batch_is_smaller() -> None:
 def test_evaluator_batch_size_comes_from_the_first_tensor_of_the_batch() -> None:
     from collections import namedtuple
 
-    from ppe_core.training._evaluator import _batch_size
+    from ppe_core.training._sample_means import batch_size as _batch_size
 
     Pair = namedtuple("Pair", "x t")
     x = torch.zeros(7, 3)

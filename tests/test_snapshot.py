@@ -369,11 +369,11 @@ def test_background_writer_snapshots_equal_the_synchronous_ones(
 
 
 def test_background_snapshot_is_a_copy_taken_when_it_fired(tmp_path: Path) -> None:
-    from ppe_core.training.extensions._snapshot_base import _host_copy
+    from ppe_core.training.extensions._snapshot_base import host_copy
 
     model = torch.nn.BatchNorm1d(3)
     state = {"models": {"main": model.state_dict()}, "n": 1, "pair": (torch.ones(1), [2])}
-    copied = _host_copy(state)
+    copied = host_copy(state)
     with torch.no_grad():
         model.weight.add_(1.0)
     assert torch.equal(copied["models"]["main"]["weight"], torch.ones(3))

@@ -61,13 +61,13 @@ def _manifest(path: Path) -> dict[str, Any]:
 
 def _count_path_saves(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     paths: list[str] = []
-    real = _snapshot_base._save_and_hash
+    real = _snapshot_base.save_and_hash
 
     def spy(state: Any, path: str) -> tuple[int, str]:
         paths.append(path)
         return real(state, path)
 
-    monkeypatch.setattr(_snapshot_base, "_save_and_hash", spy)
+    monkeypatch.setattr(_snapshot_base, "save_and_hash", spy)
     return paths
 
 
@@ -196,17 +196,17 @@ def test_host_copy_refills_matching_buffers_only() -> None:
     big = torch.arange(128 * 128, dtype=torch.float32).reshape(128, 128)
     small = torch.ones(3)
     buffers: dict[Any, list[torch.Tensor]] = {}
-    first = _snapshot_base._host_copy({"big": big, "small": small, "n": [1]}, buffers)
+    first = _snapshot_base.host_copy({"big": big, "small": small, "n": [1]}, buffers)
     assert first["big"].data_ptr() != big.data_ptr() and torch.equal(first["big"], big)
     big.add_(1.0)  # training goes on
     assert torch.equal(first["big"], big - 1.0)  # the copy is the state when it was taken
-    second = _snapshot_base._host_copy({"big": big, "small": small, "n": [1]}, buffers)
+    second = _snapshot_base.host_copy({"big": big, "small": small, "n": [1]}, buffers)
     assert second["big"].data_ptr() == first["big"].data_ptr()  # refilled, not reallocated
     assert torch.equal(second["big"], big) and not second["big"].requires_grad
     assert second["small"].data_ptr() != first["small"].data_ptr()  # small ones: fresh copies
     # A different shape, dtype or a non-contiguous view never lands in a mismatching buffer.
     for other in (big.t(), big.double(), big.reshape(64, 256)):
-        third = _snapshot_base._host_copy({"big": other}, dict(buffers))
+        third = _snapshot_base.host_copy({"big": other}, dict(buffers))
         assert torch.equal(third["big"], other) and third["big"].stride() == other.stride()
         assert third["big"].data_ptr() != second["big"].data_ptr()
 
@@ -231,7 +231,7 @@ def test_host_buffers_are_not_reused_for_a_custom_savefun(tmp_path: Path) -> Non
 def test_failed_path_save_raises_and_keeps_the_previous_snapshot(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = _snapshot_base._save_and_hash
+    real = _snapshot_base.save_and_hash
     calls: list[str] = []
 
     def second_fails(state: Any, path: str) -> tuple[int, str]:
@@ -241,7 +241,7 @@ def test_failed_path_save_raises_and_keeps_the_previous_snapshot(
             raise OSError("no space left on device")
         return real(state, path)
 
-    monkeypatch.setattr(_snapshot_base, "_save_and_hash", second_fails)
+    monkeypatch.setattr(_snapshot_base, "save_and_hash", second_fails)
     trainer = _trainer(tmp_path, writer=ThreadWriter())
     trainer.extend(E.snapshot(filename="snap_{.iteration}"), trigger=(4, "iteration"))
     with pytest.raises(SnapshotError, match="background snapshot save failed"):
@@ -264,7 +264,7 @@ def test_a_failed_flush_to_disk_is_raised(tmp_path: Path, monkeypatch: pytest.Mo
         SimpleWriter().save_via_path(
             "file",
             str(tmp_path),
-            lambda tmp: _snapshot_base._save_and_hash({"x": torch.ones(2)}, tmp),
+            lambda tmp: _snapshot_base.save_and_hash({"x": torch.ones(2)}, tmp),
         )
     assert list(tmp_path.iterdir()) == []  # neither the file nor its temporary
 
@@ -274,13 +274,13 @@ def test_the_final_snapshot_of_a_background_writer_is_saved_without_a_host_copy(
 ) -> None:
     """run() would wait for it at once: it is saved in the training thread, from the state."""
     copies: list[int] = []
-    real = _snapshot_base._host_copy
+    real = _snapshot_base.host_copy
 
     def counting(obj: Any, reuse: Any = None) -> Any:
         copies.append(1)
         return real(obj, reuse)
 
-    monkeypatch.setattr(_snapshot_base, "_host_copy", counting)
+    monkeypatch.setattr(_snapshot_base, "host_copy", counting)
     trainer = _trainer(tmp_path, writer=ThreadWriter())
     trainer.extend(E.snapshot(filename="snap_{.iteration}"), trigger=(4, "iteration"))
     trainer.run(_data())

@@ -200,7 +200,9 @@ def test_resume_in_a_sender_process_continues_the_run_and_its_steps(tmp_path: Pa
     )
     manager.load_state_dict(state)
     _train(manager)
-    assert [o["run_id"] for o in _read(tmp_path / "b", "opened.jsonl")] == ["run-1"]
+    # The resumed run is opened by a sender process (not this one), with the snapshot's run id.
+    assert _read(tmp_path / "b", "opened.jsonl") == [{"run_id": "run-1", "pid": second.sender_pid}]
+    assert second.sender_pid is not None and second.sender_pid != os.getpid()
     assert [e["step"] for e in _read(tmp_path / "b", "entries.jsonl")] == [7, 8]
     assert second.report.skipped == 1
 

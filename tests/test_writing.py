@@ -47,7 +47,7 @@ def _leftovers(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp"))
 
 
-def _write_bytes(target: bytes, file_obj: IO[bytes]) -> None:
+def write_bytes(target: bytes, file_obj: IO[bytes]) -> None:
     file_obj.write(target)
 
 
@@ -70,7 +70,7 @@ def test_simple_writer_saves_with_torch_save_and_leaves_no_temp_file(tmp_path: P
 
 def test_failed_save_keeps_the_previous_file_and_removes_the_temp_file(tmp_path: Path) -> None:
     writer = SimpleWriter(out_dir=str(tmp_path))
-    writer("data", "", b"old content", savefun=_write_bytes)
+    writer("data", "", b"old content", savefun=write_bytes)
     with pytest.raises(OSError, match="halfway"):
         writer("data", "", b"new content that never lands", savefun=_PartialThenFail())
     assert (tmp_path / "data").read_bytes() == b"old content"
@@ -105,7 +105,7 @@ def test_a_process_killed_mid_save_leaves_the_old_file_intact(tmp_path: Path) ->
             child.stdout.close()
     assert (tmp_path / "state").read_bytes() == b"complete old state"
     # The next save still works and replaces the file.
-    SimpleWriter()("state", str(tmp_path), b"complete new state", savefun=_write_bytes)
+    SimpleWriter()("state", str(tmp_path), b"complete new state", savefun=write_bytes)
     assert (tmp_path / "state").read_bytes() == b"complete new state"
 
 
@@ -126,7 +126,7 @@ def test_save_fsyncs_the_file_before_the_rename_and_the_directory_after(
 
     monkeypatch.setattr(os, "fsync", recording_fsync)
     monkeypatch.setattr(os, "replace", recording_replace)
-    SimpleWriter()("snap", str(tmp_path), b"payload", savefun=_write_bytes)
+    SimpleWriter()("snap", str(tmp_path), b"payload", savefun=write_bytes)
 
     kinds = [kind for kind, _ in events]
     assert kinds == ["fsync", "replace", "fsync"]
@@ -138,15 +138,15 @@ def test_save_fsyncs_the_file_before_the_rename_and_the_directory_after(
 
 def test_append_keeps_existing_content(tmp_path: Path) -> None:
     writer = SimpleWriter()
-    writer("log.jsonl", str(tmp_path), b"first\n", savefun=_write_bytes, append=True)
-    writer("log.jsonl", str(tmp_path), b"second\n", savefun=_write_bytes, append=True)
+    writer("log.jsonl", str(tmp_path), b"first\n", savefun=write_bytes, append=True)
+    writer("log.jsonl", str(tmp_path), b"second\n", savefun=write_bytes, append=True)
     assert (tmp_path / "log.jsonl").read_bytes() == b"first\nsecond\n"
 
 
 def test_writer_out_dir_wins_and_subdirectories_are_created(tmp_path: Path) -> None:
     own = tmp_path / "own"
     writer = SimpleWriter(out_dir=str(own))
-    writer("snapshots/iter_10", str(tmp_path / "ignored"), b"x", savefun=_write_bytes)
+    writer("snapshots/iter_10", str(tmp_path / "ignored"), b"x", savefun=write_bytes)
     assert (own / "snapshots" / "iter_10").read_bytes() == b"x"
     assert not (tmp_path / "ignored").exists()
 
@@ -155,7 +155,7 @@ def test_empty_out_dir_means_the_current_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    SimpleWriter()("here", "", b"x", savefun=_write_bytes)
+    SimpleWriter()("here", "", b"x", savefun=write_bytes)
     assert (tmp_path / "here").read_bytes() == b"x"
     assert _leftovers(tmp_path) == []
 
@@ -216,7 +216,7 @@ def test_thread_writer_reports_a_failed_save(tmp_path: Path) -> None:
 
 
 def test_thread_queue_writer_saves_queued_files_in_order(tmp_path: Path) -> None:
-    writer = ThreadQueueWriter(savefun=_write_bytes, out_dir=str(tmp_path))
+    writer = ThreadQueueWriter(savefun=write_bytes, out_dir=str(tmp_path))
     for i in range(5):
         writer("log", "", f"line {i}\n".encode(), append=True)
     writer("snap", "", b"snapshot")
@@ -232,7 +232,7 @@ def test_thread_queue_writer_saves_queued_files_in_order(tmp_path: Path) -> None
 def test_thread_queue_writer_reports_failures_at_finalize(tmp_path: Path) -> None:
     writer = ThreadQueueWriter(out_dir=str(tmp_path))
     writer("bad", "", b"data", savefun=_PartialThenFail())
-    writer("good", "", b"data", savefun=_write_bytes)
+    writer("good", "", b"data", savefun=write_bytes)
     with pytest.raises(WriterError, match=r"'bad'.*halfway"):
         writer.finalize()
     assert (tmp_path / "good").read_bytes() == b"data"
@@ -270,7 +270,7 @@ def test_manager_uses_a_simple_writer_on_its_out_dir(tmp_path: Path) -> None:
     assert (tmp_path / "r").is_dir()
     buffer = io.BytesIO()
     torch.save(manager.state_dict(), buffer)
-    manager.writer("state", manager.out, buffer.getvalue(), savefun=_write_bytes)
+    manager.writer("state", manager.out, buffer.getvalue(), savefun=write_bytes)
     assert (tmp_path / "r" / "state").read_bytes() == buffer.getvalue()
 
 
@@ -343,11 +343,11 @@ def test_ppe_style_subclasses_of_the_base_writers_work(tmp_path: Path) -> None:
         def create_consumer(self, q: Any) -> threading.Thread:
             return threading.Thread(target=self.consume, args=(q,))
 
-    standard = MyThreadWriter(savefun=_write_bytes, out_dir=str(tmp_path))
+    standard = MyThreadWriter(savefun=write_bytes, out_dir=str(tmp_path))
     standard("one", "", b"1")
     standard("two", "", b"2")
     standard.finalize()
-    queued = MyQueueWriter(savefun=_write_bytes, out_dir=str(tmp_path))
+    queued = MyQueueWriter(savefun=write_bytes, out_dir=str(tmp_path))
     queued("three", "", b"3")
     queued("bad", "", b"xx", savefun=_PartialThenFail())
     with pytest.raises(WriterError, match="'bad'"):
@@ -359,7 +359,7 @@ def test_ppe_style_subclasses_of_the_base_writers_work(tmp_path: Path) -> None:
 def test_consume_runs_ppe_layout_items_and_acknowledges_each(tmp_path: Path) -> None:
     import queue
 
-    task = SimpleWriter(savefun=_write_bytes, out_dir=str(tmp_path))
+    task = SimpleWriter(savefun=write_bytes, out_dir=str(tmp_path))
     writer = ThreadQueueWriter(out_dir=str(tmp_path))
     q: queue.Queue[Any] = queue.Queue()
     for name in ["a", "b"]:
@@ -374,7 +374,7 @@ def test_consume_runs_ppe_layout_items_and_acknowledges_each(tmp_path: Path) -> 
 def test_process_writers_default_to_multiprocessing_process() -> None:
     import multiprocessing
 
-    worker = ProcessWriter().create_worker("f", "", b"", savefun=_write_bytes)
+    worker = ProcessWriter().create_worker("f", "", b"", savefun=write_bytes)
     assert isinstance(worker, multiprocessing.Process)
 
 

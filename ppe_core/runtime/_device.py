@@ -16,7 +16,7 @@ from ppe_core.runtime._options import (
     move_module,
     require_autocast,
 )
-from ppe_core.runtime._registry import _is_torch_device_type, device_type_of
+from ppe_core.runtime._registry import device_type_of, is_torch_device_type
 from ppe_core.runtime._runtime import BaseRuntime, DeviceLike, PyTorchRuntime
 
 __all__ = ["DeviceRuntime"]
@@ -153,7 +153,7 @@ class DeviceRuntime(PyTorchRuntime):
             try:
                 return torch.device(device_spec)
             except (RuntimeError, TypeError, ValueError) as exc:
-                if _is_torch_device_type(self.device_type):
+                if is_torch_device_type(self.device_type):
                     return device_spec
                 raise ConfigurationError(
                     f"{name} serves {self.device_type!r}, a device type PyTorch does not know "

@@ -28,6 +28,7 @@ __all__ = [
     "active_registry",
     "autocast_device_type_of",
     "device_type_of",
+    "is_torch_device_type",
     "set_registry_source",
 ]
 
@@ -77,7 +78,7 @@ def device_type_of(device: DeviceLike) -> str:
 
 
 @functools.cache
-def _is_torch_device_type(device_type: str) -> bool:
+def is_torch_device_type(device_type: str) -> bool:
     try:
         torch.device(device_type)
     except (RuntimeError, TypeError, ValueError):
@@ -192,7 +193,7 @@ class RuntimeRegistry(Registry[type[BaseRuntime]]):
         if device_type in self:
             return self.get(device_type)  # get() imports a lazily registered runtime
         problem = self._provider_failure(device_type) if self._provider_failure else None
-        if problem is None and _is_torch_device_type(device_type):
+        if problem is None and is_torch_device_type(device_type):
             return PyTorchRuntime
         hint = problem or (
             f"{device_type!r} is not a PyTorch device type either. Install the plugin that "

@@ -21,7 +21,6 @@ from ppe_core.reporting import DictSummary, Reporter, report
 from ppe_core.training._manager import named_models
 from ppe_core.training._metric_checks import check_metrics, metric_result_error
 from ppe_core.training._sample_means import add_per_sample
-from ppe_core.training._sample_means import batch_size as _batch_size  # noqa: F401  (tests' name)
 
 if TYPE_CHECKING:
     from ppe_core.handler import BaseHandler

@@ -26,6 +26,7 @@ from ppe_core.errors import (
     StateVersionWarning,
 )
 from ppe_core.reporting import Observation, Reporter
+from ppe_core.training import _epoch_length
 from ppe_core.training._extension import (
     Extension,
     ExtensionEntry,
@@ -379,8 +380,6 @@ class ExtensionsManager:
             ConfigurationError: A registered trigger needs the length inside the first epoch
                 (``(0.5, 'epoch')``), which an unknown length cannot give.
         """
-        from ppe_core.training import _epoch_length
-
         if iters_per_epoch is None:
             entries: list[tuple[str, Any, object]] = [
                 (s.name, s.entry.extension, s.entry.trigger) for s in self._schedule.slots()

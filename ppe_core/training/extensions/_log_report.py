@@ -119,7 +119,7 @@ class LogSaver:
             if len(target) == 1:  # the per-entry append of a log at every step: no detours
                 row = None
                 if self.fmt == "json-lines":
-                    row = _number_text(target[0], _LINE) or _json_line(target[0])
+                    row = _json_line(target[0])
                 elif self.fmt == "csv" and self.columns is not None:
                     row = _csv_number_row(target[0], self.columns)
                 elif self.fmt == "yaml":

@@ -28,15 +28,15 @@ from ppe_core.training._extension import PRIORITY_SNAPSHOT
 from ppe_core.training._resume import record_ranks
 from ppe_core.training._state import PPE_CORE_STATE_KEY
 from ppe_core.training.extensions._snapshot_checks import check_arguments, check_template
-from ppe_core.training.extensions._snapshot_host_copy import _BufferKey, _host_copy
+from ppe_core.training.extensions._snapshot_host_copy import BufferKey, host_copy
 from ppe_core.training.extensions._snapshot_manifest import (
-    _describe_path,
-    _loadable_state,
-    _save_and_hash,
-    _write_bytes,
-    _written_digest,
+    describe_path,
+    loadable_state,
     manifest_bytes,
     manifest_path,
+    save_and_hash,
+    write_bytes,
+    written_digest,
 )
 from ppe_core.training.extensions._snapshot_ranks import SnapshotRanks
 from ppe_core.training.extensions._snapshot_retention import SnapshotSeries
@@ -89,7 +89,7 @@ class _Snapshot(SnapshotRanks):
         # With a background writer: the outcome of the save in flight (at most one).
         self._in_flight: Future[None] | None = None
         # The large host buffers of the last background snapshot, refilled by the next one.
-        self._host_buffers: dict[_BufferKey, list[torch.Tensor]] = {}
+        self._host_buffers: dict[BufferKey, list[torch.Tensor]] = {}
         #: The path of the snapshot autoload restored, or None.
         self.loaded_from: str | None = None
         # Set by initialize: whether what this snapshot saves holds sharded (DTensor) state.
@@ -132,9 +132,9 @@ class _Snapshot(SnapshotRanks):
         # Checked when taken, so that "saved fine, refused at resume" cannot happen; a sharded
         # tensor that the check at start could not see (an extension's, a custom target's) is
         # refused here, before anything is written.
-        return _loadable_state(
+        return loadable_state(
             state,
-            functools.partial(_describe_path, self._target is None),
+            functools.partial(describe_path, self._target is None),
             None if self._holds_shards else self._sharded_error,
         )
 
@@ -289,7 +289,7 @@ class _Snapshot(SnapshotRanks):
         # might keep what it was given, serializes.
         reuse = self._host_buffers if self._savefun is torch.save else None
         self._in_flight = writer.submit(
-            functools.partial(commit, _host_copy(self._state(manager), reuse))
+            functools.partial(commit, host_copy(self._state(manager), reuse))
         )
 
     def _path_writer(self, writer: Writer, background: bool) -> Writer | None:
@@ -354,15 +354,15 @@ class _Snapshot(SnapshotRanks):
         # The hash that makes the snapshot verifiable is computed from exactly what is written.
         if by_path is not None:
             size, sha256 = by_path.save_via_path(
-                filename, out_dir, lambda tmp: _save_and_hash(state, tmp)
+                filename, out_dir, lambda tmp: save_and_hash(state, tmp)
             )
         else:
             save(filename, state, self._given_savefun)
-            written = _written_digest(writer, os.path.join(files_dir, filename))
+            written = written_digest(writer, os.path.join(files_dir, filename))
             if written is None:
                 return
             size, sha256 = written
         manifest = manifest_bytes(size, sha256, iteration, on_error)
-        save(manifest_path(filename), manifest, _write_bytes)
+        save(manifest_path(filename), manifest, write_bytes)
         if not on_error:
             self._series.added(files_dir, os.path.join(files_dir, filename), self.n_retains)

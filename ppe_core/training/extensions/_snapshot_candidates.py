@@ -18,9 +18,9 @@ import torch
 from ppe_core.errors import SnapshotError, UnsafeSnapshotError
 from ppe_core.training.extensions._snapshot_manifest import (
     MANIFEST_SUFFIX,
-    _parse_manifest,
     load_snapshot,
     manifest_path,
+    parse_manifest,
 )
 
 __all__ = ["Candidate", "Orphans", "load_unverified"]
@@ -59,7 +59,7 @@ class Candidate:
             )
         else:
             try:
-                self.manifest = _parse_manifest(path)
+                self.manifest = parse_manifest(path)
             except SnapshotError as exc:
                 self.problem = str(exc)
         relative = os.path.relpath(path, out_dir)

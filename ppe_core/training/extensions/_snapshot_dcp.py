@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from ppe_core.errors import ConfigurationError, SnapshotError, SnapshotVerificationWarning
-from ppe_core.training.extensions._snapshot_manifest import _file_digest
-from ppe_core.training.extensions._snapshot_retention import _glob_pattern
+from ppe_core.training.extensions._snapshot_manifest import file_digest
+from ppe_core.training.extensions._snapshot_retention import glob_pattern
 
 __all__ = [
     "MANIFEST_NAME",
@@ -150,7 +150,7 @@ def write_manifest(directory: str, iteration: int, world_size: int) -> None:
     for root, _, names in os.walk(directory):
         for name in names:
             path = os.path.join(root, name)
-            size, sha256 = _file_digest(path)
+            size, sha256 = file_digest(path)
             files[os.path.relpath(path, directory)] = {"size": size, "sha256": sha256}
     manifest = {
         "format": _FORMAT,
@@ -190,7 +190,7 @@ def verify(directory: str) -> dict[str, Any]:
             f"{sorted(set(files) - present)}, not listed: {sorted(present - set(files))})"
         )
     for name, expected in files.items():
-        size, sha256 = _file_digest(os.path.join(directory, name))
+        size, sha256 = file_digest(os.path.join(directory, name))
         if (size, sha256) != (expected.get("size"), expected.get("sha256")):
             raise SnapshotError(
                 f"{directory}: {name} is damaged (size {size}, SHA-256 {sha256[:12]}...; the "
@@ -220,7 +220,7 @@ def publish(temporary: str, path: str) -> None:
 def _complete(out_dir: str, template: str) -> list[tuple[int, str]]:
     """``(iteration, path)`` of the directories of the series with a manifest, newest first."""
     found = []
-    for path in glob.glob(os.path.join(out_dir, _glob_pattern(template))):
+    for path in glob.glob(os.path.join(out_dir, glob_pattern(template))):
         try:
             with open(os.path.join(path, MANIFEST_NAME), encoding="utf-8") as f:
                 iteration = int(json.load(f)["iteration"])
@@ -254,7 +254,7 @@ def retain(out_dir: str, template: str, n_retains: int) -> None:
 
 def remove_leftovers(out_dir: str, template: str) -> None:
     """Removes the temporary directories of saves a killed run left unfinished."""
-    for path in glob.glob(temporary_dir(os.path.join(out_dir, _glob_pattern(template)))):
+    for path in glob.glob(temporary_dir(os.path.join(out_dir, glob_pattern(template)))):
         shutil.rmtree(path, ignore_errors=True)
 
 

@@ -37,7 +37,7 @@ from ppe_core.training.extensions._snapshot_dcp import (
 from ppe_core.training.extensions._snapshot_manifest import load_snapshot
 from ppe_core.training.extensions._snapshot_modes import (
     _EveryRankSnapshot,
-    _require_process_group,
+    require_process_group,
 )
 
 _log = logging.getLogger("ppe_core.snapshot")
@@ -103,7 +103,7 @@ class _DCPSnapshot(_EveryRankSnapshot):
         saver_rank: int = 0,
         **kwargs: Any,
     ) -> None:
-        _require_process_group("DCP", " (torchrun with one process is enough)")
+        require_process_group("DCP", " (torchrun with one process is enough)")
         _refuse_for_dcp(filename, kwargs)
         super().__init__(filename=filename, saver_rank=saver_rank, **kwargs)
         #: Per snapshot: ``(iteration, seconds training was blocked)``, the staging wait

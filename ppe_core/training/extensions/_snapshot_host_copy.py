@@ -15,17 +15,17 @@ import torch
 
 from ppe_core.runtime import map_tensors
 
-__all__ = ["_BufferKey", "_host_copy"]
+__all__ = ["BufferKey", "host_copy"]
 
 #: Host copies of tensors at least this large are kept for the next snapshot and refilled:
 #: allocating a fresh buffer of that size costs page faults on every snapshot (about 30 ms
 #: for 50 MB), several times the copy itself.
 _REUSE_BYTES = 1 << 16
 
-_BufferKey = tuple[tuple[int, ...], tuple[int, ...], torch.dtype]
+BufferKey = tuple[tuple[int, ...], tuple[int, ...], torch.dtype]
 
 
-def _reuse_key(t: torch.Tensor) -> _BufferKey | None:
+def _reuse_key(t: torch.Tensor) -> BufferKey | None:
     """Key of a host buffer ``t`` can be copied into, or None for tensors always copied afresh.
 
     Only plain dense tensors (no subclass, quantized, sparse or conjugate/negative views) large
@@ -44,7 +44,7 @@ def _reuse_key(t: torch.Tensor) -> _BufferKey | None:
     return (tuple(t.shape), tuple(t.stride()), t.dtype)
 
 
-def _host_copy(obj: Any, reuse: dict[_BufferKey, list[torch.Tensor]] | None = None) -> Any:
+def host_copy(obj: Any, reuse: dict[BufferKey, list[torch.Tensor]] | None = None) -> Any:
     """A copy of a state whose tensors are host tensors of their own and whose other values are
     deep copies: what a background save reads while training goes on changing the originals.
 

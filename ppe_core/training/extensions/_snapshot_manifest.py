@@ -42,7 +42,9 @@ __all__ = [
     "UnsafeSnapshotError",
     "load_snapshot",
     "manifest_path",
+    "read_manifest",
     "verify_snapshot",
+    "write_bytes",
 ]
 
 #: Each snapshot ``dir/F`` has a manifest ``dir/.F.manifest.json`` (see :func:`manifest_path`)
@@ -61,7 +63,7 @@ def manifest_path(path: str) -> str:
     return os.path.join(directory, "." + name + MANIFEST_SUFFIX)
 
 
-def _read_manifest(path: str) -> tuple[str, Any]:
+def read_manifest(path: str) -> tuple[str, Any]:
     """``(manifest path, parsed JSON)``; the pre-0.2 name ``F.manifest.json`` is read too.
 
     Raises:
@@ -98,7 +100,7 @@ def _manifest_problem(manifest: Any) -> str | None:
     return None
 
 
-def _parse_manifest(path: str) -> dict[str, Any] | None:
+def parse_manifest(path: str) -> dict[str, Any] | None:
     """The manifest of the snapshot at ``path``; None only when there is none at all.
 
     Raises:
@@ -108,7 +110,7 @@ def _parse_manifest(path: str) -> dict[str, Any] | None:
     """
     where = manifest_path(path)
     try:
-        where, manifest = _read_manifest(path)
+        where, manifest = read_manifest(path)
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
@@ -137,7 +139,7 @@ def manifest_bytes(size: int, sha256: str, iteration: int, on_error: bool) -> by
     return json.dumps(manifest, indent=1).encode()
 
 
-def _write_bytes(data: bytes, file_obj: IO[bytes] | str | os.PathLike[str]) -> None:
+def write_bytes(data: bytes, file_obj: IO[bytes] | str | os.PathLike[str]) -> None:
     """Writes the manifest's bytes; a custom writer may pass its savefun a path (as in PPE)."""
     if isinstance(file_obj, (str, os.PathLike)):
         with open(file_obj, "wb") as f:
@@ -146,13 +148,13 @@ def _write_bytes(data: bytes, file_obj: IO[bytes] | str | os.PathLike[str]) -> N
         file_obj.write(data)
 
 
-def _written_digest(writer: Any, path: str) -> tuple[int, str] | None:
+def written_digest(writer: Any, path: str) -> tuple[int, str] | None:
     """``(size, SHA-256)`` of the file a writer (or custom savefun) just wrote at ``path``;
     None when it is not there (yet): a custom writer may write elsewhere or later."""
     fs = getattr(writer, "fs", None)
     try:
         if fs is None or (isinstance(writer, Writer) and writer.writes_local_files):
-            return _file_digest(path)
+            return file_digest(path)
         digest = hashlib.sha256()
         size = 0
         with fs.open(path, "rb") as f:
@@ -164,7 +166,7 @@ def _written_digest(writer: Any, path: str) -> tuple[int, str] | None:
         return None
 
 
-def _file_digest(path: str) -> tuple[int, str]:
+def file_digest(path: str) -> tuple[int, str]:
     """``(size, SHA-256 hex digest)`` of the file at ``path``, read in 1 MiB chunks."""
     digest = hashlib.sha256()
     size = 0
@@ -177,9 +179,9 @@ def _file_digest(path: str) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def _complete_manifest(path: str) -> dict[str, Any]:
+def complete_manifest(path: str) -> dict[str, Any]:
     """The manifest of ``path`` if the file is complete (its size matches); no hashing."""
-    manifest = _parse_manifest(path)
+    manifest = parse_manifest(path)
     if manifest is None:
         raise SnapshotError(f"{path}: no manifest ({manifest_path(path)}); it was not completed")
     try:
@@ -202,8 +204,8 @@ def verify_snapshot(path: str) -> dict[str, Any]:
             schema), or the file's size or SHA-256 differs from it (a torn, truncated or
             modified file).
     """
-    manifest = _complete_manifest(path)
-    if _file_digest(path)[1] != manifest["sha256"]:
+    manifest = complete_manifest(path)
+    if file_digest(path)[1] != manifest["sha256"]:
         raise SnapshotError(f"{path}: SHA-256 differs from the manifest (corrupt or modified)")
     return manifest
 
@@ -213,7 +215,7 @@ def verify_snapshot(path: str) -> dict[str, Any]:
 # are allow-listed for the duration of a snapshot load (never globally): building each runs no
 # code from the file (numpy arrays and scalars, dates and times, paths). torch>=2.5 scopes an
 # allow-list (torch.serialization.safe_globals); with an older torch none is used, and the save
-# refuses such values instead (see _loadable_state).
+# refuses such values instead (see loadable_state).
 _SCOPED_ALLOWLIST = hasattr(torch.serialization, "safe_globals")
 
 #: defaultdict factories a snapshot may rebuild (calling them runs no code from the file).
@@ -441,7 +443,7 @@ def _round_trips(value: Any) -> bool:
     return True
 
 
-def _loadable_state(
+def loadable_state(
     state: Any,
     describe: Callable[[list[Any]], str],
     sharded: Callable[[str], Exception] | None = None,
@@ -548,7 +550,7 @@ def _loadable_state(
     return walk(state, ())
 
 
-def _save_and_hash(state: Any, path: str) -> tuple[int, str]:
+def save_and_hash(state: Any, path: str) -> tuple[int, str]:
     """``torch.save(state, path)``, then ``(size, SHA-256)`` of the file it wrote.
 
     Given a path, torch.save writes from C++ without holding the GIL, and reading the file back
@@ -557,10 +559,10 @@ def _save_and_hash(state: Any, path: str) -> tuple[int, str]:
     this (``save_via_path``) then flushes the file to disk and renames it into place.
     """
     torch.save(state, path)
-    return _file_digest(path)
+    return file_digest(path)
 
 
-def _describe_path(of_manager: bool, path: list[Any]) -> str:
+def describe_path(of_manager: bool, path: list[Any]) -> str:
     """Where ``path`` (keys from the state's root) is, naming the extension in a manager state."""
     keys = "".join(f"[{key!r}]" for key in path) or "its root"
     if of_manager and len(path) >= 2 and path[0] == "extensions":

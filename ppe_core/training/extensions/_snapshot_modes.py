@@ -20,7 +20,7 @@ from ppe_core.errors import (
 )
 from ppe_core.training._ranks import object_device
 from ppe_core.training.extensions._snapshot_base import _Snapshot
-from ppe_core.training.extensions._snapshot_manifest import _write_bytes
+from ppe_core.training.extensions._snapshot_manifest import write_bytes
 from ppe_core.training.extensions._snapshot_sharding import sharded_paths
 
 
@@ -65,7 +65,7 @@ def _raise_disagreement(snapshot: _Snapshot, lacking: tuple[int, ...] | None) ->
     )
 
 
-def _require_process_group(mode: str, more: str = "") -> None:
+def require_process_group(mode: str, more: str = "") -> None:
     if not is_distributed():
         raise SnapshotError(
             f"snapshot_mode=SnapshotMode.{mode} needs torch.distributed to be initialized "
@@ -104,7 +104,7 @@ class _ShardedSnapshot(_EveryRankSnapshot):
         saver_rank: int = 0,
         **kwargs: Any,
     ) -> None:
-        _require_process_group("SHARDED")
+        require_process_group("SHARDED")
         self._snapshot_dir = filename
         super().__init__(filename=os.path.join(filename, str(group_world()[1])), **kwargs)
         self._sharded_saver = saver_rank
@@ -120,7 +120,7 @@ class _ShardedSnapshot(_EveryRankSnapshot):
         if group_world()[1] == self._sharded_saver:
             directory = self._snapshot_dir.format(manager)
             self._writer(manager)(
-                os.path.join(directory, "complete"), manager.out, b"", savefun=_write_bytes
+                os.path.join(directory, "complete"), manager.out, b"", savefun=write_bytes
             )
 
     def _newest_valid(self, out_dir: str) -> tuple[str | None, Any]:

@@ -21,7 +21,7 @@ from ppe_core.distributed import group_world
 from ppe_core.errors import SnapshotError, SnapshotRanksError, SnapshotRanksWarning
 from ppe_core.training._extension import Extension
 from ppe_core.training._ranks import device_of, object_device
-from ppe_core.training.extensions._snapshot_manifest import _read_manifest
+from ppe_core.training.extensions._snapshot_manifest import read_manifest
 
 __all__ = ["SnapshotRanks"]
 
@@ -141,7 +141,7 @@ class SnapshotRanks(Extension):
         mine: tuple[str, Any] | None = None
         if path is not None:
             try:
-                digest = _read_manifest(path)[1].get("sha256")
+                digest = read_manifest(path)[1].get("sha256")
             except (OSError, ValueError, AttributeError):
                 digest = None
             mine = (os.path.relpath(path, out_dir), digest)

@@ -22,8 +22,8 @@ from ppe_core.errors import SnapshotError, SnapshotVerificationWarning, UnsafeSn
 from ppe_core.training.extensions._snapshot_candidates import Candidate, Orphans, load_unverified
 from ppe_core.training.extensions._snapshot_manifest import (
     MANIFEST_SUFFIX,
-    _complete_manifest,
     _is_int,
+    complete_manifest,
     load_snapshot,
     manifest_path,
     verify_snapshot,
@@ -55,7 +55,7 @@ def _name_iteration(template: str) -> Callable[[str], int | None]:
     return iteration
 
 
-def _glob_pattern(filename: str) -> str:
+def glob_pattern(filename: str) -> str:
     """``"snapshot_iter_{.iteration}"`` -> ``"snapshot_iter_*"`` for finding old snapshots."""
     return re.sub(r"\{[^{}]*\}", "*", glob.escape(filename).replace("[{]", "{").replace("[}]", "}"))
 
@@ -80,7 +80,7 @@ class SnapshotSeries:
             return [path for path in self._written if os.path.exists(path)]
         return [
             path
-            for path in glob.glob(os.path.join(out_dir, _glob_pattern(self.filename)))
+            for path in glob.glob(os.path.join(out_dir, glob_pattern(self.filename)))
             if not path.endswith(MANIFEST_SUFFIX)
             and not os.path.basename(path).startswith(".")
             and os.path.isfile(path)
@@ -162,7 +162,7 @@ class SnapshotSeries:
         complete = []
         for found in self.files(out_dir):
             try:
-                manifest = _complete_manifest(found)
+                manifest = complete_manifest(found)
             except SnapshotError:
                 orphan = self._orphans.find(found)
                 if orphan is not None:
