@@ -200,6 +200,13 @@ FILES: dict[str, tuple[str, str]] = {
         "observation-key arguments checked: a bare string refused (PPE tracks its characters)",
     ),
     _E + "_log_report.py": (SAME, "LogReport"),
+    _E + "_log_formats.py": (
+        BEYOND,
+        "LogReport's files: CSV, entries appended (JSON array extended in place) instead of "
+        "the whole file rewritten per entry, number templates byte for byte json.dumps' and "
+        "yaml.safe_dump's, a torn last entry dropped on reading (PPE: json.dumps/yaml of the "
+        "whole log per entry, no CSV, no reading back)",
+    ),
     _E + "_log_reader.py": (
         SAME,
         "finding the LogReport and a new-entries trigger, for PrintReport (PPE: inline)",

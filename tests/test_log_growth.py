@@ -280,9 +280,9 @@ def test_read_refuses_a_file_damaged_before_its_end(tmp_path: Path) -> None:
 def test_json_log_text_is_json_dumps_with_indent_byte_for_byte(
     tmp_path: Path, entries: list[dict[Any, Any]]
 ) -> None:
-    from ppe_core.training.extensions._log_report import _extend_json_array, _json_array_text
+    from ppe_core.training.extensions._log_formats import extend_json_array, json_array_text
 
-    assert _json_array_text(entries) == json.dumps(entries, indent=4)
+    assert json_array_text(entries) == json.dumps(entries, indent=4)
     # Extended one entry at a time through the writer, the file is the whole log's dumps.
     writer = SimpleWriter()
     saver = LogReport(filename="log")._extender
@@ -292,7 +292,7 @@ def test_json_log_text_is_json_dumps_with_indent_byte_for_byte(
     writer.finalize()
     if len(entries) > 1:  # several entries in one call
         with open(tmp_path / "more", "ab") as file_obj:
-            _extend_json_array(entries, file_obj)
+            extend_json_array(entries, file_obj)
         assert (tmp_path / "more").read_text() == json.dumps(entries, indent=4)
 
 
@@ -304,7 +304,7 @@ def test_number_entries_skip_the_json_encoder_and_keep_its_text(
     import random
     import sys
 
-    from ppe_core.training.extensions import _log_report
+    from ppe_core.training.extensions import _log_formats
 
     numbers = [0.1, -0.0, 1e22, 5e-324, 1.7976931348623157e308, 3, -7, 10**30]
     others = [True, None, "x%s", float("nan"), float("inf"), 10**400]
@@ -325,15 +325,15 @@ def test_number_entries_skip_the_json_encoder_and_keep_its_text(
     expected = [(json.dumps(e) + "\n", json.dumps([e], indent=4)[2:-2]) for e in entries]
     encoded: list[dict[str, Any]] = []
     for name in ("_encode_line", "_encode_indented"):
-        real = getattr(_log_report, name)
+        real = getattr(_log_formats, name)
 
         def counting(entry: Any, level: int, real: Any = real) -> Any:
             encoded.append(entry)
             return real(entry, level)
 
-        monkeypatch.setattr(_log_report, name, counting)
+        monkeypatch.setattr(_log_formats, name, counting)
 
-    got = [(_log_report._json_line(e), _log_report._json_entry_text(e)) for e in entries]
+    got = [(_log_formats.json_line(e), _log_formats._json_entry_text(e)) for e in entries]
     assert got == expected
 
     def numbers_only(entry: dict[str, Any]) -> bool:
@@ -354,7 +354,7 @@ def test_number_entries_skip_yamls_emitter_and_keep_its_text(
     import random
 
     yaml = pytest.importorskip("yaml")
-    from ppe_core.training.extensions import _log_report
+    from ppe_core.training.extensions import _log_formats
 
     numbers = [0.1, -0.0, 1e17, 1e16, 1e22, 5e-324, 1e-05, 3, -7, 10**30, 0, 1.0]
     others = [True, None, "x%s", float("nan"), float("inf"), 10**400]
@@ -372,7 +372,7 @@ def test_number_entries_skip_yamls_emitter_and_keep_its_text(
             )
             entry[rng.choice(keys) + rng.choice(["", "0"])] = value
         entries.append(entry)
-    pairs = [(entry, _log_report._yaml_number_item(entry)) for entry in entries]
+    pairs = [(entry, _log_formats.yaml_number_item(entry)) for entry in entries]
     fast = [(text, yaml.safe_dump([entry])) for entry, text in pairs if text is not None]
     assert [text for text, _ in fast] == [dumped for _, dumped in fast]
     assert len(fast) > 1_000  # most take the template
@@ -388,7 +388,7 @@ def test_number_entries_skip_yamls_emitter_and_keep_its_text(
         return real_dump(data, *args, **kwargs)
 
     monkeypatch.setattr(yaml, "safe_dump", counting_dump)
-    _log_report._YAML_TEMPLATES.clear()
+    _log_formats._YAML_TEMPLATES.clear()
     log_report = LogReport(trigger=(1, "iteration"), filename="log.yaml")
     _train(_manager(tmp_path, [log_report], max_epochs=10))  # 40 entries
     assert len(log_report.log) == 40
@@ -397,12 +397,12 @@ def test_number_entries_skip_yamls_emitter_and_keep_its_text(
 
 
 def test_json_text_without_the_c_encoder_is_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ppe_core.training.extensions import _log_report
+    from ppe_core.training.extensions import _log_formats
 
     entry = {"train/loss": 0.1, "text": "é\n", "flag": False, "none": None, "n": 10**30}
-    with_c = _log_report._json_encoder(",\n        ")(entry, 0)
+    with_c = _log_formats._json_encoder(",\n        ")(entry, 0)
     monkeypatch.setattr(json.encoder, "c_make_encoder", None)
-    without_c = _log_report._json_encoder(",\n        ")(entry, 0)
+    without_c = _log_formats._json_encoder(",\n        ")(entry, 0)
     assert "".join(with_c) == "".join(without_c)
     assert "".join(without_c) == json.dumps(entry, separators=(",\n        ", ": "))
 
@@ -411,16 +411,16 @@ def test_a_csv_row_of_numbers_is_what_the_csv_module_writes() -> None:
     import csv
     import io
 
-    from ppe_core.training.extensions._log_report import _csv_number_row
+    from ppe_core.training.extensions._log_formats import csv_number_row
 
     entry = {"a": 0.1, "b": -3, "c": float("nan"), "d": float("inf"), "e": 1e22, "f": -0.0}
     buffer = io.StringIO()
     csv.writer(buffer, lineterminator="\n").writerow(list(entry.values()))
-    assert _csv_number_row(entry, list(entry)) == buffer.getvalue()
+    assert csv_number_row(entry, list(entry)) == buffer.getvalue()
     # Text (which may need quoting), an empty cell and bools are left to the csv module.
-    assert _csv_number_row({"a": "x,y"}, ["a"]) is None
-    assert _csv_number_row({"a": 1.0}, ["a", "b"]) is None
-    assert _csv_number_row({"a": True}, ["a"]) is None
+    assert csv_number_row({"a": "x,y"}, ["a"]) is None
+    assert csv_number_row({"a": 1.0}, ["a", "b"]) is None
+    assert csv_number_row({"a": True}, ["a"]) is None
 
 
 def _kept_handle(writer: SimpleWriter, path: Path) -> Any:
@@ -433,7 +433,7 @@ def test_the_json_log_is_extended_in_place_through_a_handle_without_o_append(
 ) -> None:
     import fcntl
 
-    from ppe_core.training.extensions import _log_report
+    from ppe_core.training.extensions import _log_formats
 
     writer = SimpleWriter()
     json_log = LogReport(trigger=(1, "iteration"), filename="log", writer=writer)
@@ -441,7 +441,7 @@ def test_the_json_log_is_extended_in_place_through_a_handle_without_o_append(
     manager = _manager(tmp_path, [json_log, lines_log], max_epochs=10)
     _train(manager, iterations=2)  # the first write replaces the file; the second extends
     # With the writer's positional handle the extension is one pwrite: no flag to clear.
-    monkeypatch.setattr(_log_report, "fcntl", None)
+    monkeypatch.setattr(_log_formats, "fcntl", None)
     _train(manager, iterations=5)
 
     json_handle = _kept_handle(writer, tmp_path / "log")
@@ -458,7 +458,7 @@ def test_the_json_log_is_extended_in_place_through_a_handle_without_o_append(
     # around the write and restored.
     extra = {"iteration": 99, "epoch": 0, "elapsed_time": 1.0}
     with open(tmp_path / "log", "ab") as appending:
-        _log_report._extend_json_array([extra], appending)
+        _log_formats.extend_json_array([extra], appending)
         assert fcntl.fcntl(appending.fileno(), fcntl.F_GETFL) & os.O_APPEND
     assert (tmp_path / "log").read_text() == json.dumps([*json_log.log, extra], indent=4)
 
