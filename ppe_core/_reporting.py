@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import operator
@@ -23,26 +24,6 @@ from ppe_core.errors import (
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
     from types import TracebackType
-
-__all__ = [
-    "DictSummary",
-    "EmptySummaryError",
-    "FloatLikeValue",
-    "NoCurrentReporterError",
-    "Observation",
-    "Reporter",
-    "Scalar",
-    "Summary",
-    "UnknownObserverError",
-    "Value",
-    "divide_scalar",
-    "get_current_reporter",
-    "multiply_scalar",
-    "report",
-    "report_scope",
-    "subtract_scalar",
-    "to_floats",
-]
 
 Observation: TypeAlias = dict[str, Any]
 """A mapping from reported names (``"main/loss"``) to the reported values."""
@@ -401,6 +382,9 @@ def _mean_of(shift: torch.Tensor, s1: torch.Tensor, n: Any) -> torch.Tensor:
 #: Extra Summary state entry holding the unmerged accumulators (PPE ignores it).
 _EXACT_KEY = "_ppe_core_exact"
 
+_DeviceSums: TypeAlias = tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]
+"""A summary's device accumulators: ``(shift, sum w*d, sum w*d*d, total weight)``."""
+
 
 class Summary:
     """Running weighted mean and standard deviation of a stream of scalars.
@@ -414,20 +398,7 @@ class Summary:
     read (PPE's deferred values). :meth:`state_dict` is the one place that copies to the host.
     """
 
-    __slots__ = (
-        "_deferred",
-        "_dev_n",
-        "_dev_n_tensor",
-        "_dev_x",
-        "_dev_x2",
-        "_dtype",
-        "_n",
-        "_pending",
-        "_pending_weights",
-        "_shift",
-        "_x",
-        "_x2",
-    )
+    __slots__ = ("_deferred", "_dev", "_dtype", "_n", "_pending", "_pending_weights", "_x", "_x2")
 
     def __init__(self) -> None:
         self._reset()
@@ -439,11 +410,9 @@ class Summary:
         self._deferred: list[tuple[Callable[[], Any], Any]] = []
         self._pending: list[torch.Tensor] = []
         self._pending_weights: list[Scalar] | None = None
-        self._shift: torch.Tensor | None = None
-        self._dev_x: torch.Tensor | None = None
-        self._dev_x2: torch.Tensor | None = None
-        self._dev_n = 0.0
-        self._dev_n_tensor: torch.Tensor | None = None
+        # The device accumulators ``(shift, sum w*d, sum w*d*d, total weight)`` with
+        # ``d = value - shift``; the weight is a host number until a tensor weight is folded.
+        self._dev: _DeviceSums | None = None
         self._dtype: torch.dtype | None = None
 
     def add(self, value: Value, weight: Scalar = 1) -> None:
@@ -458,30 +427,24 @@ class Summary:
             ConfigurationError: A tensor value has more than one element.
             ArgumentTypeError: ``value`` or ``weight`` is not a number.
         """
-        if isinstance(value, torch.Tensor) or isinstance(weight, torch.Tensor):
-            self._add_tensor(value, weight)
-            return
-        if callable(value):
-            self._deferred.append((value, weight))
-            return
-        if not (_is_host_number(value) and _is_host_number(weight)):
-            raise ArgumentTypeError(
-                f"Summary.add() takes a number or a one-element tensor as value and weight, got "
-                f"{type(value).__name__} {value!r} (weight {weight!r}); add numbers, e.g. "
-                "summary.add(loss) or summary.add(accuracy, weight=batch_size)"
-            )
-        wv: Any = weight * value  # type: ignore[operator]
-        self._x += wv
-        self._x2 += wv * value
-        self._n += weight
-
-    def _add_tensor(self, value: Value, weight: Scalar) -> None:
         if callable(value) and not isinstance(value, torch.Tensor):
             self._deferred.append((value, weight))
             return
         if not isinstance(value, torch.Tensor):
-            assert isinstance(weight, torch.Tensor)
-            value = _host_values_to([float(value)], None, weight.device).reshape(())
+            if isinstance(weight, torch.Tensor):
+                value = _host_values_to([float(value)], None, weight.device).reshape(())
+            elif not (_is_host_number(value) and _is_host_number(weight)):
+                raise ArgumentTypeError(
+                    f"Summary.add() takes a number or a one-element tensor as value and weight, "
+                    f"got {type(value).__name__} {value!r} (weight {weight!r}); add numbers, "
+                    "e.g. summary.add(loss) or summary.add(accuracy, weight=batch_size)"
+                )
+            else:
+                wv: Any = weight * value  # type: ignore[operator]
+                self._x += wv
+                self._x2 += wv * value
+                self._n += weight
+                return
         if value.numel() != 1:
             raise ConfigurationError(
                 f"Summary.add() takes a scalar, got a tensor of shape {tuple(value.shape)}; "
@@ -519,56 +482,40 @@ class Summary:
 
     def _fold(self) -> None:
         """Reduces the pending tensors into the device accumulators (no host sync)."""
-        values = self._pending
+        values, weights = self._pending, self._pending_weights
         if not values:
             return
-        weights = self._pending_weights
-        self._pending = []
-        self._pending_weights = None
-        device = values[0].device if self._shift is None else self._shift.device
+        self._pending, self._pending_weights = [], None
+        device = values[0].device if self._dev is None else self._dev[0].device
         try:
             x = torch.stack(values)
         except RuntimeError:  # mixed devices or shapes (0-d and (1,)): normalise one by one
             x = torch.stack([v.reshape(()).to(device) for v in values])
-        x = x.reshape(-1)
-        if x.device != device:
-            x = x.to(device)
+        x = x.reshape(-1).to(device)
         out = _result_dtype(x.dtype)
         self._dtype = out if self._dtype is None else torch.promote_types(self._dtype, out)
-        dtype = torch.promote_types(x.dtype, _MIN_SUM_DTYPE)
-        if x.dtype != dtype:
-            x = x.to(dtype)
-        if self._shift is None:
-            self._shift = x[0]
-        d = x - self._shift
+        x = x.to(torch.promote_types(x.dtype, _MIN_SUM_DTYPE))
+        shift, s1, s2, n = (x[0], 0.0, 0.0, 0) if self._dev is None else self._dev
+        d = x - shift
         if weights is None:
-            self._dev_n += len(values)
-            s1 = d.sum()
-            s2 = torch.dot(d, d)
-        else:
-            w = self._weights_tensor(weights, x)
+            n = n + len(values)
+            wd = d
+        elif any(isinstance(w, torch.Tensor) for w in weights):
+            w = torch.stack(
+                [
+                    w.detach().reshape(()).to(x.device, x.dtype)
+                    if isinstance(w, torch.Tensor)
+                    else _host_values_to([float(w)], x.dtype, x.device).reshape(())
+                    for w in weights
+                ]
+            )
+            n = w.sum() + n
             wd = w * d
-            s1 = wd.sum()
-            s2 = torch.dot(wd, d)
-        self._dev_x = s1 if self._dev_x is None else self._dev_x + s1
-        self._dev_x2 = s2 if self._dev_x2 is None else self._dev_x2 + s2
-
-    def _weights_tensor(self, weights: list[Scalar], x: torch.Tensor) -> torch.Tensor:
-        if not any(isinstance(w, torch.Tensor) for w in weights):
+        else:
             floats = [float(w) for w in weights]
-            self._dev_n += math.fsum(floats)
-            return _host_values_to(floats, x.dtype, x.device)
-        w = torch.stack(
-            [
-                w.detach().reshape(()).to(x.device, x.dtype)
-                if isinstance(w, torch.Tensor)
-                else _host_values_to([float(w)], x.dtype, x.device).reshape(())
-                for w in weights
-            ]
-        )
-        total = w.sum()
-        self._dev_n_tensor = total if self._dev_n_tensor is None else self._dev_n_tensor + total
-        return w
+            n = n + math.fsum(floats)
+            wd = _host_values_to(floats, x.dtype, x.device) * d
+        self._dev = (shift, s1 + wd.sum(), s2 + torch.dot(wd, d), n)
 
     def _add_deferred_values(self) -> None:
         deferred = self._deferred
@@ -577,7 +524,7 @@ class Summary:
             for fn, weight in deferred:
                 self.add(fn(), weight)
 
-    def _moments(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any] | None:
+    def _moments(self) -> _DeviceSums | None:
         """Returns ``(shift, sum w*d, sum w*d*d, total weight)`` on the device, or ``None``.
 
         Host-side numbers added to the same summary are folded in relative to the shift; all of
@@ -585,12 +532,9 @@ class Summary:
         """
         self._add_deferred_values()
         self._fold()
-        shift, s1, s2 = self._shift, self._dev_x, self._dev_x2
-        if shift is None or s1 is None or s2 is None:
+        if self._dev is None:
             return None
-        n: Any = self._dev_n
-        if self._dev_n_tensor is not None:
-            n = self._dev_n_tensor.to(shift.dtype) + n
+        shift, s1, s2, n = self._dev
         if self._n != 0:
             hx, hx2, hn = float(self._x), float(self._x2), float(self._n)
             s1 = s1 + (hx - hn * shift)
@@ -598,22 +542,26 @@ class Summary:
             n = n + hn
         return shift, s1, s2, n
 
-    def _host_n_is_zero(self) -> bool:
-        # Only a plain number can be tested without a sync (or an ambiguous array truth value).
-        n: Any = self._n
-        return bool(n == 0) if isinstance(self._n, numbers.Number) else False
+    def _host_mean(self) -> Scalar:
+        """The mean of the numbers added (PPE's arithmetic and types).
 
-    def _empty_error(self) -> EmptySummaryError:
-        return EmptySummaryError(
-            "the summary is empty (total weight 0); add() values before computing a mean"
-        )
+        Raises:
+            EmptySummaryError: Their total weight is 0.
+        """
+        n: Any = self._n
+        # Only a plain number can be tested without a sync (or an ambiguous array truth value).
+        if isinstance(self._n, numbers.Number) and n == 0:
+            raise EmptySummaryError(
+                "the summary is empty (total weight 0); add() values before computing a mean"
+            )
+        return divide_scalar(self._x, n)
 
     def _lone_value(self) -> torch.Tensor | None:
         """The one tensor added (with weight 1) when it is all this summary holds, else None."""
         pending = self._pending
         if (
             len(pending) != 1
-            or self._shift is not None
+            or self._dev is not None
             or self._pending_weights is not None
             or self._deferred
             or self._n.__class__ is not int
@@ -654,9 +602,7 @@ class Summary:
             return value.clone() if value.dtype == dtype else value.to(dtype)
         moments = self._moments()
         if moments is None:
-            if self._host_n_is_zero():
-                raise self._empty_error()
-            return divide_scalar(self._x, self._n)
+            return self._host_mean()
         shift, s1, _, n = moments
         mean: torch.Tensor = _mean_of(shift, s1, n)
         assert self._dtype is not None
@@ -673,9 +619,7 @@ class Summary:
         """
         moments = self._moments()
         if moments is None:
-            if self._host_n_is_zero():
-                raise self._empty_error()
-            mean = divide_scalar(self._x, self._n)
+            mean = self._host_mean()
             var = subtract_scalar(divide_scalar(self._x2, self._n), multiply_scalar(mean, mean))
             return mean, _host_sqrt(var)
         shift, s1, s2, n = moments
@@ -685,61 +629,33 @@ class Summary:
         return _mean_of(shift, s1, n).to(self._dtype), var_t.sqrt().to(self._dtype)
 
     def _device_stats(self) -> torch.Tensor | None:
-        """Folds and returns ``[shift, sum w*d, sum w*d*d, tensor weights]`` as one tensor."""
+        """Folds and returns ``[shift, sum w*d, sum w*d*d, tensor weight or 0]`` as one tensor."""
         self._fold()
-        shift, s1, s2 = self._shift, self._dev_x, self._dev_x2
-        if shift is None or s1 is None or s2 is None:
+        if self._dev is None:
             return None
-        nt = self._dev_n_tensor
-        parts = [shift, s1, s2, torch.zeros_like(shift) if nt is None else nt.to(shift.device)]
-        return torch.stack([p.to(shift.dtype) for p in parts])
+        shift, s1, s2, n = self._dev
+        return torch.stack(
+            [shift, s1, s2, n if isinstance(n, _Tensor) else torch.zeros_like(shift)]
+        )
 
     def _host_state(self, stats: list[float] | None) -> dict[str, Any]:
         x, x2, n = float(self._x), float(self._x2), float(self._n)
-        if stats is not None:
+        state: dict[str, Any] = {}
+        if self._dev is not None and stats is not None:
             shift, s1, s2, nt = stats
-            dn = self._dev_n + nt
+            dn = nt if isinstance(self._dev[3], _Tensor) else self._dev[3]
             x += dn * shift + s1
             x2 += s2 + 2.0 * shift * s1 + dn * shift * shift
             n += dn
-        state: dict[str, Any] = {"_x": x, "_x2": x2, "_n": _whole(n)}
-        if self._shift is not None:
-            state[_EXACT_KEY] = self._exact_state()
-        return state
-
-    def _exact_state(self) -> dict[str, Any]:
-        """The host and device accumulators as they are, so a resumed run sums bit-identically.
-
-        PPE readers ignore this entry and use the merged ``_x``/``_x2``/``_n``; ppe-core restores
-        it, because re-merging the sums on load would round differently from an uninterrupted run.
-        """
-        assert self._shift is not None and self._dev_x is not None and self._dev_x2 is not None
-        assert self._dtype is not None
-        exact: dict[str, Any] = {
-            "host": [self._x, self._x2, self._n],
-            "shift": self._shift.detach().cpu(),
-            "sum": self._dev_x.detach().cpu(),
-            "sum_sq": self._dev_x2.detach().cpu(),
-            "n": self._dev_n,
-            "dtype": str(self._dtype).removeprefix("torch."),
-        }
-        if self._dev_n_tensor is not None:
-            exact["n_tensor"] = self._dev_n_tensor.detach().cpu()
-        return exact
-
-    def _load_exact_state(self, exact: Mapping[str, Any]) -> None:
-        host = exact["host"]
-        self._x, self._x2, self._n = host[0], host[1], host[2]
-        self._shift, self._dev_x, self._dev_x2 = exact["shift"], exact["sum"], exact["sum_sq"]
-        self._dev_n = exact["n"]
-        self._dev_n_tensor = exact.get("n_tensor")
-        dtype = getattr(torch, str(exact["dtype"]), None)
-        if not isinstance(dtype, torch.dtype):
-            raise ConfigurationError(
-                f"a Summary state names an unknown dtype {exact['dtype']!r}; it was not written "
-                "by this ppe-core version, drop its '_ppe_core_exact' entry to load the merged sums"
+            # The accumulators as they are, so a resumed run sums bit-identically: re-merging
+            # the sums on load would round differently. PPE readers ignore this entry.
+            host_parts = (p.cpu() if isinstance(p, _Tensor) else p for p in self._dev)
+            state[_EXACT_KEY] = dict(
+                zip(("shift", "sum", "sum_sq", "n"), host_parts, strict=True),
+                host=[self._x, self._x2, self._n],
+                dtype=str(self._dtype).removeprefix("torch."),
             )
-        self._dtype = dtype
+        return {"_x": x, "_x2": x2, "_n": _whole(n), **state}
 
     def state_dict(self) -> dict[str, Any]:
         """Returns the sums as plain Python numbers (loadable with ``weights_only=True``).
@@ -756,10 +672,20 @@ class Summary:
         x, x2, n = float(to_load["_x"]), float(to_load["_x2"]), float(to_load["_n"])
         self._reset()
         exact = to_load.get(_EXACT_KEY)
-        if exact is not None:
-            self._load_exact_state(exact)
+        if exact is None:
+            self._x, self._x2, self._n = x, x2, _whole(n)
             return
-        self._x, self._x2, self._n = x, x2, _whole(n)
+        self._x, self._x2, self._n = exact["host"]
+        # "n_tensor": the tensor part of the weight in states written before it joined "n".
+        n = exact["n"] + exact.get("n_tensor", 0)
+        self._dev = (exact["shift"], exact["sum"], exact["sum_sq"], n)
+        dtype = getattr(torch, str(exact["dtype"]), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ConfigurationError(
+                f"a Summary state names an unknown dtype {exact['dtype']!r}; it was not written "
+                "by this ppe-core version, drop its '_ppe_core_exact' entry to load the merged sums"
+            )
+        self._dtype = dtype
 
     def __add__(self, other: Summary) -> Summary:
         """Returns a new summary of both summaries' values (neither operand changes)."""
@@ -772,39 +698,22 @@ class Summary:
         result._deferred = self._deferred + other._deferred
         self._fold()
         other._fold()
-        if other._shift is None:
-            result._take_device_part(self)
-        elif self._shift is None:
-            result._take_device_part(other)
-        else:
-            result._merge_device_parts(self, other)
+        a, b = self._dev, other._dev
+        # Accumulators are never modified in place, so sharing the tensors is safe.
+        result._dev = a if b is None else b if a is None else _merged(a, b)
+        dtypes = [d for d in (self._dtype, other._dtype) if d is not None]
+        result._dtype = functools.reduce(torch.promote_types, dtypes) if dtypes else None
         return result
 
-    def _take_device_part(self, source: Summary) -> None:
-        # Accumulators are never modified in place, so sharing the tensors is safe.
-        self._shift, self._dev_x, self._dev_x2 = source._shift, source._dev_x, source._dev_x2
-        self._dev_n, self._dev_n_tensor = source._dev_n, source._dev_n_tensor
-        self._dtype = source._dtype
 
-    def _merge_device_parts(self, a: Summary, b: Summary) -> None:
-        assert a._shift is not None and a._dev_x is not None and a._dev_x2 is not None
-        assert b._shift is not None and b._dev_x is not None and b._dev_x2 is not None
-        shift = a._shift
-        device, dtype = shift.device, torch.promote_types(shift.dtype, b._shift.dtype)
-        shift = shift.to(dtype)
-        b_s1, b_s2 = b._dev_x.to(device, dtype), b._dev_x2.to(device, dtype)
-        delta = b._shift.to(device, dtype) - shift  # re-express b's sums relative to a's shift
-        b_n: Any = b._dev_n
-        if b._dev_n_tensor is not None:
-            b_n = b._dev_n_tensor.to(device, dtype) + b_n
-        self._shift = shift
-        self._dev_x = a._dev_x.to(dtype) + b_s1 + b_n * delta
-        self._dev_x2 = a._dev_x2.to(dtype) + b_s2 + 2.0 * delta * b_s1 + b_n * delta * delta
-        self._dev_n = a._dev_n + b._dev_n
-        tensors = [t.to(device) for t in (a._dev_n_tensor, b._dev_n_tensor) if t is not None]
-        self._dev_n_tensor = None if not tensors else sum(tensors[1:], tensors[0])
-        assert a._dtype is not None and b._dtype is not None
-        self._dtype = torch.promote_types(a._dtype, b._dtype)
+def _merged(a: _DeviceSums, b: _DeviceSums) -> _DeviceSums:
+    """The accumulators of two summaries as one, ``b``'s re-expressed relative to ``a``'s shift."""
+    device, dtype = a[0].device, torch.promote_types(a[0].dtype, b[0].dtype)
+    shift, s1, s2, n = (p.to(device, dtype) if isinstance(p, _Tensor) else p for p in a)
+    b_shift, b_s1, b_s2, b_n = (p.to(device, dtype) if isinstance(p, _Tensor) else p for p in b)
+    delta = b_shift - shift
+    s2 = s2 + b_s2 + 2.0 * delta * b_s1 + b_n * delta * delta
+    return shift, s1 + b_s1 + b_n * delta, s2, n + b_n
 
 
 def _is_scalar(value: object) -> bool:
@@ -837,19 +746,9 @@ def to_floats(values: Mapping[str, Any]) -> dict[str, Any]:
         elif value.__class__ is not float and _is_scalar(value):
             result[key] = float(value)
     for keys in by_device.values():
-        if len(keys) == 1:  # one copy to the host either way; the stack is not needed
-            tensor = result[keys[0]].detach()
-            if not tensor.is_floating_point():  # floats widen exactly; others as below
-                tensor = tensor.to(torch.promote_types(tensor.dtype, _MIN_SUM_DTYPE))
-            result[keys[0]] = float(tensor.item())
-            continue
         tensors = [result[key].detach().reshape(()) for key in keys]
-        dtype = tensors[0].dtype
-        for tensor in tensors[1:]:
-            dtype = torch.promote_types(dtype, tensor.dtype)
-        dtype = torch.promote_types(dtype, _MIN_SUM_DTYPE)
-        floats = torch.stack([t.to(dtype) for t in tensors]).tolist()
-        result.update(zip(keys, (float(f) for f in floats), strict=True))
+        dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors), _MIN_SUM_DTYPE)
+        result.update(zip(keys, torch.stack([t.to(dtype) for t in tensors]).tolist(), strict=True))
     return result
 
 
@@ -944,10 +843,8 @@ class DictSummary:
             if stats is not None:
                 by_device.setdefault(stats.device, []).append((name, stats))
         for items in by_device.values():
-            dtype = items[0][1].dtype
-            for _, stats in items[1:]:
-                dtype = torch.promote_types(dtype, stats.dtype)
-            flat = torch.cat([stats.to(dtype) for _, stats in items]).tolist()
+            # torch.cat promotes the dtypes; tolist gives plain floats.
+            flat = torch.cat([stats for _, stats in items]).tolist()
             for index, (name, _) in enumerate(items):
                 host[name] = flat[4 * index : 4 * index + 4]
         return {name: summary._host_state(host[name]) for name, summary in self._summaries.items()}

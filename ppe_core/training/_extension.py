@@ -179,31 +179,23 @@ class _WrappedExtension(Extension):
     def __call__(self, manager: ManagerView) -> object:
         return self._ext(manager)
 
+    # The callable's hooks where it has them (make_extension sets all three), else the no-ops.
     def initialize(self, manager: ManagerView) -> None:
-        initializer = getattr(self._ext, "initialize", None)
-        if initializer is not None:
-            initializer(manager)
+        getattr(self._ext, "initialize", super().initialize)(manager)
 
     def finalize(self, manager: ManagerView) -> None:
-        finalizer = getattr(self._ext, "finalize", None)
-        if finalizer is not None:
-            finalizer(manager)
+        getattr(self._ext, "finalize", super().finalize)(manager)
 
     def on_error(
         self, manager: ManagerView, exc: BaseException, tb: types.TracebackType | None
     ) -> None:
-        handler = getattr(self._ext, "on_error", None)
-        if handler is not None:
-            handler(manager, exc, tb)
+        getattr(self._ext, "on_error", super().on_error)(manager, exc, tb)
 
     def state_dict(self) -> dict[str, Any]:
-        getter = getattr(self._ext, "state_dict", None)
-        return {} if getter is None else dict(getter())
+        return dict(getattr(self._ext, "state_dict", dict)())
 
     def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
-        loader = getattr(self._ext, "load_state_dict", None)
-        if loader is not None:
-            loader(to_load)
+        getattr(self._ext, "load_state_dict", super().load_state_dict)(to_load)
 
 
 def _as_extension(ext: object) -> Extension:

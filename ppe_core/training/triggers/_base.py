@@ -126,17 +126,13 @@ class _CallableTrigger(Trigger):
         return bool(self.func(manager))
 
     def may_fire(self, iteration: int, epoch_length: int) -> bool:
-        method = getattr(self.func, "may_fire", None)
-        return True if method is None else bool(method(iteration, epoch_length))
+        return bool(getattr(self.func, "may_fire", super().may_fire)(iteration, epoch_length))
 
     def state_dict(self) -> dict[str, Any]:
-        method = getattr(self.func, "state_dict", None)
-        return {} if method is None else dict(method())
+        return dict(getattr(self.func, "state_dict", dict)())
 
     def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
-        method = getattr(self.func, "load_state_dict", None)
-        if method is not None:
-            method(to_load)
+        getattr(self.func, "load_state_dict", super().load_state_dict)(to_load)
 
     def __repr__(self) -> str:
         return f"get_trigger({self.func!r})"

@@ -98,15 +98,14 @@ def check_key(key: object, owner: str, what: str = "key") -> str:
 
 def check_epoch_length(iters_per_epoch: int, owner: object) -> int:
     """``iters_per_epoch`` for an epoch-unit trigger ``owner``; raises unless a positive int."""
-    if isinstance(iters_per_epoch, bool) or not isinstance(iters_per_epoch, int):
+    if (
+        isinstance(iters_per_epoch, bool)
+        or not isinstance(iters_per_epoch, int)
+        or iters_per_epoch <= 0
+    ):
         raise ConfigurationError(
-            f"{owner!r} counts epochs, but iters_per_epoch is {iters_per_epoch!r}, not an int; "
-            "give the manager a positive iters_per_epoch or use unit='iteration'"
-        )
-    if iters_per_epoch <= 0:
-        raise ConfigurationError(
-            f"{owner!r} counts epochs, but iters_per_epoch is {iters_per_epoch}; give the "
-            "manager a positive iters_per_epoch or use unit='iteration'"
+            f"{owner!r} counts epochs, but iters_per_epoch is {iters_per_epoch!r}, not a "
+            "positive int; give the manager a positive iters_per_epoch or use unit='iteration'"
         )
     return iters_per_epoch
 

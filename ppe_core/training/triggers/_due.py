@@ -27,9 +27,6 @@ class EveryIteration(Trigger):
     def next_check(self, iteration: int, iters_per_epoch: int) -> int:
         return iteration + 1
 
-    def may_fire(self, iteration: int, epoch_length: int) -> bool:
-        return True
-
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
