@@ -132,7 +132,6 @@ class Handler(BaseHandler):
         super().__init__(logic, options)
         self._entry_runtime = entry_runtime
         self._modules: list[tuple[str, torch.nn.Module, BaseRuntime]] = []
-        self._runtimes: list[tuple[torch.nn.Module, BaseRuntime]] = []
         self._discovered = False
         self._eval_initialized = False
         # Per-step callbacks, only of runtimes that override them (the rest are no-ops).
@@ -158,25 +157,27 @@ class Handler(BaseHandler):
     @property
     def runtimes(self) -> list[BaseRuntime]:
         """The distinct runtimes found for the models (after setup)."""
-        return list({id(runtime): runtime for _, runtime in self._runtimes}.values())
+        return list({id(runtime): runtime for _, _, runtime in self._modules}.values())
 
     # Runtime discovery ----------------------------------------------------------------------
     def _discover(self, models: Mapping[str, torch.nn.Module]) -> None:
-        found = [
+        self._modules = [
             triple for name, model in models.items() for triple in iter_runtime_modules(model, name)
         ]
-        self._modules = found
-        self._runtimes = pairs = [(module, runtime) for _, module, runtime in found]
+        pairs = [(module, runtime) for _, module, runtime in self._modules]
         self._train_pre = _overriding(pairs, "train_pre_step")
         self._train_post = _overriding(pairs, "train_post_step")
         self._eval_pre = _overriding(pairs, "eval_pre_step")
         self._eval_post = _overriding(pairs, "eval_post_step")
         self._discovered = True
 
-    def _ensure(self, models: Mapping[str, torch.nn.Module]) -> None:
-        # Callbacks called outside a run (or before setup) find the runtimes on first use.
+    def _each_runtime(self, models: Mapping[str, torch.nn.Module], method: str) -> None:
+        """Calls ``runtime.<method>(module)`` for every tagged module (callbacks called outside
+        a run, or before setup, find the runtimes on first use)."""
         if not self._discovered:
             self._discover(models)
+        for _, module, runtime in self._modules:
+            getattr(runtime, method)(module)
 
     def _setup(self, models: Mapping[str, torch.nn.Module]) -> None:
         self._discover(models)
@@ -190,7 +191,7 @@ class Handler(BaseHandler):
         logic = self._logic
         model_name = getattr(logic, "model_name", None)
         model = models.get(model_name) if isinstance(model_name, str) else None
-        runtime = next((rt for m, rt in self._runtimes if m is model), self._runtimes[0][1])
+        runtime = next((rt for _, m, rt in self._modules if m is model), self._modules[0][2])
         logic.bind_device(autocast_device_type_of(runtime))
         for owner in (runtime, self._entry_runtime):
             # A runtime whose __init__ skipped BaseRuntime's may have no options.
@@ -220,33 +221,25 @@ class Handler(BaseHandler):
         check_optimizers_hold_models(trainer.models.values(), optimizers)
 
     def train_epoch_begin(self, trainer: Any, loader: Iterable[Any]) -> None:
-        self._ensure(trainer.models)
         # Logic.train_epoch_begin sets the sampler's epoch (as PPE's does); for a logic that
         # replaces it, the handler does, so a custom logic need not remember to. Either way
         # once per epoch.
         if type(self._logic).train_epoch_begin is not Logic.train_epoch_begin:
             set_sampler_epoch(loader, trainer.epoch)
         self._logic.train_epoch_begin(trainer.models, trainer.epoch, loader)
-        for module, runtime in self._runtimes:
-            runtime.train_epoch_begin(module)
+        self._each_runtime(trainer.models, "train_epoch_begin")
 
     def train_epoch_end(self, trainer: Any) -> None:
-        self._ensure(trainer.models)
         self._logic.train_epoch_end(trainer.models, trainer.epoch)
-        for module, runtime in self._runtimes:
-            runtime.train_epoch_end(module)
+        self._each_runtime(trainer.models, "train_epoch_end")
 
     def train_validation_begin(self, trainer: Any, evaluator: Any) -> None:
-        self._ensure(evaluator.models)
         self._logic.train_validation_begin(evaluator.models)
-        for module, runtime in self._runtimes:
-            runtime.train_validation_begin(module)
+        self._each_runtime(evaluator.models, "train_validation_begin")
 
     def train_validation_end(self, trainer: Any, evaluator: Any) -> None:
-        self._ensure(evaluator.models)
         self._logic.train_validation_end(evaluator.models)
-        for module, runtime in self._runtimes:
-            runtime.train_validation_end(module)
+        self._each_runtime(evaluator.models, "train_validation_end")
 
     def train_step(
         self, trainer: Any, batch_idx: int, batch: Any, complete_fn: CompleteFn | None = None
@@ -281,9 +274,7 @@ class Handler(BaseHandler):
         _report_outputs(outputs, "train/", self._train_report_keys, self._train_names, self._logic)
 
     def train_cleanup(self, trainer: Any) -> None:
-        self._ensure(trainer.models)
-        for module, runtime in self._runtimes:
-            runtime.train_cleanup(module)
+        self._each_runtime(trainer.models, "train_cleanup")
 
     # Evaluator ------------------------------------------------------------------------------
     def eval_setup(self, evaluator: Any, loader: Iterable[Any]) -> None:

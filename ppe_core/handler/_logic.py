@@ -37,6 +37,7 @@ from ppe_core.runtime import (
     device_type_of,
     get_runtime,
 )
+from ppe_core.runtime._execute import call_with_batch
 
 __all__ = [
     "AMPOptionError",
@@ -107,10 +108,8 @@ def torch_autocast(enabled: bool = True) -> Iterator[None]:
         device_type = device_type_of(resolve_device("auto"))
     except ConfigurationError:
         device_type = "cpu"
-    if device_type == "cpu":
-        yield
-        return
-    with torch.autocast(device_type, enabled=enabled):
+    cpu = device_type == "cpu"
+    with contextlib.nullcontext() if cpu else torch.autocast(device_type, enabled=enabled):
         yield
 
 
@@ -372,7 +371,6 @@ class Logic(ModelLogic, StagedSteps):
         self.backward_outputs: str | list[str] | tuple[str, ...] | None = None
         self._backward_fn: Callable[[torch.Tensor], Any] | None = None
         self._grad_scaler: torch.amp.GradScaler | None = None
-        self._autocast_options: bool | dict[str, Any] = False
         self._autocast = _AutocastManager(False)
         self.grad_accumulation_steps = 1
         self._epoch_length: int | None = None
@@ -387,22 +385,16 @@ class Logic(ModelLogic, StagedSteps):
     def consume_options(self, options: dict[str, Any]) -> None:
         super().consume_options(options)
         check_logic_options(options)
-        keys = options.pop("backward_outputs", None)
-        if keys:
-            self.backward_outputs = keys
-        backward_fn = options.pop("backward_function", None)
-        if backward_fn is not None:
-            self._backward_fn = backward_fn
+        # An option left out (or None) keeps its current value; the checks above make every
+        # given value but autocast's truthy.
+        self.backward_outputs = options.pop("backward_outputs", None) or self.backward_outputs
+        self._backward_fn = options.pop("backward_function", None) or self._backward_fn
         autocast = options.pop("autocast", None)
         if autocast is not None:
-            self._autocast_options = autocast
-        self._autocast = _AutocastManager(self._autocast_options)
-        scaler = options.pop("grad_scaler", None)
-        if scaler is not None:
-            self._grad_scaler = scaler
+            self._autocast = _AutocastManager(autocast)
+        self._grad_scaler = options.pop("grad_scaler", None) or self._grad_scaler
         steps = options.pop("grad_accumulation_steps", None)
-        if steps is not None:
-            self.grad_accumulation_steps = steps
+        self.grad_accumulation_steps = steps or self.grad_accumulation_steps
         targets = options.pop("optimizers", None)
         if targets is not None:
             self._targets = parse_targets(targets)
@@ -448,19 +440,9 @@ class Logic(ModelLogic, StagedSteps):
         else:
             switch_mode(self._staged_models(models), training)
 
-    def _bind_autocast(self, model: torch.nn.Module) -> None:
-        """Autocast on the device type of ``model``'s runtime (unless the options name one)."""
-        runtime = get_runtime(model)
-        if runtime is not None:
-            self._autocast.bind(autocast_device_type_of(runtime))
-
     def _forward(self, model: torch.nn.Module, batch: Any) -> Any:
         try:
-            if type(batch) is dict or isinstance(batch, Mapping):
-                return model(**batch)
-            if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
-                return model(*batch)
-            return model(batch)
+            return call_with_batch(model, batch)
         except TypeError as exc:
             explain_forward_mismatch(model, batch, exc)
             raise
@@ -615,15 +597,7 @@ class Logic(ModelLogic, StagedSteps):
             return self._forward_backward(model, batch, window)
 
     def _forward_backward(self, model: torch.nn.Module, batch: Any, window: int) -> Any:
-        # _autocast_forward, inline: one Python call less on the default step.
-        autocast = self._autocast
-        if not autocast.enabled:  # the common case: no context object per step
-            outputs = self._forward(model, batch)
-        else:
-            if autocast.resolved_device_type is None:
-                self._bind_autocast(model)
-            with autocast.autocast():
-                outputs = self._forward(model, batch)
+        outputs = self._autocast_forward(model, batch)
         named = outputs if type(outputs) is dict else self._keyed(outputs)
         self._backward(named, window)
         if self._first_step:  # one attribute test per step; the check itself runs once
@@ -658,12 +632,13 @@ class Logic(ModelLogic, StagedSteps):
 
     def _autocast_forward(self, model: torch.nn.Module, batch: Any) -> Any:
         """The model's forward under the Logic's autocast (bound to the model's device on
-        first use). ``_forward_backward`` repeats it inline: the default step's hot path."""
+        first use)."""
         autocast = self._autocast
-        if not autocast.enabled:
+        if not autocast.enabled:  # the common case: no context object per step
             return self._forward(model, batch)
-        if autocast.resolved_device_type is None:
-            self._bind_autocast(model)
+        runtime = get_runtime(model) if autocast.resolved_device_type is None else None
+        if runtime is not None:  # bound to the device type of the model's runtime
+            autocast.bind(autocast_device_type_of(runtime))
         with autocast.autocast():
             return self._forward(model, batch)
 
@@ -721,14 +696,10 @@ class ClousureLogic(Logic):
     ) -> Any:
         model = self._model(models)
         optimizer = self._optimizer(optimizers)
-        autocast = self._autocast
-        if autocast.enabled and autocast.resolved_device_type is None:
-            self._bind_autocast(model)
 
         def closure() -> ClousureModelOutput:
             optimizer.zero_grad()
-            with autocast.autocast():
-                outs = self._forward(model, batch)
+            outs = self._autocast_forward(model, batch)
             # No accumulation window and no grad scaler here: the tensors are the outputs.
             tensors = self._backward(outs)
             if not tensors:

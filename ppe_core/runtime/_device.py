@@ -12,9 +12,10 @@ from ppe_core.runtime._option_specs import OptionSpec, RuntimeOptions
 from ppe_core.runtime._options import (
     BatchMover,
     autocast_kwargs,
+    compile_in_place,
     compile_kwargs,
-    move_module,
     require_autocast,
+    set_autocast_forward,
 )
 from ppe_core.runtime._registry import device_type_of, is_torch_device_type
 from ppe_core.runtime._runtime import BaseRuntime, DeviceLike, PyTorchRuntime
@@ -193,12 +194,12 @@ class DeviceRuntime(PyTorchRuntime):
         return BaseRuntime.convert_batch(self, args)
 
     def move_module(self, module: torch.nn.Module) -> torch.nn.Module:
-        """Move ``module`` and apply the module options (channels-last, autocast, compile)."""
-        return move_module(
-            module,
-            self.device,
-            channels_last=self.channels_last,
-            autocast=self.autocast,
-            compile=self.compile,
-            owner=type(self).__name__,
-        )
+        """Move ``module`` and apply the module options (channels-last, autocast, compile),
+        once, when it is moved."""
+        module = module.to(self.device)
+        if self.channels_last:
+            module = module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        set_autocast_forward(module, self.autocast)
+        if self.compile is not None:
+            compile_in_place(module, self.compile, type(self).__name__)
+        return module

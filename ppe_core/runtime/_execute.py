@@ -69,7 +69,7 @@ class CodeBlock:
 
 def call_with_batch(func: Any, batch: Any) -> Any:
     """Call ``func`` with a batch: a dict as keywords, a list/tuple positionally, else as is."""
-    if isinstance(batch, Mapping):
+    if type(batch) is dict or isinstance(batch, Mapping):  # a dict skips the ABC check
         return func(**batch)
     if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
         return func(*batch)

@@ -171,22 +171,3 @@ class BatchMover:
                 self.device, non_blocking=self.non_blocking, memory_format=torch.channels_last
             )
         return tensor.to(self.device, non_blocking=self.non_blocking)
-
-
-def move_module(
-    module: torch.nn.Module,
-    device: torch.device,
-    *,
-    channels_last: bool,
-    autocast: Mapping[str, Any] | None,
-    compile: Mapping[str, Any] | None,
-    owner: str,
-) -> torch.nn.Module:
-    """Move ``module`` to ``device`` and apply the module options, once, when it is moved."""
-    module = module.to(device)
-    if channels_last:
-        module = module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-    set_autocast_forward(module, autocast)
-    if compile is not None:
-        compile_in_place(module, compile, owner)
-    return module
