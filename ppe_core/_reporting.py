@@ -59,15 +59,6 @@ class _ReporterStack(threading.local):
 _local = _ReporterStack()
 
 
-def _join_observer_name(prefix: str, name: str) -> str:
-    # PPE concatenates without a separator ("main" + "fc" -> "mainfc"); we insert exactly one "/".
-    if not name:
-        return prefix.rstrip("/")
-    if not prefix or prefix.endswith("/"):
-        return prefix + name
-    return f"{prefix}/{name}"
-
-
 class Reporter:
     """Collects observed values into the current observation dictionary.
 
@@ -164,9 +155,9 @@ class Reporter:
             prefix: Common prefix, with or without a trailing ``"/"``.
             observers: ``(name, observer)`` pairs such as ``module.named_modules()``.
         """
-        names = self._observer_names
+        stem = prefix.rstrip("/")
         for name, observer in observers:
-            names[id(observer)] = _join_observer_name(prefix, name)
+            self._observer_names[id(observer)] = f"{stem}/{name}" if stem and name else stem or name
 
     def report(self, values: Mapping[str, Any], observer: object | None = None) -> None:
         """Writes ``values`` into the current observation without synchronizing a device.
@@ -178,25 +169,21 @@ class Reporter:
         Raises:
             UnknownObserverError: ``observer`` was never registered with this reporter.
         """
+        prefix = ""
+        if observer is not None:
+            name = self._observer_names.get(id(observer))
+            if name is None:
+                raise UnknownObserverError(
+                    f"{type(observer).__name__} object at {id(observer):#x} is not registered "
+                    f"with this Reporter ({len(self._observer_names)} observers are); register it "
+                    "first with reporter.add_observer(name, observer)"
+                )
+            prefix = name + "/"
         observation = self.observation
-        if observer is None:
-            for key, value in values.items():
-                if isinstance(value, _Tensor) and value.requires_grad:
-                    value = self._detach(value)
-                observation[key] = value
-            return
-        name = self._observer_names.get(id(observer))
-        if name is None:
-            raise UnknownObserverError(
-                f"{type(observer).__name__} object at {id(observer):#x} is not registered with "
-                f"this Reporter ({len(self._observer_names)} observers are); register it first "
-                "with reporter.add_observer(name, observer)"
-            )
-        prefix = name + "/"
         for key, value in values.items():
             if isinstance(value, _Tensor) and value.requires_grad:
                 value = self._detach(value)
-            observation[prefix + key] = value
+            observation[prefix + key if prefix else key] = value
 
     def _detach(self, value: torch.Tensor) -> torch.Tensor:
         """``value.detach()``, reusing the view when the same tensor was detached last.
@@ -341,11 +328,6 @@ def _host_values_to(
     return host if device.type == "cpu" else host.to(device, non_blocking=True)
 
 
-def _is_one(weight: object) -> bool:
-    # Class check first: comparing a tensor with == would build another tensor.
-    return weight.__class__ is int and weight == 1
-
-
 def _is_host_number(value: object) -> bool:
     """Whether ``value`` is a Python or NumPy number or array (what PPE's arithmetic takes)."""
     if isinstance(value, numbers.Number):
@@ -450,7 +432,7 @@ class Summary:
                 f"Summary.add() takes a scalar, got a tensor of shape {tuple(value.shape)}; "
                 "reduce it first, e.g. report({'loss': loss.mean()})"
             )
-        if _is_one(weight):
+        if weight.__class__ is int and weight == 1:  # (a tensor compared with == makes a tensor)
             self.add_tensor(value)
             return
         if self._pending_weights is None:

@@ -21,7 +21,22 @@ def _ceil_iteration(point: Fraction, scale: int) -> int:
     return -(-point.numerator * scale // point.denominator)
 
 
-class IntervalTrigger(Trigger):
+class _Schedule(Trigger):
+    """A trigger decided by the iteration count and the epoch length alone (:meth:`may_fire`)."""
+
+    _unit: str
+
+    @property
+    def unit(self) -> str:
+        """``'iteration'`` or ``'epoch'``."""
+        return self._unit
+
+    def __call__(self, manager: ManagerView) -> bool:
+        """Returns whether the schedule fires at the iteration just completed."""
+        return self.may_fire(manager.iteration, manager.iters_per_epoch)
+
+
+class IntervalTrigger(_Schedule):
     """Fires every ``period`` iterations or epochs.
 
     The decision depends only on ``manager.iteration`` and the epoch length, so skipped calls,
@@ -55,21 +70,12 @@ class IntervalTrigger(Trigger):
         """``(1, 'iteration')`` fires after every iteration."""
         return self._unit == "iteration" and self._ratio == 1
 
-    @property
-    def unit(self) -> str:
-        """``'iteration'`` or ``'epoch'``."""
-        return self._unit
-
     def _boundary(self, iters_per_epoch: int) -> tuple[int, int]:
         # Boundary k lies at k * num / den completed iterations.
         ratio = self._ratio
         if self._unit == "iteration":
             return ratio.numerator, 1
         return ratio.numerator * check_epoch_length(iters_per_epoch, self), ratio.denominator
-
-    def __call__(self, manager: ManagerView) -> bool:
-        """Returns whether a period boundary was reached by the iteration just completed."""
-        return self.may_fire(manager.iteration, manager.iters_per_epoch)
 
     def may_fire(self, iteration: int, epoch_length: int) -> bool:
         """Returns whether a boundary lies in ``(iteration - 1, iteration]``."""
@@ -92,7 +98,7 @@ class IntervalTrigger(Trigger):
         return f"{type(self).__name__}({self._period!r}, {self._unit!r})"
 
 
-class ManualScheduleTrigger(Trigger):
+class ManualScheduleTrigger(_Schedule):
     """Fires once at each of the given points (iterations or epochs).
 
     An epoch point fires at the first iteration that reaches it: ``(0.5, 'epoch')`` with 5
@@ -133,11 +139,6 @@ class ManualScheduleTrigger(Trigger):
         """The points as given."""
         return list(self._points)
 
-    @property
-    def unit(self) -> str:
-        """``'iteration'`` or ``'epoch'``."""
-        return self._unit
-
     def _firing_iterations(self, iters_per_epoch: int) -> tuple[int, ...]:
         # A cache of a pure function of the epoch length, not state: any call order agrees.
         if iters_per_epoch != self._cached_length:
@@ -146,10 +147,6 @@ class ManualScheduleTrigger(Trigger):
             self._iterations = tuple(sorted(found))
             self._cached_length = iters_per_epoch
         return self._iterations
-
-    def __call__(self, manager: ManagerView) -> bool:
-        """Returns whether a scheduled point was reached by the iteration just completed."""
-        return self.may_fire(manager.iteration, manager.iters_per_epoch)
 
     def may_fire(self, iteration: int, epoch_length: int) -> bool:
         """Returns whether ``iteration`` is the first to reach one of the points."""
