@@ -845,8 +845,5 @@ class DictSummary:
         result = DictSummary()
         mine, theirs = self._summaries, other._summaries
         for key in sorted({*mine, *theirs}):
-            if key in mine and key in theirs:
-                result._summaries[key] = mine[key] + theirs[key]
-            else:
-                result._summaries[key] = (mine[key] if key in mine else theirs[key]) + Summary()
+            result._summaries[key] = mine.get(key, Summary()) + theirs.get(key, Summary())
         return result

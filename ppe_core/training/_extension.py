@@ -385,9 +385,6 @@ class ExtensionEntry:
         Args:
             to_load: A dictionary produced by :meth:`state_dict`.
         """
-        extension_state = to_load.get("extension")
-        if extension_state is not None:
-            self.extension.load_state_dict(extension_state)
-        trigger_state = to_load.get("trigger")
-        if trigger_state is not None:
-            self.trigger.load_state_dict(trigger_state)
+        for part, owner in (("extension", self.extension), ("trigger", self.trigger)):
+            if to_load.get(part) is not None:
+                owner.load_state_dict(to_load[part])

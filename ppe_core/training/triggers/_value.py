@@ -26,8 +26,9 @@ _MISSING = object()
 class _MonitorTrigger(Trigger):
     """The value triggers' shared part: one key's running summary, read at each check."""
 
-    _interval_trigger: Trigger
-    _summary: DictSummary
+    def __init__(self, trigger: TriggerLike) -> None:
+        self._interval_trigger = get_trigger(trigger)
+        self._init_summary()
 
     def _init_summary(self) -> None:
         self._summary = DictSummary()
@@ -69,12 +70,16 @@ class _MonitorTrigger(Trigger):
         return None
 
     def _load_summary(self, to_load: Mapping[str, Any]) -> None:
-        self._summary = DictSummary()
+        self._init_summary()
         self._summary.load_state_dict(to_load.get("_summary") or {})
 
     def next_check(self, iteration: int, iters_per_epoch: int) -> int | None:
         """``None``: every iteration's value goes into the interval mean."""
         return None
+
+    def may_fire(self, iteration: int, epoch_length: int) -> bool:
+        """Delegates to the check trigger."""
+        return self._interval_trigger.may_fire(iteration, epoch_length)
 
 
 class BestValueTrigger(_MonitorTrigger):
@@ -107,9 +112,8 @@ class BestValueTrigger(_MonitorTrigger):
         owner = type(self).__name__
         self._key = check_key(key, owner)
         self._compare = check_compare(compare, owner)
-        self._interval_trigger = get_trigger(trigger)
+        super().__init__(trigger)
         self._best_value: float | None = None
-        self._summary = DictSummary()
 
     @property
     def key(self) -> str:
@@ -133,10 +137,6 @@ class BestValueTrigger(_MonitorTrigger):
             self._best_value = mean
             return True
         return False
-
-    def may_fire(self, iteration: int, epoch_length: int) -> bool:
-        """Delegates to the check trigger."""
-        return self._interval_trigger.may_fire(iteration, epoch_length)
 
     def state_dict(self) -> dict[str, Any]:
         """Returns PPE's keys: the check trigger, the interval's summary and the best value."""
@@ -229,9 +229,8 @@ class EarlyStoppingTrigger(_MonitorTrigger):
             print(f"early stopping: operator is {'greater' if mode == 'max' else 'less'}")
         self.best = float("-inf") if mode == "max" else float("inf")
         self.count = 0
-        self._interval_trigger = get_trigger(check_trigger)
+        super().__init__(check_trigger)
         self._max_trigger = get_trigger(max_trigger)
-        self._summary = DictSummary()
 
     def __call__(self, manager: ManagerView) -> bool:
         """Returns whether training should stop after the iteration just completed."""
@@ -259,9 +258,8 @@ class EarlyStoppingTrigger(_MonitorTrigger):
 
     def may_fire(self, iteration: int, epoch_length: int) -> bool:
         """Returns whether the check or the max trigger may fire."""
-        return self._interval_trigger.may_fire(
-            iteration, epoch_length
-        ) or self._max_trigger.may_fire(iteration, epoch_length)
+        fires = super().may_fire(iteration, epoch_length)
+        return fires or self._max_trigger.may_fire(iteration, epoch_length)
 
     def get_training_length(self) -> tuple[float, str]:
         """Returns ``max_trigger``'s ``(period, unit)``, the longest the training can run.
