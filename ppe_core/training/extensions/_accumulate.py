@@ -241,9 +241,6 @@ class AccumulateBase(Extension):
         self._distributed = distributed
         if distributed:
             _env.require_group(f"{type(self).__name__}(distributed=True)")
-        self._init_summary()
-
-    def _init_summary(self) -> None:
         self._summary = self._summary_class()
 
     def __call__(self, manager: ManagerView) -> None:
@@ -261,13 +258,12 @@ class AccumulateBase(Extension):
             ) from None
         self._summary.add(_plain(value))
         if self._due(manager):
-            summary = self._all_reduce_summaries() if self._distributed else self._summary
+            summary = self._summary
+            if self._distributed:
+                # Looked up on the module at call time, so tests can stand in for other ranks.
+                summary = self._summary_class.merged(_env.gather_objects(summary.state_dict()))
             observation[destination] = summary.compute()
-            self._init_summary()
-
-    def _all_reduce_summaries(self) -> _Summary:
-        # Looked up on the module at call time, so tests can stand in for other ranks.
-        return self._summary_class.merged(_env.gather_objects(self._summary.state_dict()))
+            self._summary = self._summary_class()
 
     def state_dict(self) -> dict[str, Any]:
         """Returns the trigger's state and the running summary (PPE's keys)."""

@@ -27,6 +27,16 @@ def _save_figure(target: tuple[Any, Any, str], file_obj: IO[bytes]) -> None:
     figure.savefig(file_obj, format=image_format, bbox_extra_artists=(legend,), bbox_inches="tight")
 
 
+def matplotlib_available() -> bool:
+    """Returns whether matplotlib can be imported (PlotReport's and VariableStatisticsPlot's
+    ``available()``)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 class PlotReport(Extension):
     """Plots the mean of reported values over each interval and saves the figure.
 
@@ -93,14 +103,7 @@ class PlotReport(Extension):
         self._summary = DictSummary()
         self._data: dict[str, list[tuple[float, float]]] = {key: [] for key in self._y_keys}
 
-    @classmethod
-    def available(cls) -> bool:
-        """Returns whether matplotlib can be imported."""
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            return False
-        return True
+    available = staticmethod(matplotlib_available)
 
     @property
     def data(self) -> dict[str, list[tuple[float, float]]]:

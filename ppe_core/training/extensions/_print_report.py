@@ -160,13 +160,10 @@ class PrintReport(Extension):
 
     def _update_columns(self, new: Sequence[Mapping[str, Any]], log_report: LogReport) -> None:
         seen = self._seen
-        grew = False
+        known = len(seen)
         for entry in new:
-            for key in entry:
-                if key not in seen:
-                    seen.append(key)
-                    grew = True
-        if grew:
+            seen += [key for key in entry if key not in seen]
+        if len(seen) > known:
             unit = getattr(log_report.entry_trigger, "unit", "epoch")
             columns = _column_order(seen, unit if unit in ("epoch", "iteration") else "epoch")
             if columns != self._columns:
@@ -177,13 +174,10 @@ class PrintReport(Extension):
         return "  ".join(f"{name:{max(_MIN_WIDTH, len(name))}}" for name in self._columns) + "\n"
 
     def _row(self, entry: Mapping[str, Any]) -> str:
-        cells = []
-        for name in self._columns:
-            width = max(_MIN_WIDTH, len(name))
-            if name in entry:
-                cells.append(_format_cell(entry[name], width))
-            else:
-                cells.append(" " * (width + 2))
+        # A missing value is an empty cell: "" formats as the column's spaces.
+        cells = (
+            _format_cell(entry.get(name, ""), max(_MIN_WIDTH, len(name))) for name in self._columns
+        )
         return "".join(cells) + "\n"
 
     @contextlib.contextmanager

@@ -201,14 +201,11 @@ class ProgressBar(Extension):
         self._initial: int | None = None
 
     def _length(self, manager: ManagerView) -> tuple[float, str] | None:
-        length = self._training_length
-        if length is None:
-            # Not part of ManagerView (PPE's managers lack it): an ExtensionsManager has it.
-            announced = getattr(manager, "training_length", None)
-            if announced is None:
-                return None
-            length = _check_length(announced)
-        return length
+        if self._training_length is not None:
+            return self._training_length
+        # Not part of ManagerView (PPE's managers lack it): an ExtensionsManager has it.
+        announced = getattr(manager, "training_length", None)
+        return None if announced is None else _check_length(announced)
 
     def _total_iterations(self, manager: ManagerView) -> int | None:
         length = self._length(manager)
@@ -234,11 +231,8 @@ class ProgressBar(Extension):
         out = self._out
         if group_world()[1] != 0:
             self._display = NoDisplay()
-        elif out is sys.stdout and in_notebook():
-            tqdm_auto: Any = importlib.import_module("tqdm.auto")
-            self._display = _TqdmDisplay(tqdm_auto.tqdm, out, progress, start, self._bar_length)
-        elif is_terminal(out):
-            tqdm: Any = importlib.import_module("tqdm")
+        elif (notebook := out is sys.stdout and in_notebook()) or is_terminal(out):
+            tqdm: Any = importlib.import_module("tqdm.auto" if notebook else "tqdm")
             self._display = _TqdmDisplay(tqdm.tqdm, out, progress, start, self._bar_length)
         else:
             # The clock ProgressBar's speed estimate reads too.

@@ -226,12 +226,8 @@ class Slack(_SlackBase):
         self._thread_ts: str | None = None
         self._token = token
         self._client: Any = None
-        try:
-            slack_sdk: Any = importlib.import_module("slack_sdk")
-        except ImportError:
-            pass
-        else:
-            self._client = slack_sdk.WebClient(token=token)
+        if _slack_sdk_available:
+            self._client = importlib.import_module("slack_sdk").WebClient(token=token)
 
     def _post_message(self, text: str) -> None:
         try:
@@ -312,11 +308,8 @@ class SlackWebhook(_SlackBase):
 
     def _post_message(self, text: str) -> None:
         try:
-            response = _post_json(self._url, {"text": text}, {})
-            status = getattr(response, "status", 200)
-            close = getattr(response, "close", None)
-            if close is not None:
-                close()
+            with _post_json(self._url, {"text": text}, {}) as response:
+                status = response.status
             if not 200 <= status < 300:
                 raise RuntimeError(f"HTTP status {status}")
         except Exception as exc:

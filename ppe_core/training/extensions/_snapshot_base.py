@@ -255,9 +255,8 @@ class _Snapshot(SnapshotRanks):
         return str(filename(manager)) if callable(filename) else filename.format(manager)
 
     def _save(self, manager: Any, final: bool = False) -> None:
-        if not self._is_saver():
-            return
-        self._write(manager, self._filename(manager), final)
+        if self._is_saver():
+            self._write(manager, self._filename(manager), final)
 
     def _write(
         self, manager: Any, filename: str, final: bool = False, on_error: bool = False

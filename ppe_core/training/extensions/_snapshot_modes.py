@@ -24,37 +24,6 @@ from ppe_core.training.extensions._snapshot_manifest import write_bytes
 from ppe_core.training.extensions._snapshot_sharding import sharded_paths
 
 
-class _DistributedSnapshot(_Snapshot):
-    """Only ``saver_rank`` writes; every rank then waits at a barrier (PPE's DISTRIBUTED).
-
-    Every rank must have it (checked when the extensions start).
-    """
-
-    _mode = "DISTRIBUTED"
-
-    def __init__(self, saver_rank: int = 0, **kwargs: Any) -> None:
-        super().__init__(saver_rank=saver_rank, **kwargs)
-        if not is_distributed():
-            raise SnapshotError(
-                "snapshot_mode=SnapshotMode.DISTRIBUTED needs torch.distributed to be "
-                "initialized (init_process_group) before the snapshot is created"
-            )
-        size = group_world()[0]
-        if not 0 <= saver_rank < size:
-            raise ConfigurationError(
-                f"saver_rank must be in [0, {size}) for a world of {size} processes, got "
-                f"{saver_rank}"
-            )
-
-    def _disagree(self, lacking: tuple[int, ...] | None) -> None:
-        _raise_disagreement(self, lacking)
-
-    def __call__(self, manager: Any) -> None:
-        super().__call__(manager)
-        if self._collective:
-            dist.barrier()  # PPE's DISTRIBUTED mode: no rank goes on before the saver wrote
-
-
 def _raise_disagreement(snapshot: _Snapshot, lacking: tuple[int, ...] | None) -> None:
     """For the modes that need every rank: fail at start instead of hanging at a save."""
     raise SnapshotRanksError(
@@ -73,6 +42,32 @@ def require_process_group(mode: str, more: str = "") -> None:
         )
 
 
+class _DistributedSnapshot(_Snapshot):
+    """Only ``saver_rank`` writes; every rank then waits at a barrier (PPE's DISTRIBUTED).
+
+    Every rank must have it (checked when the extensions start).
+    """
+
+    _mode = "DISTRIBUTED"
+
+    def __init__(self, saver_rank: int = 0, **kwargs: Any) -> None:
+        super().__init__(saver_rank=saver_rank, **kwargs)
+        require_process_group("DISTRIBUTED")
+        size = group_world()[0]
+        if not 0 <= saver_rank < size:
+            raise ConfigurationError(
+                f"saver_rank must be in [0, {size}) for a world of {size} processes, got "
+                f"{saver_rank}"
+            )
+
+    _disagree = _raise_disagreement
+
+    def __call__(self, manager: Any) -> None:
+        super().__call__(manager)
+        if self._collective:
+            dist.barrier()  # PPE's DISTRIBUTED mode: no rank goes on before the saver wrote
+
+
 class _EveryRankSnapshot(_Snapshot):
     """A snapshot of which every rank writes its own part, with its own resume data (nothing
     is gathered); every rank must have it (checked when the extensions start)."""
@@ -82,8 +77,7 @@ class _EveryRankSnapshot(_Snapshot):
     def _is_saver(self) -> bool:
         return True  # every rank writes its own shards
 
-    def _disagree(self, lacking: tuple[int, ...] | None) -> None:
-        _raise_disagreement(self, lacking)
+    _disagree = _raise_disagreement
 
     def _gather_rank_states(self, manager: Any) -> list[Any] | None:
         return None  # each rank's part holds its own resume data

@@ -14,6 +14,7 @@ import torch
 
 from ppe_core.errors import ConfigurationError, missing_extra_error
 from ppe_core.training._extension import Extension
+from ppe_core.training.extensions._plot_report import matplotlib_available
 from ppe_core.training.triggers import TriggerLike, get_trigger
 from ppe_core.training.triggers._due import DueCheck
 from ppe_core.writing._extension_files import WriterLike, write_file
@@ -233,14 +234,7 @@ class VariableStatisticsPlot(Extension):
         self._data_shape = (len(self._keys), int(plot_mean) + int(plot_std) + n_percentile)
         self._samples = Reservoir(max_sample_size, self._data_shape)
 
-    @staticmethod
-    def available() -> bool:
-        """Returns whether matplotlib can be imported."""
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            return False
-        return True
+    available = staticmethod(matplotlib_available)
 
     def _statistics(self) -> Any:
         import numpy
