@@ -16,16 +16,6 @@ from fractions import Fraction
 from ppe_core.errors import ConfigurationError, TriggerTypeError
 from ppe_core.training.triggers._base import UNITS
 
-__all__ = [
-    "check_amount",
-    "check_compare",
-    "check_early_stopping",
-    "check_epoch_length",
-    "check_key",
-    "check_seconds",
-    "check_unit",
-]
-
 # Fractional periods are read as the nearest fraction with at most this denominator, so that
 # 0.1 or 1/3 of an epoch mean exactly a tenth or a third despite float rounding.
 _MAX_DENOMINATOR = 1_000_000

@@ -119,18 +119,15 @@ class ManualScheduleTrigger(_Schedule):
         owner = "ManualScheduleTrigger"
         self._unit = check_unit(unit, owner)
         given: object = points  # validated as what callers may really pass
-        listed: list[Any]
         if isinstance(given, numbers.Real):
-            listed = [given]
-        elif isinstance(given, Iterable) and not isinstance(given, (str, bytes)):
-            listed = list(given)
-        else:
+            given = [given]
+        elif not isinstance(given, Iterable) or isinstance(given, (str, bytes)):
             raise TriggerTypeError(
                 f"{owner} points must be a number or a list of numbers, got "
                 f"{type(given).__name__} {given!r}; e.g. {owner}([10, 20], 'epoch')"
             )
-        self._points = listed
-        self._fractions = [check_amount(p, self._unit, "point", owner) for p in listed]
+        self._points: list[Any] = list(given)
+        self._fractions = [check_amount(p, self._unit, "point", owner) for p in self._points]
         self._cached_length: int | None = None
         self._iterations: tuple[int, ...] = ()
 
