@@ -112,9 +112,7 @@ class Registry(Generic[T]):
             raise RegistryLookupError(self._not_found_message(name))
         if entry.replaced is not None:
             self._entries[name] = entry.replaced
-        if type(entry.obj) is LazyTarget:
-            return self._resolve(entry)
-        return entry.obj
+        return self._resolve(entry) if type(entry.obj) is LazyTarget else entry.obj
 
     def get(self, name: str) -> T:
         """Return the object registered under ``name``.
@@ -126,10 +124,7 @@ class Registry(Generic[T]):
         entry = self._entries.get(name)
         if entry is None:
             raise RegistryLookupError(self._not_found_message(name))
-        obj = entry.obj
-        if type(obj) is LazyTarget:
-            return self._resolve(entry)
-        return obj
+        return self._resolve(entry) if type(entry.obj) is LazyTarget else entry.obj
 
     def entries(self) -> Mapping[str, RegistryEntry[T]]:
         """A read-only view of every entry, by name (lazy registrations are imported first)."""

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from ppe_core.errors import (
+    AMPOptionError,
+    BackwardOutputWarning,
+    BatchMismatchError,
+    ModelOutputError,
+)
 from ppe_core.handler._code_block import (
     CodeBlock,
     CodeBlockError,
@@ -10,17 +16,7 @@ from ppe_core.handler._code_block import (
     update_parameters,
 )
 from ppe_core.handler._handler import BaseHandler, Handler, NoRuntimeError, step_function
-from ppe_core.handler._logic import (
-    AMPOptionError,
-    BackwardOutputWarning,
-    BaseLogic,
-    BatchMismatchError,
-    ClousureLogic,
-    Logic,
-    ModelLogic,
-    ModelOutputError,
-    torch_autocast,
-)
+from ppe_core.handler._logic import BaseLogic, ClousureLogic, Logic, ModelLogic, torch_autocast
 
 __all__ = [
     "AMPOptionError",

@@ -392,12 +392,11 @@ def _report_outputs(
     the mapping its step built, so they are normalised once per step).
     """
     if type(outputs) is not dict and not isinstance(outputs, Mapping):
-        if isinstance(outputs, (list, tuple)) or keys is not None:
-            outputs = logic.named_outputs(outputs)  # keys "0", "1", ... or namedtuple fields
-        else:
+        if keys is None and not isinstance(outputs, (list, tuple)):
             if isinstance(outputs, torch.Tensor) and outputs.ndim == 0:
                 report({_name(names, prefix, "loss"): outputs})
             return
+        outputs = logic.named_outputs(outputs)  # keys "0", "1", ... or namedtuple fields
     values = {}
     if keys is None:
         # Scalars only: a batch of logits has no meaningful running mean. A loop, not a

@@ -6,14 +6,13 @@ import contextlib
 import dataclasses
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from ppe_core.errors import (
     AMPOptionError,
     BackwardOutputWarning,
-    BatchMismatchError,
     ConfigurationError,
     ModelOutputError,
 )
@@ -40,21 +39,19 @@ from ppe_core.runtime import (
 from ppe_core.runtime._execute import call_with_batch
 
 __all__ = [
-    "AMPOptionError",
-    "BackwardOutputWarning",
     "BaseLogic",
-    "BatchMismatchError",
     "ClousureLogic",
     "ClousureModelOutput",
     "Logic",
     "ModelLogic",
-    "ModelOutputError",
     "keep_modes",
     "normalize_outputs",
     "set_sampler_epoch",
     "switch_mode",
     "torch_autocast",
 ]
+
+_T = TypeVar("_T")
 
 
 def set_sampler_epoch(loader: Iterable[Any], epoch: int) -> None:
@@ -315,21 +312,19 @@ class ModelLogic(BaseLogic):
         self.set_mode(models, False)
 
     def _model(self, models: Mapping[str, torch.nn.Module]) -> torch.nn.Module:
-        try:
-            return models[self.model_name]
-        except KeyError:
-            raise self._unknown_name("model", sorted(models)) from None
+        return self._lookup(models, "model")
 
     def _optimizer(self, optimizers: Mapping[str, torch.optim.Optimizer]) -> torch.optim.Optimizer:
-        try:
-            return optimizers[self.model_name]
-        except KeyError:
-            raise self._unknown_name("optimizer", sorted(optimizers)) from None
+        return self._lookup(optimizers, "optimizer")
 
-    def _unknown_name(self, kind: str, names: list[str]) -> ConfigurationError:
-        # Only reached on the first step of a misconfigured run: the lookups above stay cheap.
-        logic = ("ppe.handler." if type(self) in (Logic, ModelLogic) else "") + type(self).__name__
-        return unknown_name_error(logic, self.model_name, kind, names)
+    def _lookup(self, items: Mapping[str, _T], kind: str) -> _T:
+        """The ``kind`` ("model" or "optimizer") keyed ``model_name``, or the explained error."""
+        try:
+            return items[self.model_name]
+        except KeyError:  # only on the first step of a misconfigured run
+            cls = type(self)
+            logic = ("ppe.handler." if cls in (Logic, ModelLogic) else "") + cls.__name__
+            raise unknown_name_error(logic, self.model_name, kind, sorted(items)) from None
 
 
 class Logic(ModelLogic, StagedSteps):
@@ -425,12 +420,10 @@ class Logic(ModelLogic, StagedSteps):
         scaler_state = state.get("grad_scaler")
         if scaler_state is not None and self._grad_scaler is not None:
             self._grad_scaler.load_state_dict(scaler_state)
-        saved = state.get("grad_scalers")
-        if isinstance(saved, Mapping):
-            own = self._own_scalers()
-            for name, value in saved.items():
-                if name in own:
-                    own[name].load_state_dict(value)
+        own = self._own_scalers()
+        for name, value in state.get("grad_scalers", {}).items():
+            if name in own:
+                own[name].load_state_dict(value)
 
     def set_mode(self, models: Mapping[str, torch.nn.Module], training: bool) -> None:
         """Switches this logic's model only; with the ``optimizers`` option, every model it

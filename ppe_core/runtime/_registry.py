@@ -146,9 +146,9 @@ class RuntimeRegistry(Registry[type[BaseRuntime]]):
         if self.registrant is not None:  # inside a plugin's hook
             return super().register(name, obj, replace=replace)
         previous = self._entries.get(name) if isinstance(name, str) else None
-        if previous is not None and previous.obj is obj and not replace:
-            return obj  # the same class again (e.g. set-up code run twice): nothing changes
         if previous is not None and not replace:
+            if previous.obj is obj:
+                return obj  # the same class again (e.g. set-up code run twice): nothing changes
             self._validate(name, obj)  # a bad object raises before anything is replaced
             warnings.warn(
                 RuntimeReplacedWarning(

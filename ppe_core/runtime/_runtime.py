@@ -211,7 +211,16 @@ class BaseRuntime:
         and its tensors moved to ``device``. Devices that can overlap transfers and compute
         override it.
         """
-        return _map_outputs(func, iterable, out_keys, device)
+        for data in iterable:
+            out = func(data)
+            if out_keys is not None:
+                if not isinstance(out, Mapping):
+                    raise ConfigurationError(
+                        f"ppe.map was given out_keys={sorted(out_keys)}, but the function "
+                        f"returned {type(out).__name__}, not a dict; return a dict or omit out_keys"
+                    )
+                out = {key: out[key] for key in out_keys}
+            yield map_tensors(out, lambda t: t.to(device))
 
     @classmethod
     def trace(cls, event_name: str | None, arg: Any) -> AbstractContextManager[Any]:
@@ -324,21 +333,6 @@ def _autocast_kwargs(option: Any, device_type: str) -> dict[str, Any] | None:
     return kwargs
 
 
-def _map_outputs(
-    func: Callable[[Any], Any], iterable: Iterable[Any], out_keys: set[str] | None, device: Any
-) -> Iterator[Any]:
-    for data in iterable:
-        out = func(data)
-        if out_keys is not None:
-            if not isinstance(out, Mapping):
-                raise ConfigurationError(
-                    f"ppe.map was given out_keys={sorted(out_keys)}, but the function returned "
-                    f"{type(out).__name__}, not a dict; return a dict or omit out_keys"
-                )
-            out = {key: out[key] for key in out_keys}
-        yield map_tensors(out, lambda t: t.to(device))
-
-
 def map_tensors(
     obj: Any,
     fn: Callable[[torch.Tensor], torch.Tensor],
@@ -366,9 +360,7 @@ def map_tensors(
         return result
     if isinstance(obj, tuple):
         items = [map_tensors(v, fn, leaf) for v in obj]
-        if hasattr(obj, "_fields"):  # namedtuple
-            return type(obj)(*items)
-        return type(obj)(items) if type(obj) is not tuple else tuple(items)
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)  # namedtuple
     if isinstance(obj, list):
         return [map_tensors(v, fn, leaf) for v in obj]
     return obj if leaf is None else leaf(obj)
