@@ -31,9 +31,7 @@ def _lookup(values: Any, key: str, where: str) -> torch.Tensor:
             f"AccuracyMetric found no {key!r} in the {where} (it has: {keys}); pass the "
             f"{where}'s key, e.g. AccuracyMetric(label_key='t', output_key='y')"
         ) from None
-    if not isinstance(found, torch.Tensor):
-        found = torch.as_tensor(found)
-    return found
+    return torch.as_tensor(found)  # a tensor as it is
 
 
 class AccuracyMetric:
@@ -77,7 +75,6 @@ class AccuracyMetric:
                     f"{tuple(predictions.shape)}; for class scores, report "
                     "scores.argmax(dim=1) as the prediction"
                 )
-            if labels.device != predictions.device:
-                labels = labels.to(predictions.device)
+            labels = labels.to(predictions.device)  # itself when already there
             correct = (labels.view_as(predictions) == predictions).sum()
             return {"accuracy": correct / count}

@@ -138,15 +138,8 @@ def __getattr__(name: str) -> Any:
 
     if name in _SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")
-    module = _ATTRIBUTES.get(name)
-    if module is not None:
-        try:
-            return getattr(importlib.import_module(module), name)
-        except AttributeError:
-            raise AttributeError(
-                f"ppe_core.training.extensions.{name} is not available in this ppe-core "
-                f"installation ({module} does not define it); see docs/migration.md"
-            ) from None
+    if name in _ATTRIBUTES:
+        return getattr(importlib.import_module(_ATTRIBUTES[name]), name)
     try:
         return active_host().extensions.get(name)
     except RegistryLookupError as exc:

@@ -28,12 +28,8 @@ def _all_finite(tensors: Iterable[torch.Tensor]) -> bool:
 
 
 def _problems(tensor: torch.Tensor) -> str:
-    kinds = []
-    if bool(torch.isnan(tensor).any()):
-        kinds.append("NaN")
-    if bool(torch.isinf(tensor).any()):
-        kinds.append("inf")
-    return " and ".join(kinds)
+    checks = (("NaN", torch.isnan), ("inf", torch.isinf))
+    return " and ".join(kind for kind, check in checks if bool(check(tensor).any()))
 
 
 class FailOnNonNumber(Extension):
@@ -85,14 +81,12 @@ class FailOnNonNumber(Extension):
         by_optimizer: dict[str, list[str]] = {}
         for model_name, model in models.items():
             for param_name, param in model.named_parameters():
-                found = []
-                value_problem = _problems(param.detach())
-                if value_problem:
-                    found.append(f"value has {value_problem}")
+                checked = {"value": param.detach()}
                 if self._check_grad and param.grad is not None:
-                    grad_problem = _problems(param.grad)
-                    if grad_problem:
-                        found.append(f"gradient has {grad_problem}")
+                    checked["gradient"] = param.grad
+                found = [
+                    f"{what} has {kinds}" for what, t in checked.items() if (kinds := _problems(t))
+                ]
                 if not found:
                     continue
                 entry = f"{model_name}: {param_name} ({'; '.join(found)})"

@@ -64,11 +64,11 @@ class LogWriter(Protocol):
     ) -> None: ...
 
 
-def _infer_format(filename: str) -> str:
-    for suffix, fmt in _SUFFIX_FORMATS.items():
-        if filename.endswith(suffix):
-            return fmt
-    return "json"
+def infer_format(filename: str) -> str:
+    """The format of :data:`LOG_REPORT_FORMATS` that ``filename``'s suffix names; else 'json'."""
+    return next(
+        (fmt for suffix, fmt in _SUFFIX_FORMATS.items() if filename.endswith(suffix)), "json"
+    )
 
 
 def _require_yaml() -> None:
@@ -218,7 +218,7 @@ class LogReport(Extension):
         if filename is None:
             filename = "log"
         if format is None:
-            format = _infer_format(filename)
+            format = infer_format(filename)
         if format not in LOG_REPORT_FORMATS:
             raise ConfigurationError(
                 f"LogReport format must be one of {list(LOG_REPORT_FORMATS)}, got {format!r}; "
@@ -255,7 +255,7 @@ class LogReport(Extension):
         self._file: str | None = None
         self._columns: dict[str, None] = {}
         # The writer that wrote the file whole, if entries can be added to the file through it
-        # (see _extends), and its append_reopens then.
+        # (see _rewrite), and its append_reopens then.
         self._extending: Any = None  # a Writer (Any: the manager's writer is typed Any)
         self._reopens = 0
         self._due = DueCheck(self._trigger)
@@ -325,15 +325,12 @@ class LogReport(Extension):
         # A copy: background writers serialize it after this returns.
         writer(filename, out, list(self._log), savefun=self._saver, append=False)
         self._file = filename
-        self._extending = writer if self._extends(writer) else None
+        # Later entries are added to the file (for CSV, only those without a new key) unless
+        # the writer is a custom one (PPE's protocol: it gets the whole log every time) or, for
+        # JSON, which is edited in place, writes elsewhere than to local files.
+        adds = isinstance(writer, Writer) and (self._format != "json" or writer.writes_local_files)
+        self._extending = writer if adds else None
         self._reopens = getattr(writer, "append_reopens", 0)
-
-    def _extends(self, writer: Any) -> bool:
-        """Whether later entries can be added to the file ``writer`` wrote (instead of it
-        being rewritten whole); for CSV, also only entries without a new key."""
-        if not isinstance(writer, Writer):
-            return False  # PPE's protocol: a custom writer gets the whole log every time
-        return self._format != "json" or writer.writes_local_files  # JSON edits in place
 
     @property
     def log(self) -> list[dict[str, Any]]:
@@ -424,7 +421,7 @@ class LogReport(Extension):
             ValueError: The file is damaged elsewhere than in its last entry.
         """
         name = os.fspath(path)
-        fmt = _infer_format(name) if format is None else format
+        fmt = infer_format(name) if format is None else format
         if fmt not in LOG_REPORT_FORMATS:
             raise ConfigurationError(
                 f"LogReport.read format must be one of {list(LOG_REPORT_FORMATS)}, got {fmt!r}"

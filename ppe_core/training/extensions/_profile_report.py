@@ -10,7 +10,7 @@ from ppe_core._time_summary import TimeSummary, get_time_summary
 from ppe_core.errors import ConfigurationError, missing_extra_error
 from ppe_core.reporting import to_floats
 from ppe_core.training._extension import Extension
-from ppe_core.training.extensions._log_report import LOG_FORMATS, LogSaver
+from ppe_core.training.extensions._log_report import LOG_FORMATS, LogSaver, infer_format
 from ppe_core.training.triggers import get_trigger
 from ppe_core.writing._extension_files import WriterLike, write_file
 
@@ -66,12 +66,8 @@ class ProfileReport(Extension):
         if filename is None:
             filename = "log" if log_name is None else log_name
         if format is None:
-            if filename.endswith(".jsonl"):
-                format = "json-lines"
-            elif filename.endswith((".yaml", ".yml")):
-                format = "yaml"
-            else:
-                format = "json"
+            inferred = infer_format(filename)
+            format = inferred if inferred in LOG_FORMATS else "json"  # .csv: LogReport's only
         if format not in LOG_FORMATS:
             raise ConfigurationError(
                 f"ProfileReport format must be one of {list(LOG_FORMATS)}, got {format!r}"
