@@ -18,7 +18,7 @@ from ppe_core.errors import ConfigurationError, DistributedNotInitializedError
 from ppe_core.handler._handler import step_function
 from ppe_core.handler._logic import keep_modes
 from ppe_core.reporting import DictSummary, Reporter, report
-from ppe_core.training._manager import named_models
+from ppe_core.training._manager import default_transform_model, named_models
 from ppe_core.training._metric_checks import check_metrics, metric_result_error
 from ppe_core.training._sample_means import add_per_sample
 
@@ -62,8 +62,6 @@ def _observing_reporter(models: Mapping[str, torch.nn.Module]) -> Reporter:
     same ``main/...`` keys as in training. A data-parallel wrapper's inner module gets the
     wrapper's name, as ``default_transform_model`` gives it in the trainer.
     """
-    from ppe_core.training._manager import default_transform_model
-
     reporter = Reporter()
     for name, model in models.items():
         reporter.add_observer(name, model)

@@ -139,9 +139,6 @@ class IgniteExtensionsManager(ExtensionsManager):
         self._close_scope()
 
     def _on_engine_completed(self, engine: Any) -> None:
-        self._finalize_extensions()
-
-    def _finalize_extensions(self) -> None:
         try:
             for slot in self._schedule.slots():
                 slot.entry.extension.finalize(self)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import time
 import types
@@ -42,15 +41,10 @@ from ppe_core.training._manager_checks import (
 )
 from ppe_core.training._protocols import StateObjectProtocol
 from ppe_core.training._ranks import agree_on_collectives, device_of
+from ppe_core.training._resume import EpochLength
 from ppe_core.training._run_lock import RunLock, acquire_run_lock
 from ppe_core.training._schedule import Schedule
-from ppe_core.training._state import (
-    PPE_CORE_STATE_KEY,
-    EpochLength,
-    ManagerState,
-    TransformModel,
-    warn_missing_extension_states,
-)
+from ppe_core.training._state import PPE_CORE_STATE_KEY, ManagerState, TransformModel
 from ppe_core.training._stop import StopCondition, StopReason, max_epochs_trigger
 from ppe_core.training.triggers import TriggerLike, get_trigger
 
@@ -136,18 +130,6 @@ def default_transform_model(name: str, model: torch.nn.Module) -> torch.nn.Modul
     return model
 
 
-def _make_default_writer(out_dir: str) -> _Writer | None:
-    # Imported by name: the writing module loads only when a manager is created without a writer.
-    try:
-        writing = importlib.import_module("ppe_core.writing")
-    except ModuleNotFoundError as exc:
-        if exc.name != "ppe_core.writing":
-            raise
-        return None
-    writer: _Writer = writing.SimpleWriter(out_dir=out_dir)
-    return writer
-
-
 class _IterationContext:
     """What ``run_iteration()`` returns: a reusable, allocation-free context manager."""
 
@@ -173,7 +155,7 @@ class _IterationContext:
             self._manager.abort_iteration(exc)
 
 
-class ExtensionsManager:
+class ExtensionsManager(ManagerState):
     """Keeps the training state and runs extensions when their triggers fire.
 
     Use it around your own loop; each ``with manager.run_iteration():`` block is one iteration.
@@ -192,10 +174,10 @@ class ExtensionsManager:
     ``next_check``) the next iteration at which it could fire, and the manager only consults
     triggers at those iterations.
 
-    The manager composes three parts, each in its own module: the schedule of due extensions
-    (``_schedule.Schedule``), the one stop condition (``_stop.StopCondition``, whose answer
-    says why training ended: :attr:`stop_reason`) and the state dictionary
-    (``_state.ManagerState``). Trainers drive it through :meth:`begin_iteration`,
+    The manager composes two parts, each in its own module: the schedule of due extensions
+    (``_schedule.Schedule``) and the one stop condition (``_stop.StopCondition``, whose answer
+    says why training ended: :attr:`stop_reason`); its base class ``_state.ManagerState``
+    saves and loads the state dictionary. Trainers drive it through :meth:`begin_iteration`,
     :meth:`end_iteration` and :meth:`handle_training_error` (the
     :class:`~ppe_core.training._protocols.IterationDriver` protocol).
 
@@ -252,22 +234,20 @@ class ExtensionsManager:
             dict(optimizers) if isinstance(optimizers, Mapping) else {"main": optimizers}
         )
         self._transform_model = transform_model
-        self._transformed = {name: transform_model(name, m) for name, m in self._models.items()}
-        self._models_view: Mapping[str, torch.nn.Module] = types.MappingProxyType(self._transformed)
+        transformed = {name: transform_model(name, m) for name, m in self._models.items()}
+        self._models_view: Mapping[str, torch.nn.Module] = types.MappingProxyType(transformed)
         self._raw_models_view: Mapping[str, torch.nn.Module] = types.MappingProxyType(self._models)
         self._optimizers_view: Mapping[str, torch.optim.Optimizer] = types.MappingProxyType(
             self._optimizers
         )
         self.max_epochs = max_epochs
         self._iters_per_epoch = iters_per_epoch
-        self._state = ManagerState(
-            self._models, self._optimizers, state_objects or {}, transform_model
-        )
+        super().__init__(state_objects or {})
         # Saved with the state so that a resume with another epoch length warns.
         self._epoch_length = EpochLength(
             lambda: self._iters_per_epoch if self._epoch_length_known else None
         )
-        self._state.add_resume_state("manager", self._epoch_length)
+        self.add_resume_state("manager", self._epoch_length)
         # False while the epoch length is a placeholder: IgniteExtensionsManager before start,
         # a Trainer's first epoch over a loader without len() (set_epoch_length).
         self._epoch_length_known = True
@@ -275,7 +255,7 @@ class ExtensionsManager:
 
         self.observation: Observation = {}
         self.reporter = Reporter()
-        for name, model in self._transformed.items():
+        for name, model in transformed.items():
             self.reporter.add_observer(name, model)
             self.reporter.add_observers(name, model.named_modules())
         for name, optimizer in self._optimizers.items():
@@ -299,7 +279,6 @@ class ExtensionsManager:
         #: Iterations run by this process since the (possibly restored) start; PPE's name.
         self.execution = 0
         self._start_iteration = 0
-        self._start_execution = 0
         self._start_time: float | None = None
         self._started = False
         self._finalized = False
@@ -320,12 +299,14 @@ class ExtensionsManager:
 
         self._out = out_dir
         if writer is None:
-            writer = _make_default_writer(out_dir)
+            # Imported here: the writing module loads only for a manager without a writer.
+            from ppe_core.writing import SimpleWriter
+
+            writer = SimpleWriter(out_dir=out_dir)
         else:
             check_writer(writer)
         self.writer: _Writer | None = writer
-        if self.writer is not None:
-            self.writer.initialize(self.out)
+        writer.initialize(self.out)
 
         for extension in extensions or ():
             self.extend(extension)
@@ -570,8 +551,7 @@ class ExtensionsManager:
             return
         self._take_run_lock()  # before any initialize: autoload reads the directory
         self._started = True
-        if self._start_time is None:
-            self._start_time = time.perf_counter()
+        self._start_time = time.perf_counter()
         try:
             # Before any extension initializes: extensions that issue collectives ask the result.
             self._ranks_lacking = agree_on_collectives(
@@ -648,7 +628,10 @@ class ExtensionsManager:
             ManagerStateError: The manager is finalized, or an iteration is already open.
         """
         if not self._ready:
-            self._prepare_first_iteration()
+            if self._finalized:
+                raise finalized_error()
+            self.start_extensions()
+            self._ready = True
         if self._scope is not None:
             raise ManagerStateError("iterations cannot be nested: the previous one is still open")
         # The reporter becomes current with a fresh observation (push: no scope object per step).
@@ -705,7 +688,13 @@ class ExtensionsManager:
         """
         self._schedule.model_available = True
         try:
-            self._run_on_error(exc)
+            if exc is not self._handled_error:  # on_error runs once per exception
+                self._handled_error = exc
+                for slot in self._schedule.slots():
+                    try:
+                        slot.entry.extension.on_error(self, exc, exc.__traceback__)
+                    except Exception as handler_exc:
+                        self._warn_handler_failure("on_error", slot.name, handler_exc, exc)
         finally:
             self._close_scope()
             if not isinstance(exc, Exception):
@@ -719,11 +708,9 @@ class ExtensionsManager:
         then records the error as the :attr:`stop_reason` and finalizes the extensions and
         the writer: a trainer is not reused after an error.
         """
-        self._schedule.model_available = True
         try:
-            self._run_on_error(exc)
+            self.abort_iteration(exc)
         finally:
-            self._close_scope()
             self._stop.record_error(exc, self._iteration, self._iters_per_epoch)
             self._finalize(exc)
 
@@ -779,23 +766,6 @@ class ExtensionsManager:
         self.execution = start_execution
         self._iters_per_epoch = iters_per_epoch
         self._invalidate_schedule()
-
-    def _prepare_first_iteration(self) -> None:
-        if self._finalized:
-            raise finalized_error()
-        self.start_extensions()
-        self._ready = True
-
-    def _run_on_error(self, exc: BaseException) -> None:
-        if exc is self._handled_error:
-            return
-        self._handled_error = exc
-        tb = exc.__traceback__
-        for slot in self._schedule.slots():
-            try:
-                slot.entry.extension.on_error(self, exc, tb)
-            except Exception as handler_exc:
-                self._warn_handler_failure("on_error", slot.name, handler_exc, exc)
 
     def _finalize(self, original: BaseException | None) -> None:
         if self._finalized:
@@ -903,62 +873,6 @@ class ExtensionsManager:
 
     # ----------------------------------------------------------------- state dict
 
-    def add_state_object(
-        self, name: str, obj: StateObjectProtocol, *, optional: bool = False
-    ) -> None:
-        """Saves ``obj`` under ``state_dict()['state_objects'][name]`` from now on.
-
-        Like the ``state_objects=`` argument; for parts (a trainer, a handler) that join later.
-
-        Args:
-            name: Its key in ``'state_objects'``.
-            obj: Anything with ``state_dict()`` and ``load_state_dict(state)``.
-            optional: Whether a loaded state may lack it (it then keeps its state).
-
-        Raises:
-            ArgumentTypeError: ``obj`` lacks ``state_dict`` or ``load_state_dict``.
-        """
-        self._state.add_state_object(name, obj, optional=optional)
-
-    def add_resume_state(self, name: str, obj: StateObjectProtocol) -> None:
-        """Saves ``obj`` under ``state_dict()['_ppe_core'][name]``, a key PPE ignores.
-
-        For ppe-core's own resume data (a Trainer's RNG and loader states, its handler's
-        state): PPE's ``load_state_dict`` still reads the state. An empty state is left out.
-
-        Raises:
-            ConfigurationError: ``name`` is a key ppe-core writes there itself (``version``,
-                ``world_size``, ``ranks``).
-        """
-        self._state.add_resume_state(name, obj)
-
-    def resume_state_dict(self) -> dict[str, Any]:
-        """This process's own resume data: what :meth:`state_dict` keeps under ``'_ppe_core'``.
-
-        Under torch.distributed it differs between ranks (each rank's RNG and loader states);
-        a snapshot gathers it from every rank so that each rank resumes with its own.
-        """
-        return self._state.resume_state_dict()
-
-    def state_dict(self, *, transform_models: TransformModel | None = None) -> dict[str, Any]:
-        """Returns the training state in PPE's layout.
-
-        The layout is PPE's: ``{'_start_iteration': int, '_start_execution': int, 'models':
-        {name: state}, 'optimizers': {name: state}, 'state_objects': {name: state},
-        'extensions': {name: {'extension': ..., 'trigger': ...}}, 'ppe_version': str}``, so
-        PPE's ``load_state_dict`` reads it. ppe-core's own resume data (a Trainer's RNG and
-        loader states, its handler's state) is added under ``'_ppe_core'``, a key PPE ignores.
-        With the standard extensions it holds only tensors, numbers, strings and containers, so
-        ``torch.load(..., weights_only=True)`` reads it.
-
-        Args:
-            transform_models: ``(name, module) -> module`` whose result's state is saved;
-                the manager's ``transform_model`` by default.
-        """
-        return self._state.state_dict(
-            self._iteration, self.execution, self._schedule.entries, transform_models
-        )
-
     def load_state_dict(
         self, to_load: Mapping[str, Any], *, transform_models: TransformModel | None = None
     ) -> None:
@@ -982,17 +896,21 @@ class ExtensionsManager:
             StateDictMismatchError: A model's or optimizer's state does not fit it (names the
                 missing and unexpected keys).
         """
-        counts = self._state.load_state_dict(to_load, self._schedule.entries, transform_models)
-        self._start_iteration = self._iteration = counts.iteration
-        self._start_execution = self.execution = counts.execution
+        missing = self._load_state(to_load, transform_models)
         self._invalidate_schedule()
-        if counts.missing_extensions:
-            warn_missing_extension_states(counts.missing_extensions, stacklevel=3)
+        if missing:
+            warnings.warn(
+                MissingExtensionStateWarning(
+                    f"the loaded state has no entry for the extensions {missing}; they keep "
+                    "their current state (the state was saved without them, or under other names)"
+                ),
+                stacklevel=3,
+            )
         if self._epoch_length.loaded is None:
             # A state without ppe-core's entry: PPE's IgniteExtensionsManager saves the length.
             self._epoch_length.load_state_dict({"iters_per_epoch": to_load.get("_epoch_length")})
         if self._epoch_length_known:
-            self._epoch_length.check(counts.iteration, stacklevel=3)
+            self._epoch_length.check(self._iteration, stacklevel=3)
         elif self._learns_epoch_length and self._epoch_length.loaded is not None:
             # A loader without len(): the saved run had learned its epoch length already.
             saved, self._epoch_length.loaded = self._epoch_length.loaded, None

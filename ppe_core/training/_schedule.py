@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import itertools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -21,14 +22,12 @@ __all__ = ["Schedule", "Slot"]
 class Slot:
     """A registered extension with the first iteration at which its trigger may fire."""
 
-    __slots__ = ("due", "entry", "every", "name", "needs_state", "runs_last")
+    __slots__ = ("due", "entry", "every", "name")
 
     def __init__(self, name: str, entry: ExtensionEntry) -> None:
         self.name = name
         self.entry = entry
         self.due = -1
-        self.needs_state = entry.needs_model_state
-        self.runs_last = entry.runs_last
         self.every = False  # called directly every step (see Schedule.every)
 
 
@@ -54,10 +53,8 @@ class Schedule:
         self._profile = profile
         self._time = time
         self._trace = trace
-        self._record: Callable[..., Any] | None = None
-        if profile:
-            self._record = record
-        self._entries: dict[str, ExtensionEntry] = {}
+        #: The entries by name, in registration order.
+        self.entries: dict[str, ExtensionEntry] = {}
         self._slots: list[Slot] = []
         #: Extensions called directly on steps where nothing else is due (LogReport
         #: accumulating, ...). The list object never changes, so the manager may keep it.
@@ -72,26 +69,23 @@ class Schedule:
 
     # ----------------------------------------------------------------- registration
 
-    def unique_name(self, name: str, base: str | None = None) -> str:
+    def unique_name(self, name: str, base: str) -> str:
         """``name``, or ``<base>_1``, ``<base>_2``, ... : the first name not registered.
 
-        ``base`` defaults to ``name``; the manager passes its ``name`` argument there, as PPE
-        derives the renamed names from it.
+        The manager passes its ``name`` argument as ``base``, as PPE derives the renamed names
+        from it.
         """
-        prefix = name if base is None else base
-        unique = name
-        ordinal = 0
-        while unique in self._entries:
-            ordinal += 1
-            unique = f"{prefix}_{ordinal}"
-        return unique
+        names = itertools.chain([name], (f"{base}_{n}" for n in itertools.count(1)))
+        return next(unique for unique in names if unique not in self.entries)
 
     def add(self, name: str, entry: ExtensionEntry) -> None:
-        """Registers ``entry`` under the (unused) ``name``, in descending-priority order."""
-        self._entries[name] = entry
+        """Registers ``entry`` under the (unused) ``name``, in descending-priority order.
+
+        The caller invalidates the schedule.
+        """
+        self.entries[name] = entry
         # sorted() is stable: equal priorities keep registration order.
         self._slots = sorted([*self._slots, Slot(name, entry)], key=lambda s: -s.entry.priority)
-        self.invalidate()
 
     def get(self, name: str) -> Extension:
         """The extension registered as ``name``.
@@ -99,21 +93,16 @@ class Schedule:
         Raises:
             ExtensionNameError: No extension has that name (a ``ValueError``, as in PPE).
         """
-        entry = self._entries.get(name)
+        entry = self.entries.get(name)
         if entry is None:
-            close = difflib.get_close_matches(name, list(self._entries), n=1)
+            close = difflib.get_close_matches(name, list(self.entries), n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise ExtensionNameError(
                 f"no extension named {name!r} is registered (registered: "
-                f"{sorted(self._entries) or 'none'}); {hint}register it first with "
+                f"{sorted(self.entries) or 'none'}); {hint}register it first with "
                 f"extend(..., name={name!r}) or ask for one of the registered names"
             )
         return entry.extension
-
-    @property
-    def entries(self) -> dict[str, ExtensionEntry]:
-        """The entries by name, in registration order (the mapping itself, not a copy)."""
-        return self._entries
 
     def slots(self) -> Iterator[Slot]:
         """The slots in invocation order, over a copy (extensions may register others)."""
@@ -137,20 +126,18 @@ class Schedule:
         every: list[Callable[[Any], object]] = []
         for slot in self._slots:
             entry = slot.entry
-            slot.needs_state = entry.needs_model_state
-            slot.runs_last = entry.runs_last
             due = slot.due = next_due(entry.trigger, iteration, iters_per_epoch)
             slot.every = (
                 getattr(entry.trigger, "fires_every_iteration", False) is True
-                and not slot.needs_state
-                and not slot.runs_last
+                and not entry.needs_model_state
+                and not entry.runs_last
                 and not self._profile
             )
             if slot.every:
                 every.append(entry.extension)
                 continue
             earliest = min(earliest, due)
-            if slot.needs_state:
+            if entry.needs_model_state:
                 state_due = min(state_due, due)
         self.every[:] = every
         self.state_due = state_due
@@ -170,15 +157,14 @@ class Schedule:
         return any(
             entry.needs_model_state
             and next_due(entry.trigger, iteration - 1, iters_per_epoch) <= iteration
-            for entry in self._entries.values()
+            for entry in self.entries.values()
         )
 
     # ----------------------------------------------------------------- running
 
     def call(self, manager: ManagerView, slot: Slot) -> None:
         """Runs one extension (inside a profiler range when profiling)."""
-        record = self._record
-        if record is not None:
+        if self._profile:
             tag = f"ppe.training.ExtensionsManager.run_extensions:{slot.name}"
             with record(tag, enable=self._time, trace=self._trace):
                 slot.entry.extension(manager)
@@ -211,7 +197,7 @@ class Schedule:
                 if due <= iteration:
                     trigger = slot.entry.trigger
                     if trigger(manager):
-                        if slot.runs_last:
+                        if slot.entry.runs_last:
                             deferred.append(slot)
                         else:
                             self.call(manager, slot)
@@ -220,7 +206,7 @@ class Schedule:
                     continue
                 if due < earliest:
                     earliest = due
-                if slot.needs_state and due < state_due:
+                if due < state_due and slot.entry.needs_model_state:
                     state_due = due
             for slot in deferred:
                 self.call(manager, slot)

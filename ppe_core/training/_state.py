@@ -3,46 +3,30 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ppe_core.errors import (
     ArgumentTypeError,
     ConfigurationError,
-    MissingExtensionStateWarning,
     StateDictKeyError,
-    StateDictMismatchError,
     StateVersionWarning,
 )
-from ppe_core.training._extension import ExtensionEntry
 from ppe_core.training._protocols import StateObjectProtocol
-from ppe_core.training._resume import (
-    RANKS_KEY,
-    WORLD_SIZE_KEY,
-    EpochLength,
-    EpochLengthChangedWarning,
-    rank_resume_states,
-)
+from ppe_core.training._resume import RANKS_KEY, WORLD_SIZE_KEY, rank_resume_states
 from ppe_core.training._state_mismatch import load_model_state, load_optimizer_state
+
+if TYPE_CHECKING:
+    from ppe_core.training._schedule import Schedule
 
 __all__ = [
     "PPE_CORE_STATE_KEY",
     "PPE_FORMAT_VERSION",
     "VERSION_KEY",
-    "EpochLength",
-    "EpochLengthChangedWarning",
-    "LoadedCounts",
     "ManagerState",
-    "MissingExtensionStateWarning",
-    "StateDictKeyError",
-    "StateDictMismatchError",
-    "StateVersionWarning",
     "TransformModel",
-    "load_model_state",
-    "load_optimizer_state",
-    "warn_missing_extension_states",
 ]
 
 #: ``transform_model(name, model)`` returns the module whose state is saved and observed.
@@ -63,31 +47,8 @@ _RESERVED_RESUME_KEYS = frozenset({VERSION_KEY, WORLD_SIZE_KEY, RANKS_KEY})
 _COMPATIBLE_PPE_VERSIONS = ("0.9.",)
 
 
-class LoadedCounts:
-    """What a loaded state restores beyond the objects: the counts to resume from."""
-
-    __slots__ = ("execution", "iteration", "missing_extensions")
-
-    def __init__(self, iteration: int, execution: int, missing_extensions: list[str]) -> None:
-        self.iteration = iteration
-        self.execution = execution
-        #: Registered extensions the state had nothing for (they keep their state).
-        self.missing_extensions = missing_extensions
-
-
-def warn_missing_extension_states(missing: Sequence[str], *, stacklevel: int) -> None:
-    """Warns that the loaded state has nothing for the registered extensions ``missing``."""
-    warnings.warn(
-        MissingExtensionStateWarning(
-            f"the loaded state has no entry for the extensions {list(missing)}; they keep their "
-            "current state (the state was saved without them, or under other names)"
-        ),
-        stacklevel=stacklevel + 1,
-    )
-
-
 class ManagerState:
-    """What an ExtensionsManager saves and restores, and how.
+    """What an ExtensionsManager saves and restores, and how: the manager's base class.
 
     The layout is PPE's: ``{'_start_iteration': int, '_start_execution': int, 'models':
     {name: state}, 'optimizers': {name: state}, 'state_objects': {name: state},
@@ -96,27 +57,28 @@ class ManagerState:
     own version and resume data (a Trainer's RNG and loader states, its handler's state) go
     under :data:`PPE_CORE_STATE_KEY`, which PPE ignores.
 
+    The manager sets the attributes annotated here; the state reads them when saving and sets
+    the counts when loading.
+
     Args:
-        models: The registered models by name (as registered, before ``transform_model``).
-        optimizers: The optimizers by name (the manager's dictionary itself, so optimizers
-            set later are saved too).
         state_objects: Further objects with ``state_dict``/``load_state_dict``.
-        transform_model: The default ``(name, module) -> module`` whose result is saved.
 
     Raises:
         ArgumentTypeError: A state object lacks ``state_dict`` or ``load_state_dict``.
     """
 
-    def __init__(
-        self,
-        models: Mapping[str, torch.nn.Module],
-        optimizers: Mapping[str, torch.optim.Optimizer],
-        state_objects: Mapping[str, StateObjectProtocol],
-        transform_model: TransformModel,
-    ) -> None:
-        self._models = models
-        self._optimizers = optimizers
-        self._transform_model = transform_model
+    #: The registered models by name (as registered, before ``transform_model``).
+    _models: dict[str, torch.nn.Module]
+    #: The optimizers by name (optimizers set later are saved too).
+    _optimizers: dict[str, torch.optim.Optimizer]
+    #: The default ``(name, module) -> module`` whose result is saved.
+    _transform_model: TransformModel
+    _schedule: Schedule
+    _iteration: int
+    _start_iteration: int
+    execution: int
+
+    def __init__(self, state_objects: Mapping[str, StateObjectProtocol]) -> None:
         self._objects: dict[str, StateObjectProtocol] = {}
         # State objects a state may lack (added by ppe-core for PPE's layout, not by the user).
         self._optional: set[str] = set()
@@ -128,12 +90,14 @@ class ManagerState:
     def add_state_object(
         self, name: str, obj: StateObjectProtocol, *, optional: bool = False
     ) -> None:
-        """Saves ``obj`` under ``state['state_objects'][name]`` from now on.
+        """Saves ``obj`` under ``state_dict()['state_objects'][name]`` from now on.
+
+        Like the ``state_objects=`` argument; for parts (a trainer, a handler) that join later.
 
         Args:
             name: Its key in ``'state_objects'``.
             obj: Anything with ``state_dict()`` and ``load_state_dict(state)``.
-            optional: Whether a loaded state may lack it (then it keeps its state).
+            optional: Whether a loaded state may lack it (it then keeps its state).
 
         Raises:
             ArgumentTypeError: ``obj`` lacks ``state_dict`` or ``load_state_dict``.
@@ -153,13 +117,16 @@ class ManagerState:
             self._optional.discard(name)
 
     def add_resume_state(self, name: str, obj: StateObjectProtocol) -> None:
-        """Saves ``obj`` under ``state['_ppe_core'][name]`` (a key PPE ignores).
+        """Saves ``obj`` under ``state_dict()['_ppe_core'][name]``, a key PPE ignores.
 
-        An empty ``obj.state_dict()`` is left out; a loaded state without the entry leaves
-        ``obj`` as it is.
+        For ppe-core's own resume data (a Trainer's RNG and loader states, its handler's
+        state): PPE's ``load_state_dict`` still reads the state. An empty
+        ``obj.state_dict()`` is left out; a loaded state without the entry leaves ``obj`` as
+        it is.
 
         Raises:
-            ConfigurationError: ``name`` is one of the keys ppe-core itself writes there.
+            ConfigurationError: ``name`` is a key ppe-core writes there itself (``version``,
+                ``world_size``, ``ranks``).
         """
         if name in _RESERVED_RESUME_KEYS:
             raise ConfigurationError(
@@ -169,47 +136,52 @@ class ManagerState:
         self._internal[name] = obj
 
     def resume_state_dict(self) -> dict[str, Any]:
-        """ppe-core's own resume data (``state['_ppe_core']``), empty states left out."""
+        """This process's own resume data: what :meth:`state_dict` keeps under ``'_ppe_core'``.
+
+        Empty states are left out. Under torch.distributed it differs between ranks (each
+        rank's RNG and loader states); a snapshot gathers it from every rank so that each rank
+        resumes with its own.
+        """
         internal = {name: obj.state_dict() for name, obj in self._internal.items()}
         return {name: value for name, value in internal.items() if value}
 
-    def state_dict(
-        self,
-        iteration: int,
-        execution: int,
-        entries: Mapping[str, ExtensionEntry],
-        transform_models: TransformModel | None = None,
-    ) -> dict[str, Any]:
-        """Returns the state in PPE's layout (see the class docstring)."""
+    def state_dict(self, *, transform_models: TransformModel | None = None) -> dict[str, Any]:
+        """Returns the training state in PPE's layout (see the class docstring).
+
+        PPE's ``load_state_dict`` reads it. With the standard extensions it holds only
+        tensors, numbers, strings and containers, so ``torch.load(..., weights_only=True)``
+        reads it.
+
+        Args:
+            transform_models: ``(name, module) -> module`` whose result's state is saved;
+                the manager's ``transform_model`` by default.
+        """
         from ppe_core._version import __version__
 
         transform = self._transform_model if transform_models is None else transform_models
         state: dict[str, Any] = {
-            "_start_iteration": iteration,
-            "_start_execution": execution,
+            "_start_iteration": self._iteration,
+            "_start_execution": self.execution,
             "models": {name: transform(name, m).state_dict() for name, m in self._models.items()},
             "optimizers": {name: opt.state_dict() for name, opt in self._optimizers.items()},
             "state_objects": {name: obj.state_dict() for name, obj in self._objects.items()},
-            "extensions": {name: entry.state_dict() for name, entry in entries.items()},
+            "extensions": {name: e.state_dict() for name, e in self._schedule.entries.items()},
             "ppe_version": PPE_FORMAT_VERSION,
         }
         state[PPE_CORE_STATE_KEY] = {VERSION_KEY: __version__, **self.resume_state_dict()}
         return state
 
-    def load_state_dict(
-        self,
-        to_load: Mapping[str, Any],
-        entries: Mapping[str, ExtensionEntry],
-        transform_models: TransformModel | None = None,
-    ) -> LoadedCounts:
-        """Restores models, optimizers, state objects and extensions from ``to_load``.
+    def _load_state(
+        self, to_load: Mapping[str, Any], transform_models: TransformModel | None
+    ) -> list[str]:
+        """Restores models, optimizers, state objects, extensions and the counts.
 
         Everything required is checked before anything is loaded. A registered extension
-        without an entry in the state keeps its state; the caller warns about those
-        (:func:`warn_missing_extension_states`) once it restored the counts.
+        without an entry in the state keeps its state; the caller warns about those once the
+        counts are restored.
 
         Returns:
-            The iteration counts to resume from and the extensions the state lacks.
+            The registered extensions the state has nothing for.
 
         Raises:
             StateDictKeyError: The state lacks the iteration or a registered model, optimizer
@@ -241,7 +213,7 @@ class ManagerState:
         # Under torch.distributed each rank restores its own entry (see rank_resume_states).
         internal_states = rank_resume_states(to_load.get(PPE_CORE_STATE_KEY) or {})
         missing = []
-        for name, entry in entries.items():
+        for name, entry in self._schedule.entries.items():
             if name in extension_states:
                 entry.load_state_dict(extension_states[name])
             else:
@@ -252,8 +224,9 @@ class ManagerState:
             saved = internal_states.get(name, legacy)
             if saved is not None:
                 obj.load_state_dict(saved)
-        iteration = int(to_load["_start_iteration"])
-        return LoadedCounts(iteration, int(to_load.get("_start_execution", iteration)), missing)
+        iteration = self._start_iteration = self._iteration = int(to_load["_start_iteration"])
+        self.execution = int(to_load.get("_start_execution", iteration))
+        return missing
 
 
 def _require(to_load: Mapping[str, Any], key: str, registered: Iterable[str]) -> Mapping[str, Any]:

@@ -406,9 +406,7 @@ class Trainer:
             eval_len = optional_length(val_loader, eval_len, "eval_len")
         for extension in self._evaluator_extensions:
             extension.loader, extension.eval_len = val_loader, eval_len
-        if self._manager is None:
-            self._setup_manager(iters_per_epoch)
-        manager = self.manager
+        manager = self._manager or self._setup_manager(iters_per_epoch)
         handler: Any = self.handler
         host = active_host()
 
@@ -528,8 +526,7 @@ class _StepScopes:
             try:
                 batch = next(iterator)
             except StopIteration:
-                self._exit()
-                self._exit()
+                self.close()  # get_data and iteration: the previous iteration closed its own
                 return
             self._exit()
             yield batch
