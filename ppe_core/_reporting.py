@@ -222,12 +222,7 @@ class _ReportScope:
             reporter.observation = self._observation
         return self._observation
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if self._make_current:
             self._reporter.pop(self._previous)
         else:
@@ -794,13 +789,10 @@ class DictSummary:
         same. Otherwise (several values, weights, host numbers, another device, where one
         batched copy per device beats a read per entry) it is ``to_floats(compute_mean())``.
         """
-        result: dict[str, Any] = {}
-        for name, summary in self._summaries.items():
-            value = summary.lone_cpu_value()
-            if value is None:
-                return to_floats(self.compute_mean())
-            result[name] = value
-        return result
+        values = [summary.lone_cpu_value() for summary in self._summaries.values()]
+        if None in values:
+            return to_floats(self.compute_mean())
+        return dict(zip(self._summaries, values, strict=True))
 
     def make_statistics(self) -> dict[str, Scalar]:
         """Returns ``{key: mean, key + ".std": std}`` for every entry (PPE's types)."""

@@ -7,30 +7,15 @@ import types
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ppe_core.errors import (
-    ArgumentTypeError,
-    DuplicateExtensionError,
-    ExtensionNameError,
-)
-from ppe_core.training._protocols import ExtensionsManagerProtocol, ManagerView
+from ppe_core.errors import ArgumentTypeError, ExtensionNameError
+
+# Re-exported for ppe.training.extension, PPE's path for it.
+from ppe_core.training._protocols import ExtensionsManagerProtocol as ExtensionsManagerProtocol
+from ppe_core.training._protocols import ManagerView
 from ppe_core.training.triggers import get_trigger
 
 if TYPE_CHECKING:
     from ppe_core.training.triggers import Trigger, TriggerLike
-
-__all__ = [
-    "PRIORITY_EDITOR",
-    "PRIORITY_READER",
-    "PRIORITY_SNAPSHOT",
-    "PRIORITY_WRITER",
-    "DuplicateExtensionError",
-    "Extension",
-    "ExtensionEntry",
-    "ExtensionLike",
-    "ExtensionNameError",
-    "ExtensionsManagerProtocol",
-    "make_extension",
-]
 
 #: Priority of extensions that write the observation (e.g. evaluators); they run first.
 PRIORITY_WRITER = 300

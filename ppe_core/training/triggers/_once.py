@@ -35,8 +35,7 @@ class OnceTrigger(Trigger):
     def __call__(self, manager: ManagerView) -> bool:
         """Returns ``True`` on the first call (or first after a resume), then ``False``."""
         fire = not self.finished
-        self._flag_first = False
-        self._flag_resumed = False
+        self._flag_first = self._flag_resumed = False
         return fire
 
     def next_check(self, iteration: int, iters_per_epoch: int) -> int:
