@@ -48,9 +48,7 @@ class NewEntriesTrigger(Trigger):
         initialize); until then the trigger is consulted as usual.
         """
         source = self._owner.scheduled_log_report
-        if source is None:
-            return False
-        return getattr(source.entry_trigger, "fires_every_iteration", False) is True
+        return getattr(source and source.entry_trigger, "fires_every_iteration", False) is True
 
     def next_check(self, iteration: int, iters_per_epoch: int) -> int:
         source = self._owner.scheduled_log_report

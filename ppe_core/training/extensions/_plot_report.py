@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 
 __all__ = ["NoPlotDataWarning", "PlotReport"]
 
+#: The x keys read from the manager; any other is a reported key, averaged like the y values.
+_MANAGER_KEYS = ("iteration", "epoch", "elapsed_time")
+
 
 def _save_figure(target: tuple[Any, Any, str], file_obj: IO[bytes]) -> None:
     figure, legend, image_format = target
@@ -97,9 +100,7 @@ class PlotReport(Extension):
         self._grid = grid
         self._writer = writer
         # The x value of a reported key must be averaged over the interval like the y values.
-        self._summary_keys = self._y_keys + (
-            () if x_key in ("iteration", "epoch", "elapsed_time") else (x_key,)
-        )
+        self._summary_keys = self._y_keys + (() if x_key in _MANAGER_KEYS else (x_key,))
         self._summary = DictSummary()
         self._data: dict[str, list[tuple[float, float]]] = {key: [] for key in self._y_keys}
 
@@ -118,11 +119,8 @@ class PlotReport(Extension):
             return
         summary, self._summary = self._summary, DictSummary()
         means = to_floats(summary.compute_mean())
-        point: dict[str, float] = dict(means)
-        point["epoch"] = manager.epoch
-        point["iteration"] = manager.iteration
-        point["elapsed_time"] = manager.elapsed_time
-        x = point.get(self._x_key)
+        x_key = self._x_key
+        x = getattr(manager, x_key) if x_key in _MANAGER_KEYS else means.get(x_key)
         if x is not None:
             for key in self._y_keys:
                 if key in means:
@@ -140,8 +138,7 @@ class PlotReport(Extension):
         for key in self._y_keys:
             points = self._data[key]
             if points:
-                xs = [x for x, _ in points]
-                ys = [y for _, y in points]
+                xs, ys = zip(*points, strict=True)
                 axes.plot(xs, ys, marker=self._marker, label=key)
         if not axes.has_data():
             warnings.warn(

@@ -249,9 +249,8 @@ class VariableStatisticsPlot(Extension):
             if not flat:
                 continue
             collected = self._statistician(torch.cat(flat), axis=0)
-            parts = [collected[name].reshape(-1) for name in ("mean", "std") if name in collected]
-            if "percentile" in collected:
-                parts.append(collected["percentile"].reshape(-1))
+            # Statistician's order: mean, std, percentiles (those asked for).
+            parts = [value.reshape(-1) for value in collected.values()]
             stats[row] = torch.cat([p.float().cpu() for p in parts]).numpy()
         return stats
 
@@ -273,10 +272,9 @@ class VariableStatisticsPlot(Extension):
         idxs, data = self._samples.get_data()
         offset = int(self._plot_mean) + int(self._plot_std)
         for col, key in enumerate(self._keys):
-            row = 0
             axes[0, col].set_title(key)
-            if has_moments:
-                ax = axes[row, col]
+            if has_moments:  # the first row; the percentiles' is the last
+                ax = axes[0, col]
                 if self._plot_mean and self._plot_std:
                     ax.errorbar(
                         idxs,
@@ -291,11 +289,9 @@ class VariableStatisticsPlot(Extension):
                 else:
                     label = "mean" if self._plot_mean else "std"
                     ax.plot(idxs, data[:, col, 0], color=_COLOR, label=label, marker=self._marker)
-                row += 1
             if self._n_percentile:
-                ax = axes[row, col]
-                self._plot_percentiles(ax, idxs, data[:, col, offset:])
-            axes[nrows - 1, col].set_xlabel("iteration")
+                self._plot_percentiles(axes[-1, col], idxs, data[:, col, offset:])
+            axes[-1, col].set_xlabel("iteration")
         for ax in axes.ravel():
             if ax.has_data():
                 ax.legend()
