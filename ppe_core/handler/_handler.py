@@ -132,16 +132,8 @@ class Handler(BaseHandler):
         super().__init__(logic, options)
         self._entry_runtime = entry_runtime
         self._modules: list[tuple[str, torch.nn.Module, BaseRuntime]] = []
-        self._discovered = False
+        self._discovered = False  # the per-step callbacks below are set (see _discover)
         self._eval_initialized = False
-        # Per-step callbacks, only of runtimes that override them (the rest are no-ops).
-        self._train_pre: list[tuple[torch.nn.Module, BaseRuntime]] = []
-        self._train_post: list[tuple[torch.nn.Module, BaseRuntime]] = []
-        self._eval_pre: list[tuple[torch.nn.Module, BaseRuntime]] = []
-        self._eval_post: list[tuple[torch.nn.Module, BaseRuntime]] = []
-        # ``"train/" + key`` and ``"val/" + key`` per output key, built once.
-        self._train_names: dict[str, str] = {}
-        self._eval_names: dict[str, str] = {}
 
     def consume_options(self, options: dict[str, Any]) -> None:
         self._train_report_keys = _report_keys(options, "train_report_keys")
@@ -164,11 +156,11 @@ class Handler(BaseHandler):
         self._modules = [
             triple for name, model in models.items() for triple in iter_runtime_modules(model, name)
         ]
-        pairs = [(module, runtime) for _, module, runtime in self._modules]
-        self._train_pre = _overriding(pairs, "train_pre_step")
-        self._train_post = _overriding(pairs, "train_post_step")
-        self._eval_pre = _overriding(pairs, "eval_pre_step")
-        self._eval_post = _overriding(pairs, "eval_post_step")
+        # Per-step callbacks, only of runtimes that override them (the rest are no-ops).
+        self._train_pre = _overriding(self._modules, "train_pre_step")
+        self._train_post = _overriding(self._modules, "train_post_step")
+        self._eval_pre = _overriding(self._modules, "eval_pre_step")
+        self._eval_post = _overriding(self._modules, "eval_post_step")
         self._discovered = True
 
     def _each_runtime(self, models: Mapping[str, torch.nn.Module], method: str) -> None:
@@ -271,7 +263,7 @@ class Handler(BaseHandler):
             self._discover(trainer.models)
         for module, runtime in self._train_post:
             runtime.train_post_step(trainer, module, batch_idx, batch, outputs)
-        _report_outputs(outputs, "train/", self._train_report_keys, self._train_names, self._logic)
+        _report_outputs(outputs, "train/", self._train_report_keys, self._logic)
 
     def train_cleanup(self, trainer: Any) -> None:
         self._each_runtime(trainer.models, "train_cleanup")
@@ -312,7 +304,7 @@ class Handler(BaseHandler):
             self._discover(evaluator.models)
         for module, runtime in self._eval_post:
             runtime.eval_post_step(evaluator, module, batch_idx, batch, outputs)
-        _report_outputs(outputs, "val/", self._eval_report_keys, self._eval_names, self._logic)
+        _report_outputs(outputs, "val/", self._eval_report_keys, self._logic)
 
     # Snapshots ------------------------------------------------------------------------------
     def _grad_scaler(self) -> torch.amp.GradScaler | None:
@@ -375,26 +367,23 @@ def step_function(
 
 
 def _overriding(
-    found: list[tuple[torch.nn.Module, BaseRuntime]], method: str
+    found: list[tuple[str, torch.nn.Module, BaseRuntime]], method: str
 ) -> list[tuple[torch.nn.Module, BaseRuntime]]:
     base = getattr(BaseRuntime, method)
-    return [(m, rt) for m, rt in found if getattr(type(rt), method) is not base]
+    return [(m, rt) for _, m, rt in found if getattr(type(rt), method) is not base]
 
 
-def _report_outputs(
-    outputs: Any, prefix: str, keys: list[str] | None, names: dict[str, str], logic: BaseLogic
-) -> None:
+def _report_outputs(outputs: Any, prefix: str, keys: list[str] | None, logic: BaseLogic) -> None:
     """Report model outputs under ``prefix`` (the reporter detaches; nothing syncs).
 
-    ``names`` caches ``prefix + key`` per output key, so a step builds no strings and the
-    observation's keys keep their cached hashes. A plain dict (the common case, every step)
-    skips the ABC ``isinstance`` check; other outputs are keyed by ``logic`` (which hands on
-    the mapping its step built, so they are normalised once per step).
+    A plain dict (the common case, every step) skips the ABC ``isinstance`` check; other
+    outputs are keyed by ``logic`` (which hands on the mapping its step built, so they are
+    normalised once per step).
     """
     if type(outputs) is not dict and not isinstance(outputs, Mapping):
         if keys is None and not isinstance(outputs, (list, tuple)):
             if isinstance(outputs, torch.Tensor) and outputs.ndim == 0:
-                report({_name(names, prefix, "loss"): outputs})
+                report({prefix + "loss": outputs})
             return
         outputs = logic.named_outputs(outputs)  # keys "0", "1", ... or namedtuple fields
     values = {}
@@ -403,10 +392,7 @@ def _report_outputs(
         # comprehension: no frame per step.
         for k, v in outputs.items():
             if (v.ndim == 0) if isinstance(v, torch.Tensor) else _is_number(v):
-                try:
-                    values[names[k]] = v
-                except KeyError:
-                    values[_name(names, prefix, k)] = v
+                values[prefix + k] = v
     else:
         missing = [k for k in keys if k not in outputs]
         if missing:
@@ -414,19 +400,9 @@ def _report_outputs(
                 f"report keys {missing} are not in the model's outputs {sorted(outputs)}; "
                 "fix train_report_keys/eval_report_keys or the model's output dict."
             )
-        values = {_name(names, prefix, k): outputs[k] for k in keys}
+        values = {prefix + k: outputs[k] for k in keys}
     if values:
         report(values)
-
-
-def _name(names: dict[str, str], prefix: str, key: str) -> str:
-    """``prefix + key``, cached in ``names`` (bounded: models with ever-new keys stay cheap)."""
-    name = names.get(key)
-    if name is None:
-        if len(names) >= 1024:
-            names.clear()
-        name = names[key] = prefix + key
-    return name
 
 
 def _is_number(value: Any) -> bool:

@@ -538,13 +538,11 @@ class Logic(ModelLogic, StagedSteps):
             tensors = [t / scale for t in tensors]
         if self._grad_scaler is not None:
             tensors = [self._grad_scaler.scale(t) for t in tensors]
-        if self._backward_fn is not None:
+        if self._backward_fn is None:
+            torch.autograd.backward(tensors)  # what tensor.backward() calls: one frame less
+        else:
             for t in tensors:
                 self._backward_fn(t)
-        elif len(tensors) == 1:
-            tensors[0].backward()  # type: ignore[no-untyped-call]
-        else:
-            torch.autograd.backward(tensors)
         return tensors
 
     # Step callbacks -------------------------------------------------------------------------

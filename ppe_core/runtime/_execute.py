@@ -102,10 +102,7 @@ def run_code_block(
         tensors = _to_backprop(out, code_block.backprop_from)
         if grad_scaler is not None:
             tensors = [grad_scaler.scale(t) for t in tensors]
-        if len(tensors) == 1:
-            tensors[0].backward()  # type: ignore[no-untyped-call]
-        else:
-            torch.autograd.backward(tensors)
+        torch.autograd.backward(tensors)
     if not optimizers:
         return out
     if grad_scaler is None:
