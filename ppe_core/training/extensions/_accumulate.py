@@ -184,9 +184,8 @@ class _ExtremeSummary(_Summary):
     def merged(cls, states: Iterable[Mapping[str, Any]]) -> _Summary:
         summary = cls()
         for state in states:
-            value = float(state[cls.key])
-            if not math.isinf(value) or (value > 0) == cls.largest:
-                summary.add(value)
+            # An empty part's -inf (+inf for the minimum) leaves the extreme as it is.
+            summary.add(float(state[cls.key]))
         return summary
 
 

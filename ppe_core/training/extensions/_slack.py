@@ -122,11 +122,10 @@ class _SlackBase(Extension):
     def __call__(self, manager: ManagerView) -> None:
         """Posts ``msg`` (and uploads ``filenames`` when their trigger fires)."""
         names: Sequence[str] = ()
-        if self._filenames is not None:
-            if isinstance(self._filenames, Sequence) and not isinstance(self._filenames, str):
-                names = [self._format(name, None, manager) for name in self._filenames]
-            elif callable(self._filenames):
-                names = self._filenames(manager, self._context)
+        if callable(self._filenames):
+            names = self._filenames(manager, self._context)
+        elif isinstance(self._filenames, Sequence) and not isinstance(self._filenames, str):
+            names = [self._format(name, None, manager) for name in self._filenames]
         upload = bool(names) and (self._upload_trigger is None or self._upload_trigger(manager))
         if self._msg is None and not upload:
             return
