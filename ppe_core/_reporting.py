@@ -390,7 +390,9 @@ class Summary:
         # The device accumulators ``(shift, sum w*d, sum w*d*d, total weight)`` with
         # ``d = value - shift``; the weight is a host number until a tensor weight is folded.
         self._dev: _DeviceSums | None = None
-        self._dtype: torch.dtype | None = None
+        # The results' dtype: the promotion of the folded values' (bool, which every dtype
+        # promotes over, until a value is folded).
+        self._dtype = torch.bool
 
     def add(self, value: Value, weight: Scalar = 1) -> None:
         """Accumulates ``value`` with ``weight``; a tensor is not copied to the host.
@@ -469,8 +471,7 @@ class Summary:
         except RuntimeError:  # mixed devices or shapes (0-d and (1,)): normalise one by one
             x = torch.stack([v.reshape(()).to(device) for v in values])
         x = x.reshape(-1).to(device)
-        out = _result_dtype(x.dtype)
-        self._dtype = out if self._dtype is None else torch.promote_types(self._dtype, out)
+        self._dtype = torch.promote_types(self._dtype, _result_dtype(x.dtype))
         x = x.to(torch.promote_types(x.dtype, _MIN_SUM_DTYPE))
         shift, s1, s2, n = (x[0], 0.0, 0.0, 0) if self._dev is None else self._dev
         d = x - shift
@@ -581,9 +582,7 @@ class Summary:
         if moments is None:
             return self._host_mean()
         shift, s1, _, n = moments
-        mean: torch.Tensor = _mean_of(shift, s1, n)
-        assert self._dtype is not None
-        return mean.to(self._dtype)
+        return _mean_of(shift, s1, n).to(self._dtype)
 
     def make_statistics(self) -> tuple[Scalar, Scalar]:
         """Returns the weighted mean and (population) standard deviation.
@@ -602,11 +601,12 @@ class Summary:
         shift, s1, s2, n = moments
         mean_d = s1 / n
         var_t = (s2 / n - mean_d * mean_d).clamp_min(0.0)
-        assert self._dtype is not None
         return _mean_of(shift, s1, n).to(self._dtype), var_t.sqrt().to(self._dtype)
 
     def _device_stats(self) -> torch.Tensor | None:
-        """Folds and returns ``[shift, sum w*d, sum w*d*d, tensor weight or 0]`` as one tensor."""
+        """Evaluates the deferred values, folds, and returns ``[shift, sum w*d, sum w*d*d,
+        tensor weight or 0]`` as one tensor."""
+        self._add_deferred_values()
         self._fold()
         if self._dev is None:
             return None
@@ -640,7 +640,6 @@ class Summary:
         The keys and types are PPE's (``_x``, ``_x2`` floats, ``_n`` an int for whole weights),
         so PPE snapshots load here and ours load in PPE. Deferred values are evaluated first.
         """
-        self._add_deferred_values()
         stats = self._device_stats()
         return self._host_state(None if stats is None else stats.tolist())
 
@@ -678,8 +677,7 @@ class Summary:
         a, b = self._dev, other._dev
         # Accumulators are never modified in place, so sharing the tensors is safe.
         result._dev = a if b is None else b if a is None else _merged(a, b)
-        dtypes = [d for d in (self._dtype, other._dtype) if d is not None]
-        result._dtype = functools.reduce(torch.promote_types, dtypes) if dtypes else None
+        result._dtype = torch.promote_types(self._dtype, other._dtype)
         return result
 
 
@@ -808,20 +806,18 @@ class DictSummary:
 
         All entries on one device are copied to the host together, in one transfer.
         """
-        by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
-        host: dict[str, list[float] | None] = {}
+        by_device: dict[torch.device, dict[str, torch.Tensor]] = {}
         for name, summary in self._summaries.items():
-            summary._add_deferred_values()
             stats = summary._device_stats()
-            host[name] = None
             if stats is not None:
-                by_device.setdefault(stats.device, []).append((name, stats))
-        for items in by_device.values():
-            # torch.cat promotes the dtypes; tolist gives plain floats.
-            flat = torch.cat([stats for _, stats in items]).tolist()
-            for index, (name, _) in enumerate(items):
-                host[name] = flat[4 * index : 4 * index + 4]
-        return {name: summary._host_state(host[name]) for name, summary in self._summaries.items()}
+                by_device.setdefault(stats.device, {})[name] = stats
+        host: dict[str, list[float]] = {}
+        for stats_of in by_device.values():
+            # torch.stack promotes the dtypes; tolist gives plain floats.
+            host.update(zip(stats_of, torch.stack(list(stats_of.values())).tolist(), strict=True))
+        return {
+            name: summary._host_state(host.get(name)) for name, summary in self._summaries.items()
+        }
 
     def load_state_dict(self, to_load: Mapping[str, Mapping[str, Any]]) -> None:
         """Replaces all entries with those of :meth:`state_dict`."""

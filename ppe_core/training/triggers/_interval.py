@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
-from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from ppe_core.errors import TriggerTypeError
@@ -14,11 +14,6 @@ from ppe_core.training.triggers._checks import check_amount, check_epoch_length,
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
-
-
-def _ceil_iteration(point: Fraction, scale: int) -> int:
-    """Returns the first completed-iteration count at or after ``point * scale`` iterations."""
-    return -(-point.numerator * scale // point.denominator)
 
 
 class _Schedule(Trigger):
@@ -140,7 +135,7 @@ class ManualScheduleTrigger(_Schedule):
         # A cache of a pure function of the epoch length, not state: any call order agrees.
         if iters_per_epoch != self._cached_length:
             scale = 1 if self._unit == "iteration" else check_epoch_length(iters_per_epoch, self)
-            found = {_ceil_iteration(p, scale) for p in self._fractions}
+            found = {math.ceil(p * scale) for p in self._fractions}  # exact: fractions
             self._iterations = tuple(sorted(found))
             self._cached_length = iters_per_epoch
         return self._iterations
