@@ -211,7 +211,6 @@ class _ReportScope:
         self._reporter = reporter
         self._observation = observation
         self._make_current = make_current
-        self._previous: Observation = observation
 
     def __enter__(self) -> Observation:
         reporter = self._reporter
@@ -560,8 +559,7 @@ class Summary:
             return None
         if not value.is_floating_point():  # compute_mean's dtype, then to_floats' read
             value = value.to(_result_dtype(value.dtype))
-        number: float = value.item()
-        return number
+        return float(value.item())
 
     def compute_mean(self) -> Scalar:
         """Returns the weighted mean, a tensor on the values' device if any value was one.

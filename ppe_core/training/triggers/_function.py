@@ -46,9 +46,7 @@ class FunctionTrigger(Trigger):
 
     def __call__(self, manager: ManagerView) -> bool:
         """Returns ``fn(...)`` at the inner trigger's iterations, ``False`` elsewhere."""
-        if not self._interval_trigger(manager):
-            return False
-        return bool(self._fn(*self._args, **self._kwargs))
+        return self._interval_trigger(manager) and bool(self._fn(*self._args, **self._kwargs))
 
     def next_check(self, iteration: int, iters_per_epoch: int) -> int | None:
         """Delegates to the inner trigger."""

@@ -20,9 +20,6 @@ if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
 
 
-_MISSING = object()
-
-
 class _MonitorTrigger(Trigger):
     """The value triggers' shared part: one key's running summary, read at each check."""
 
@@ -35,10 +32,10 @@ class _MonitorTrigger(Trigger):
 
     def _accumulate(self, manager: ManagerView, key: str) -> bool:
         """Adds this iteration's value of ``key`` (if reported); returns whether it was."""
-        value = manager.observation.get(key, _MISSING)
-        if value is _MISSING:
+        observation = manager.observation
+        if key not in observation:
             return False
-        self._summary.add({key: value})
+        self._summary.add({key: observation[key]})
         return True
 
     def _checked_mean(self, manager: ManagerView, key: str, present: bool) -> float | None:
@@ -53,10 +50,10 @@ class _MonitorTrigger(Trigger):
         if key in means:
             self._init_summary()
             return float(means[key])
-        value = manager.observation.get(key, _MISSING)
-        if present and value is not _MISSING:
+        if present and key in manager.observation:
             raise ConfigurationError(
-                f"{owner} monitors {key!r}, but its reported value {value!r} is not a scalar "
+                f"{owner} monitors {key!r}, but its reported value "
+                f"{manager.observation[key]!r} is not a scalar "
                 "number; report a float or a zero-dimensional tensor under that key"
             )
         warnings.warn(
@@ -72,10 +69,6 @@ class _MonitorTrigger(Trigger):
     def _load_summary(self, to_load: Mapping[str, Any]) -> None:
         self._init_summary()
         self._summary.load_state_dict(to_load.get("_summary") or {})
-
-    def next_check(self, iteration: int, iters_per_epoch: int) -> int | None:
-        """``None``: every iteration's value goes into the interval mean."""
-        return None
 
     def may_fire(self, iteration: int, epoch_length: int) -> bool:
         """Delegates to the check trigger."""
