@@ -33,33 +33,13 @@ __all__ = sorted(_EXPORTS) + sorted(_SUBMODULES)
 
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
-        return _import(f"{__name__}.{name}", name)
+        return importlib.import_module(f"{__name__}.{name}")
     module_name = _EXPORTS.get(name)
     if module_name is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    try:
-        value = getattr(_import(module_name, name), name)
-    except AttributeError:
-        raise AttributeError(
-            f"ppe_core.training.{name} is not available in this ppe-core installation "
-            f"({module_name} does not define it); see docs/migration.md"
-        ) from None
+    value = getattr(importlib.import_module(module_name), name)
     globals()[name] = value
     return value
-
-
-def _import(module_name: str, name: str) -> Any:
-    # A missing module reads as a missing attribute, so hasattr() and getattr(..., default)
-    # work while parts of the PPE namespace are still absent.
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name != module_name:
-            raise
-        raise AttributeError(
-            f"ppe_core.training.{name} is not available in this ppe-core installation "
-            f"({module_name} is missing); see docs/migration.md"
-        ) from None
 
 
 def __dir__() -> list[str]:

@@ -96,6 +96,10 @@ class Evaluator:
             batch.
     """
 
+    #: Whether the means are all-reduced over ranks (:class:`DistributedEvaluator`), which
+    #: needs ``torch.distributed`` initialised when the evaluator is created.
+    _distributed = False
+
     def __init__(
         self,
         handler: BaseHandler,
@@ -114,6 +118,13 @@ class Evaluator:
         self._summary = DictSummary()
         self._set_up = False
         self._batch_unit = 1  # the first batch's size: the unit of the summary's weights
+        if self._distributed and not is_distributed():
+            raise DistributedNotInitializedError(
+                "a distributed evaluator needs torch.distributed to be initialised: run under "
+                "torchrun and call ppe.distributed.init_from_env() (or "
+                "torch.distributed.init_process_group()) before "
+                "create_evaluator(..., distributed=True)"
+            )
 
     @property
     def progress_bar(self) -> bool:
@@ -220,25 +231,7 @@ class DistributedEvaluator(Evaluator):
             ``RuntimeError``, as in PPE).
     """
 
-    def __init__(
-        self,
-        handler: BaseHandler,
-        models: torch.nn.Module | Mapping[str, torch.nn.Module],
-        *,
-        progress_bar: bool = False,
-        metrics: Sequence[Metric] | None = None,
-        profile: Any = None,
-    ) -> None:
-        super().__init__(
-            handler, models, progress_bar=progress_bar, metrics=metrics, profile=profile
-        )
-        if not is_distributed():
-            raise DistributedNotInitializedError(
-                "a distributed evaluator needs torch.distributed to be initialised: run under "
-                "torchrun and call ppe.distributed.init_from_env() (or "
-                "torch.distributed.init_process_group()) before "
-                "create_evaluator(..., distributed=True)"
-            )
+    _distributed = True
 
     def _gather_summaries(self) -> None:
         runtime = getattr(self.handler, "entry_runtime", None)  # a BaseHandler may have none

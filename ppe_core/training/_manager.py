@@ -123,11 +123,7 @@ def default_transform_model(name: str, model: torch.nn.Module) -> torch.nn.Modul
         The wrapped module for a data-parallel wrapper, ``model`` otherwise.
     """
     parallel = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
-    if isinstance(model, parallel):
-        inner = model.module
-        assert isinstance(inner, torch.nn.Module)
-        return inner
-    return model
+    return model.module if isinstance(model, parallel) else model
 
 
 class _IterationContext:
@@ -375,8 +371,7 @@ class ExtensionsManager(ManagerState):
             self._epoch_length_known = True
             # Extensions that schedule an inner trigger (LogReport's) computed its next due
             # iteration with the provisional length.
-            extensions = [slot.entry.extension for slot in self._schedule.slots()]
-            for due in _epoch_length.due_checks(extensions):
+            for due in _epoch_length.due_checks(s.entry.extension for s in self._schedule.slots()):
                 due.reset()
         self._invalidate_schedule()
 
@@ -816,12 +811,12 @@ class ExtensionsManager(ManagerState):
 
     @staticmethod
     def _warn_handler_failure(
-        kind: str, name: str, handler_exc: Exception, original: BaseException | None
+        kind: str, name: str, handler_exc: Exception, original: BaseException
     ) -> None:
-        during = "" if original is None else f" while handling {type(original).__name__}"
         warnings.warn(
             ExtensionErrorHandlerWarning(
-                f"{kind} of {name!r} raised {type(handler_exc).__name__}: {handler_exc}{during}"
+                f"{kind} of {name!r} raised {type(handler_exc).__name__}: {handler_exc} while "
+                f"handling {type(original).__name__}"
             ),
             stacklevel=4,
         )
