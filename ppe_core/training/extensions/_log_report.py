@@ -7,7 +7,7 @@ import importlib.util
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any
 
 from ppe_core.distributed import group_world
 from ppe_core.errors import ConfigurationError, OptionalDependencyError
@@ -27,6 +27,7 @@ from ppe_core.training.extensions._log_formats import (
 from ppe_core.training.triggers import get_trigger
 from ppe_core.training.triggers._due import DueCheck, EveryIteration
 from ppe_core.writing import SimpleWriter, Writer
+from ppe_core.writing._extension_files import WriterLike
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
@@ -50,18 +51,8 @@ _SUFFIX_FORMATS = {
 }
 
 
-class LogWriter(Protocol):
-    """What LogReport needs of a writer: ``ppe_core.writing`` writers, TensorBoardWriter, ..."""
-
-    def __call__(
-        self,
-        filename: str,
-        out_dir: str,
-        target: Any,
-        *,
-        savefun: Any = ...,
-        append: bool = ...,
-    ) -> None: ...
+#: What LogReport needs of a writer: ``ppe_core.writing`` writers, TensorBoardWriter, ...
+LogWriter = WriterLike
 
 
 def infer_format(filename: str) -> str:
