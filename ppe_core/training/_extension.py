@@ -136,12 +136,10 @@ class _WrappedExtension(Extension):
         self._ext = ext
         self.trigger = getattr(ext, "trigger", Extension.trigger)
         self.priority = getattr(ext, "priority", Extension.priority)
-        self.needs_model_state = bool(getattr(ext, "needs_model_state", False))
-        self.is_async = bool(getattr(ext, "is_async", False))
-        self.runs_last = bool(getattr(ext, "runs_last", False))
+        for flag in _MAKE_EXTENSION_FLAGS:
+            setattr(self, flag, bool(getattr(ext, flag, False)))
         # The callable's own ``name`` attribute (if any) is not the extension's name, as in
-        # PPE: the name comes from extend(name=...) or ``default_name``, so both agree on it.
-        self.name = None
+        # PPE: ``name`` stays the class's None until extend(name=...) or ``default_name``.
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for attributes missing on the wrapper; guard against recursion while
@@ -215,14 +213,9 @@ def check_priority(priority: object) -> int:
         ) from None
 
 
-def _no_hook(manager: ManagerView) -> None:
-    """The ``initialize``/``finalize`` :func:`make_extension` sets when none is given."""
-
-
-def _no_error_hook(
-    manager: ManagerView, exc: BaseException, tb: types.TracebackType | None
-) -> None:
-    """The ``on_error`` :func:`make_extension` sets when none is given."""
+def _no_hook(*args: object) -> None:
+    """The ``initialize``, ``finalize`` or ``on_error`` :func:`make_extension` sets when none
+    is given."""
 
 
 def make_extension(
@@ -279,7 +272,7 @@ def make_extension(
             "priority": Extension.priority if priority is None else priority,
             "finalize": _no_hook if finalizer is None else finalizer,
             "initialize": _no_hook if initializer is None else initializer,
-            "on_error": _no_error_hook if on_error is None else on_error,
+            "on_error": _no_hook if on_error is None else on_error,
         }
         attributes.update(kwargs)
         for key, value in attributes.items():
