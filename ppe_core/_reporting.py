@@ -284,14 +284,13 @@ def _as_tensor_like(value: Any, reference: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.ndim == 0 else tensor.to(reference.device)
 
 
-def _combine(op: Callable[[Any, Any], Any], left: Scalar, right: Scalar) -> Scalar:
+def _combine(op: Callable[[Any, Any], Scalar], left: Scalar, right: Scalar) -> Scalar:
     """``op(left, right)``, a non-tensor operand taking the tensor operand's dtype first."""
     if isinstance(left, torch.Tensor):
         right = _as_tensor_like(right, left)
     elif isinstance(right, torch.Tensor):
         left = _as_tensor_like(left, right)
-    result: Scalar = op(left, right)
-    return result
+    return op(left, right)
 
 
 def divide_scalar(numerator: Scalar, denominator: Scalar) -> Scalar:
@@ -572,10 +571,7 @@ class Summary:
             # One tensor of weight 1 (LogReport with an entry per iteration): the mean is the
             # value, what the reduction gives too, without its dozen tensor operations. A copy,
             # so the result never aliases the reported tensor.
-            if value.ndim != 0:
-                value = value.reshape(())
-            dtype = _result_dtype(value.dtype)
-            return value.clone() if value.dtype == dtype else value.to(dtype)
+            return value.reshape(()).to(_result_dtype(value.dtype), copy=True)
         moments = self._moments()
         if moments is None:
             return self._host_mean()
@@ -794,9 +790,7 @@ class DictSummary:
         """Returns ``{key: mean, key + ".std": std}`` for every entry (PPE's types)."""
         stats: dict[str, Scalar] = {}
         for name, summary in self._summaries.items():
-            mean, std = summary.make_statistics()
-            stats[name] = mean
-            stats[name + ".std"] = std
+            stats[name], stats[name + ".std"] = summary.make_statistics()
         return stats
 
     def state_dict(self) -> dict[str, dict[str, Any]]:

@@ -30,9 +30,7 @@ def next_due(trigger: object, iteration: int, iters_per_epoch: int) -> int:
         iters_per_epoch: Iterations in one epoch.
     """
     next_check = getattr(trigger, "next_check", None)
-    if next_check is None:
-        return iteration + 1
-    due = next_check(iteration, iters_per_epoch)
+    due = None if next_check is None else next_check(iteration, iters_per_epoch)
     if due is None or due <= iteration:
         return iteration + 1
     return min(int(due), NEVER)
