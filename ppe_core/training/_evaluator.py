@@ -111,11 +111,13 @@ class Evaluator:
     ) -> None:
         self.handler = handler
         self.models: dict[str, torch.nn.Module] = named_models(models)
-        self._progress_bar = progress_bar
+        #: Whether a progress bar is shown during a run.
+        self.progress_bar = progress_bar
         self._metrics = check_metrics(metrics)
         self._profile = profile
         self._reporter = _observing_reporter(self.models)
-        self._summary = DictSummary()
+        #: The statistics of the latest run (after ``run``: gathered over ranks if distributed).
+        self.summary = DictSummary()
         self._set_up = False
         self._batch_unit = 1  # the first batch's size: the unit of the summary's weights
         if self._distributed and not is_distributed():
@@ -125,16 +127,6 @@ class Evaluator:
                 "torch.distributed.init_process_group()) before "
                 "create_evaluator(..., distributed=True)"
             )
-
-    @property
-    def progress_bar(self) -> bool:
-        """Whether a progress bar is shown during a run."""
-        return self._progress_bar
-
-    @property
-    def summary(self) -> DictSummary:
-        """The statistics of the latest run (after ``run``: gathered over ranks if distributed)."""
-        return self._summary
 
     def setup(self, loader: Iterable[Any]) -> None:
         """Calls the handler's ``eval_setup`` once; a Trainer calls it before training."""
@@ -159,7 +151,7 @@ class Evaluator:
             self.handler.eval_post_step(evaluator, batch_idx, batch, outputs)
 
     def _gather_summaries(self) -> None:
-        """Combine ``self._summary`` over processes; a single process keeps its own."""
+        """Combine ``self.summary`` over processes; a single process keeps its own."""
 
     def run(self, loader: Iterable[Any], *, eval_len: int | None = None) -> dict[str, Any]:
         """Evaluate over ``loader``: ``eval_len`` batches, else all (``len()`` or until it runs
@@ -176,8 +168,8 @@ class Evaluator:
         self.setup(loader)
         host.evaluator_setup(self)
         error: BaseException | None = None
-        bar = _make_bar(length) if self._progress_bar else None
-        summary = self._summary = DictSummary()
+        bar = _make_bar(length) if self.progress_bar else None
+        summary = self.summary = DictSummary()
         reporter = self._reporter
         # One whole step per batch, whatever the handler (chosen once); metrics run before the
         # handler's post-step reports the outputs.
@@ -211,7 +203,7 @@ class Evaluator:
             restore_modes()
             host.evaluator_teardown(self, error)
         self._gather_summaries()
-        means = self._summary.compute_mean()
+        means = self.summary.compute_mean()
         report(means)
         return means
 
@@ -237,7 +229,7 @@ class DistributedEvaluator(Evaluator):
         runtime = getattr(self.handler, "entry_runtime", None)  # a BaseHandler may have none
         move = runtime.move_tensor if runtime is not None else (lambda t: t)
         try:
-            self._summary = _all_reduce_summary(self._summary, move, self._batch_unit)
+            self.summary = _all_reduce_summary(self.summary, move, self._batch_unit)
         except RuntimeError as exc:
             timed_out = timeout_error(exc, "all-reducing the evaluation's means")
             if timed_out is None:

@@ -47,9 +47,6 @@ __all__ = [
 
 EvaluatorSpec = Evaluator | tuple[Evaluator, Any] | Mapping[str, Evaluator | tuple[Evaluator, Any]]
 
-#: The name of a single evaluator (not in a dict), as its extension is named in PPE.
-_SINGLE_EVALUATOR = "Evaluator"
-
 
 class _EvaluatorExtension(Extension):
     """Runs an evaluator on its trigger, before every other extension of that iteration."""
@@ -81,7 +78,8 @@ class _EvaluatorExtension(Extension):
 def _normalize_evaluators(spec: EvaluatorSpec | None) -> dict[str, tuple[Evaluator, Any]]:
     if spec is None:
         return {}
-    items = dict(spec) if isinstance(spec, Mapping) else {_SINGLE_EVALUATOR: spec}
+    # A single evaluator (not in a dict) is named as its extension is named in PPE.
+    items = dict(spec) if isinstance(spec, Mapping) else {"Evaluator": spec}
     result: dict[str, tuple[Evaluator, Any]] = {}
     for name, value in items.items():
         evaluator, trigger = value if isinstance(value, tuple) else (value, (1, "epoch"))
