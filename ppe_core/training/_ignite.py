@@ -94,7 +94,6 @@ class IgniteExtensionsManager(ExtensionsManager):
         self.engine = engine
         self._epoch_length_known = False  # len(dataloader) is known when the engine starts
         self._start_epoch = 0
-        self._loop_handlers_added = False
         self.set_ignite_handlers()
 
     def set_ignite_handlers(self) -> None:
@@ -119,9 +118,8 @@ class IgniteExtensionsManager(ExtensionsManager):
         engine.state.epoch = self._start_epoch
         self._start_time = time.perf_counter()
         self._prepare_for_training(start, start, iters_per_epoch)
-        if not self._loop_handlers_added:
+        if not engine.has_event_handler(self._on_iteration_completed, Events.ITERATION_COMPLETED):
             # Added now so that they run after the handlers the user registered.
-            self._loop_handlers_added = True
             engine.add_event_handler(Events.ITERATION_COMPLETED, self._on_iteration_completed)
 
     def _on_iteration_started(self, engine: Any) -> None:

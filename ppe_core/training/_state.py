@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ppe_core._version import __version__
 from ppe_core.errors import (
     ArgumentTypeError,
     ConfigurationError,
@@ -156,8 +157,6 @@ class ManagerState:
             transform_models: ``(name, module) -> module`` whose result's state is saved;
                 the manager's ``transform_model`` by default.
         """
-        from ppe_core._version import __version__
-
         transform = self._transform_model if transform_models is None else transform_models
         state: dict[str, Any] = {
             "_start_iteration": self._iteration,
@@ -197,7 +196,7 @@ class ManagerState:
                 "manager.state_dict() returned (or a snapshot file loaded with torch.load)"
             )
         _check_version(to_load.get("ppe_version"))
-        object_states: Mapping[str, Any] | None = None
+        object_states: Mapping[str, Any] = {}
         if "state_objects" in to_load and self._objects:
             required = [n for n in self._objects if n not in self._optional]
             object_states = _require(to_load, "state_objects", required)
@@ -205,19 +204,16 @@ class ManagerState:
             load_model_state(name, transform(name, model), model_states[name])
         for name, optimizer in self._optimizers.items():
             load_optimizer_state(name, optimizer, optimizer_states[name])
-        if object_states is not None:
-            for name, obj in self._objects.items():
-                if name in object_states:
-                    obj.load_state_dict(object_states[name])
+        for name, obj in self._objects.items():
+            if name in object_states:
+                obj.load_state_dict(object_states[name])
         extension_states: Mapping[str, Any] = to_load.get("extensions") or {}
         # Under torch.distributed each rank restores its own entry (see rank_resume_states).
         internal_states = rank_resume_states(to_load.get(PPE_CORE_STATE_KEY) or {})
-        missing = []
+        missing = [name for name in self._schedule.entries if name not in extension_states]
         for name, entry in self._schedule.entries.items():
             if name in extension_states:
                 entry.load_state_dict(extension_states[name])
-            else:
-                missing.append(name)
         for name, obj in self._internal.items():
             # Before the '_ppe_core' key, ppe-core kept the trainer state among the extensions.
             legacy = extension_states.get(f"_{name}", {}).get("extension")
@@ -248,8 +244,6 @@ def _require(to_load: Mapping[str, Any], key: str, registered: Iterable[str]) ->
 
 def _check_version(saved: object) -> None:
     """Warns (as PPE does) when a state was written by another or an unknown version."""
-    from ppe_core._version import __version__
-
     if saved == __version__ or (
         isinstance(saved, str) and saved.startswith(_COMPATIBLE_PPE_VERSIONS)
     ):
