@@ -45,9 +45,7 @@ class BestValue(Extension):
         self._best_it: int | None = None
         self._best_epoch: int | None = None
 
-    @property
-    def default_name(self) -> str:
-        return "best_value"
+    default_name = "best_value"
 
     @property
     def key(self) -> str:
@@ -137,9 +135,7 @@ class MaxValue(BestValue):
     def __init__(self, key: str, trigger: TriggerLike = (1, "epoch")) -> None:
         super().__init__(key, operator.lt, trigger)  # best < new
 
-    @property
-    def default_name(self) -> str:
-        return "max_value"
+    default_name = "max_value"
 
 
 class MinValue(BestValue):
@@ -155,6 +151,4 @@ class MinValue(BestValue):
     def __init__(self, key: str, trigger: TriggerLike = (1, "epoch")) -> None:
         super().__init__(key, operator.gt, trigger)  # best > new
 
-    @property
-    def default_name(self) -> str:
-        return "min_value"
+    default_name = "min_value"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import itertools
 import sys
 import time
 import warnings
@@ -156,13 +157,9 @@ class _EvaluationBar(TextProgressBar):
 
 def _batches(iterator: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
     """Yields ``(batch, is_last)``, looking one batch ahead (so loaders without ``len`` work)."""
-    it = iter(iterator)
     sentinel = object()
-    current = next(it, sentinel)
-    while current is not sentinel:
-        following = next(it, sentinel)
+    for current, following in itertools.pairwise(itertools.chain(iterator, (sentinel,))):
         yield current, following is sentinel
-        current = following
 
 
 class Evaluator(Extension):

@@ -62,12 +62,20 @@ def infer_format(filename: str) -> str:
     )
 
 
-def _require_yaml() -> None:
-    if importlib.util.find_spec("yaml") is None:
+def _checked_format(format: str | None, filename: str, caller: str) -> str:
+    """``format``, or when None the one ``filename``'s suffix names, checked for ``caller``."""
+    fmt = infer_format(filename) if format is None else format
+    if fmt not in LOG_REPORT_FORMATS:
+        raise ConfigurationError(
+            f"{caller} format must be one of {list(LOG_REPORT_FORMATS)}, got {fmt!r}; pass one "
+            "of them, or leave format out and end the filename in .json, .jsonl, .yaml or .csv"
+        )
+    if fmt == "yaml" and importlib.util.find_spec("yaml") is None:
         raise OptionalDependencyError(
             "LogReport(format='yaml') needs PyYAML, which is not installed; run "
             "`pip install pyyaml`, or use format='json' or 'json-lines'"
         )
+    return fmt
 
 
 class LogSaver:
@@ -208,16 +216,7 @@ class LogReport(Extension):
     ) -> None:
         if filename is None:
             filename = "log"
-        if format is None:
-            format = infer_format(filename)
-        if format not in LOG_REPORT_FORMATS:
-            raise ConfigurationError(
-                f"LogReport format must be one of {list(LOG_REPORT_FORMATS)}, got {format!r}; "
-                "pass one of them, or leave format out and end the filename in .json, .jsonl, "
-                ".yaml or .csv"
-            )
-        if format == "yaml":
-            _require_yaml()
+        format = _checked_format(format, filename, "LogReport")
         if append and format in ("json", "csv"):
             what = "one JSON list" if format == "json" else "one header and its rows"
             raise ConfigurationError(
@@ -409,18 +408,14 @@ class LogReport(Extension):
 
         Raises:
             ConfigurationError: ``format`` is unknown.
+            OptionalDependencyError: The ``'yaml'`` format without PyYAML installed.
             ValueError: The file is damaged elsewhere than in its last entry.
         """
         name = os.fspath(path)
-        fmt = infer_format(name) if format is None else format
-        if fmt not in LOG_REPORT_FORMATS:
-            raise ConfigurationError(
-                f"LogReport.read format must be one of {list(LOG_REPORT_FORMATS)}, got {fmt!r}"
-            )
+        fmt = _checked_format(format, name, "LogReport.read")
         with open(name, encoding="utf-8", newline="") as file_obj:
             text = file_obj.read()
         if fmt == "yaml":
-            _require_yaml()
             yaml: Any = importlib.import_module("yaml")
             return list(yaml.safe_load(text) or [])
         return read_entries(text, fmt, name)

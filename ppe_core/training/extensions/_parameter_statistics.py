@@ -114,9 +114,7 @@ class ParameterStatistics(Extension):
         self._report_trigger = get_trigger(trigger)
         self._summary = DictSummary()
 
-    @property
-    def default_name(self) -> str:
-        return "parameter_statistics"
+    default_name = "parameter_statistics"
 
     def register_statistics(self, name: str, function: StatisticFunction) -> None:
         """Adds (or replaces) a statistic.

@@ -38,10 +38,8 @@ class _ObserveValue(Extension):
         self.observation_key = observation_key
         self.target_func = target_func
 
-    @property
-    def default_name(self) -> str:
-        # PPE's name for these extensions; keeping it lets PPE snapshots load without warnings.
-        return "_observe_value"
+    # PPE's name for these extensions; keeping it lets PPE snapshots load without warnings.
+    default_name = "_observe_value"
 
     def __call__(self, manager: ManagerView) -> None:
         manager.observation[self.observation_key] = self.target_func(manager)
