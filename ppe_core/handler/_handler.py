@@ -132,7 +132,7 @@ class Handler(BaseHandler):
         super().__init__(logic, options)
         self._entry_runtime = entry_runtime
         self._modules: list[tuple[str, torch.nn.Module, BaseRuntime]] = []
-        self._discovered = False  # the per-step callbacks below are set (see _discover)
+        self._discovered = False  # True once _discover has set the per-step callback lists
         self._eval_initialized = False
 
     def consume_options(self, options: dict[str, Any]) -> None:

@@ -478,29 +478,26 @@ class Logic(ModelLogic, StagedSteps):
             return tensors
         tensors = []
         for key in (keys,) if isinstance(keys, str) else keys:
-            if key not in outputs:
-                warnings.warn(
-                    f"requested backward value: {key} is not among the model's outputs "
-                    f"{sorted(outputs)}, so it is skipped; fix backward_outputs or the model's "
-                    "outputs.",
-                    BackwardOutputWarning,
-                    stacklevel=2,
-                )
-                continue
-            value = outputs[key]
+            value = outputs.get(key)
             if not isinstance(value, torch.Tensor) or value.grad_fn is None:
-                what = (
-                    "does not require grad"
-                    if isinstance(value, torch.Tensor)
-                    else f"is a {type(value).__name__}, not a tensor"
-                )
-                warnings.warn(
-                    f"the backward output {key!r} {what}, so it is skipped and nothing is "
-                    "backpropagated for it; compute it from the parameters with autograd "
-                    "enabled (not under torch.no_grad(), not .detach()ed or .item()ed).",
-                    BackwardOutputWarning,
-                    stacklevel=2,
-                )
+                if key not in outputs:
+                    skipped = (
+                        f"requested backward value: {key} is not among the model's outputs "
+                        f"{sorted(outputs)}, so it is skipped; fix backward_outputs or the "
+                        "model's outputs."
+                    )
+                else:
+                    what = (
+                        "does not require grad"
+                        if isinstance(value, torch.Tensor)
+                        else f"is a {type(value).__name__}, not a tensor"
+                    )
+                    skipped = (
+                        f"the backward output {key!r} {what}, so it is skipped and nothing is "
+                        "backpropagated for it; compute it from the parameters with autograd "
+                        "enabled (not under torch.no_grad(), not .detach()ed or .item()ed)."
+                    )
+                warnings.warn(skipped, BackwardOutputWarning, stacklevel=2)
                 continue
             if self._backward_fn is None and value.numel() != 1:
                 raise ModelOutputError(
