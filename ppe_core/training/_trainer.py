@@ -175,9 +175,10 @@ class Trainer:
         self._manager: ExtensionsManager | None = None
         self._state = TrainerState(lambda: getattr(self.handler, "runtimes", []))
         self._pending_state: dict[str, Any] | None = None
-        self._evaluator_extensions = [
-            _EvaluatorExtension(self, evaluator) for evaluator, _ in self._evaluators.values()
-        ]
+        self._evaluator_extensions = {
+            name: _EvaluatorExtension(self, evaluator)
+            for name, (evaluator, _) in self._evaluators.items()
+        }
         for extension in extensions or []:
             self.extend(extension)
 
@@ -335,10 +336,8 @@ class Trainer:
         # PPE's trainer also reports each step's duration as ``elapsed_time``; ppe-core leaves
         # it out (docs/migration.md): LogReport/PrintReport overwrite the key with the run's
         # elapsed time anyway, and it would cost clock reads and a summary entry per step.
-        for name, (_, trigger), extension in zip(
-            self._evaluators, self._evaluators.values(), self._evaluator_extensions, strict=True
-        ):
-            manager.extend(extension, name=name, trigger=trigger)
+        for name, extension in self._evaluator_extensions.items():
+            manager.extend(extension, name=name, trigger=self._evaluators[name][1])
         for extension, extension_kwargs in self._extensions:
             manager.extend(extension, **extension_kwargs)
         if iters_per_epoch is None:
@@ -402,7 +401,7 @@ class Trainer:
         sized = iters_per_epoch is not None
         if val_loader is not None:
             eval_len = optional_length(val_loader, eval_len, "eval_len")
-        for extension in self._evaluator_extensions:
+        for extension in self._evaluator_extensions.values():
             extension.loader, extension.eval_len = val_loader, eval_len
         manager = self._manager or self._setup_manager(iters_per_epoch)
         handler: Any = self.handler
