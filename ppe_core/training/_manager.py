@@ -800,9 +800,8 @@ class ExtensionsManager(ManagerState):
         """
         if self._run_lock is not None or self.writer is None or not self._schedule.entries:
             return
-        out = self.out or "."
-        if os.path.isdir(out):
-            self._run_lock = acquire_run_lock(out)
+        if os.path.isdir(self.out or "."):
+            self._run_lock = acquire_run_lock(self.out)
 
     def _release_run_lock(self) -> None:
         run_lock, self._run_lock = self._run_lock, None
