@@ -335,11 +335,8 @@ class Evaluator(Extension):
                 with reporter.scope(observation):
                     outputs = self._call_eval_func(batch)
                     for metric, takes_last in metrics:
-                        values = (
-                            metric(batch, outputs, is_last)
-                            if takes_last
-                            else metric(batch, outputs)
-                        )
+                        args = (batch, outputs, is_last) if takes_last else (batch, outputs)
+                        values = metric(*args)
                         if isinstance(values, Mapping):
                             report(values)
                 summary.add(observation)
