@@ -8,6 +8,7 @@ import numbers
 import operator
 import threading
 import weakref
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, SupportsFloat, TypeAlias
 
@@ -734,7 +735,8 @@ class DictSummary:
     __slots__ = ("_summaries",)
 
     def __init__(self) -> None:
-        self._summaries: dict[str, Summary] = {}
+        # A key's Summary is made when the key is first added.
+        self._summaries: defaultdict[str, Summary] = defaultdict(Summary)
 
     def add(self, d: Mapping[str, Any]) -> None:
         """Accumulates every scalar (or callable) entry of ``d``.
@@ -747,10 +749,7 @@ class DictSummary:
         for key, entry in d.items():
             if isinstance(entry, _Tensor):  # the per-step case
                 if entry.ndim == 0:
-                    summary = summaries.get(key)
-                    if summary is None:
-                        summary = summaries[key] = Summary()
-                    summary.add_tensor(entry)
+                    summaries[key].add_tensor(entry)
                 continue
             value = entry
             weight: Any = 1
@@ -761,12 +760,8 @@ class DictSummary:
                         f"but got {entry!r}; pass a scalar or a (value, scalar weight) pair"
                     )
                 value, weight = entry
-            if not (callable(value) or _is_scalar(value)):
-                continue
-            summary = summaries.get(key)
-            if summary is None:
-                summary = summaries[key] = Summary()
-            summary.add(value, weight)
+            if callable(value) or _is_scalar(value):
+                summaries[key].add(value, weight)
 
     def compute_mean(self) -> dict[str, Scalar]:
         """Returns the mean of every entry (tensors for tensor entries, without a sync)."""
@@ -815,8 +810,7 @@ class DictSummary:
         """Replaces all entries with those of :meth:`state_dict`."""
         self._summaries.clear()
         for name, state in to_load.items():
-            summary = self._summaries[name] = Summary()
-            summary.load_state_dict(state)
+            self._summaries[name].load_state_dict(state)
 
     def __add__(self, other: DictSummary) -> DictSummary:
         """Returns a new summary with both summaries' entries, merging shared keys."""
