@@ -17,7 +17,10 @@ log costs per step. The file is read back at the end to check it holds N + steps
 local ``mlflow server`` (SQLite store, a free port) that the section starts and stops, and of
 LogReport + ``WandbLogger`` offline (when wandb is installed), each with its client on a
 thread and in a sender process, in two settings: an entry every iteration (the worst case)
-and every 100 iterations (a realistic trigger). The timed window starts once the tracker's
+and every 100 iterations (a realistic trigger), and in two layouts of the CPUs: ``shared
+CPUs`` (training, the tracker's threads, its sender process and the server on every CPU) and
+``own core`` (the training thread alone on the first CPU, everything else on the others, as
+on a machine with cores to spare; only with two CPUs or more). The timed window starts once the tracker's
 run is open and its backlog sent (a sender process takes seconds to start). Three clocks: the
 training thread's CPU time (``time.thread_time``: what the step path pays), the process's CPU
 time (a worker thread's client included; a sender process's not) and wall time. The
@@ -31,6 +34,7 @@ installed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import re
@@ -41,6 +45,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -313,6 +318,57 @@ def _until_sending(tracker: Any, iteration: int) -> Any:
     return until_sending
 
 
+def _pin_process(pid: int, cpus: set[int]) -> None:
+    """Pins every thread of process ``pid`` and of its descendants to ``cpus``."""
+    try:
+        tids = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cpus)
+            with open(f"/proc/{pid}/task/{tid}/children", encoding="utf-8") as file_obj:
+                children = [int(child) for child in file_obj.read().split()]
+        except OSError:
+            continue
+        for child in children:
+            _pin_process(child, cpus)
+
+
+def _own_core_layout() -> tuple[set[int], set[int]] | None:
+    """(the training thread's CPU, every other CPU) for the ``own core`` layout, or None on
+    a machine with one CPU (or without sched_setaffinity)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    return {cpus[0]}, set(cpus[1:])
+
+
+def _take_own_core(tracker: Any, iteration: int, layout: tuple[set[int], set[int]]) -> Any:
+    """An extension that, at ``iteration`` (before the timed window, after the tracker is
+    sending), gives the training thread a CPU of its own: the process's other threads and the
+    tracker's sender process (with the server, pinned by the section) run on the others, as
+    on a machine with spare cores."""
+    mine, others = layout
+
+    @ppe.training.make_extension(
+        trigger=ppe.training.triggers.ManualScheduleTrigger([iteration], "iteration"),
+        priority=-1001,  # after _until_sending
+    )
+    def take_own_core(manager: Any) -> None:
+        me = threading.get_native_id()
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(int(tid), mine if int(tid) == me else others)
+        pid = getattr(tracker, "sender_pid", None)
+        if pid is not None:
+            _pin_process(pid, others)
+
+    return take_own_core
+
+
 def section_tracking(report: Any, args: argparse.Namespace) -> None:
     """Per-step time of LogReport + a tracker (MLflowLogger against a local server, W&B
     offline), on a thread and in a sender process, beside LogReport alone, with an entry
@@ -336,17 +392,25 @@ def section_tracking(report: Any, args: argparse.Namespace) -> None:
     server = MlflowServer(root)
     startup = time.perf_counter() - started
     factories = _tracker_variants(server.uri, root)
-    trackers: dict[tuple[int, str], list[Any]] = {}
+    trackers: dict[tuple[str, int, str], list[Any]] = {}
 
-    def variant(every: int, name: str) -> Callable[[], list[Any]]:
+    own_core = _own_core_layout()
+    layouts = ["shared CPUs"] + (["own core"] if own_core is not None else [])
+    every_cpu = set(os.sched_getaffinity(0)) if own_core is not None else set()
+
+    def variant(layout: str, every: int, name: str) -> Callable[[], list[Any]]:
         def extensions() -> list[Any]:
             log = ppe.training.extensions.LogReport(trigger=(every, "iteration"))
             factory = factories[name]
-            if factory is None:
-                return [log]
-            tracker = factory()
-            trackers.setdefault((every, name), []).append(tracker)
-            return [log, tracker, _until_sending(tracker, LOG_SKIP - 1)]
+            tracker = None if factory is None else factory()
+            chosen: list[Any] = [log]
+            if tracker is not None:
+                trackers.setdefault((layout, every, name), []).append(tracker)
+                chosen += [tracker, _until_sending(tracker, LOG_SKIP - 1)]
+            if layout == "own core":
+                assert own_core is not None
+                chosen.append(_take_own_core(tracker, LOG_SKIP - 1, own_core))
+            return chosen
 
         return extensions
 
@@ -354,42 +418,55 @@ def section_tracking(report: Any, args: argparse.Namespace) -> None:
         return "entry every iteration" if every == 1 else f"entry every {every} iterations"
 
     variants = {
-        (every, name): variant(every, name) for every in TRACKING_INTERVALS for name in factories
+        (layout, every, name): variant(layout, every, name)
+        for layout in layouts
+        for every in TRACKING_INTERVALS
+        for name in factories
     }
-    clocks: dict[tuple[int, str], list[Clocks]] = {key: [] for key in variants}
+    clocks: dict[tuple[str, int, str], list[Clocks]] = {key: [] for key in variants}
     try:
         for name in factories:  # warm-up: imports, the server's first requests
-            timed_run(data, 200, LOG_SKIP, variant(1, name), tempfile.mkdtemp(dir=root))
+            timed_run(
+                data, 200, LOG_SKIP, variant("shared CPUs", 1, name), tempfile.mkdtemp(dir=root)
+            )
         trackers.clear()
         for _ in range(repeats):
             for key, extensions in variants.items():  # interleaved: each set in the same minute
+                if own_core is not None:  # the server shares the CPUs, or leaves training its own
+                    _pin_process(
+                        server.process.pid, own_core[1] if key[0] == "own core" else every_cpu
+                    )
                 out = tempfile.mkdtemp(dir=root)
-                per_step, _ = timed_run(data, steps, LOG_SKIP, extensions, out)
+                try:
+                    per_step, _ = timed_run(data, steps, LOG_SKIP, extensions, out)
+                finally:
+                    if own_core is not None:
+                        os.sched_setaffinity(0, every_cpu)
                 clocks[key].append(per_step)
         counted = None if args.quick or not shutil.which("valgrind") else server.uri
         instructions = tracking_instructions(counted) if counted else {}
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
-    for (every, name), values in clocks.items():
+    for (layout, every, name), values in clocks.items():
         row = name if name == "LogReport alone" else f"LogReport + {name}"
         report.add(
             "tracking",
-            f"{row}, {label(every)}",
+            f"{row}, {label(every)}, {layout}",
             f"{suite.med_range([v[0] for v in values], 1e6)} us/step thread CPU",
             f"process CPU {suite.med_range([v[1] for v in values], 1e6)}, wall "
             f"{suite.med_range([v[2] for v in values], 1e6)}; {steps} steps, "
             f"{steps // every} entries, {repeats} run(s)",
         )
-    for (every, name), values in clocks.items():
+    for (layout, every, name), values in clocks.items():
         if name == "LogReport alone":
             continue
-        pairs = zip(values, clocks[every, "LogReport alone"], strict=True)
+        pairs = zip(values, clocks[layout, every, "LogReport alone"], strict=True)
         gap = [(t[0] - a[0], t[1] - a[1], t[2] - a[2]) for t, a in pairs]
-        sent = [tracker.report for tracker in trackers.get((every, name), [])]
+        sent = [tracker.report for tracker in trackers.get((layout, every, name), [])]
         report.add(
             "tracking",
-            f"{name} over LogReport alone, {label(every)}",
+            f"{name} over LogReport alone, {label(every)}, {layout}",
             f"+{suite.med_range([g[0] for g in gap], 1e6)} us/step thread CPU",
             f"per entry +{suite.med_range([g[0] * every for g in gap], 1e6)} us; process CPU "
             f"+{suite.med_range([g[1] for g in gap], 1e6)} us/step (the sender process not "

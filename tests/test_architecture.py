@@ -440,11 +440,13 @@ def test_ppe_paths_of_to_are_one_function() -> None:
     assert ppe_core.runtime.runtime_registry is ppe_core.plugins.get_plugin_host().runtimes
 
 
-# Device plugins are written against the public contract only ------------------------------
+# Plugins are written against the public contract only ---------------------------------------
 _PLUGIN_SOURCES = (
     ROOT.parent / "plugins" / "ppe_cpu" / "ppe_cpu",
     ROOT.parent / "plugins" / "ppe_cuda" / "ppe_cuda",
     ROOT.parent / "examples" / "ppe_example_device" / "ppe_example_device",
+    ROOT.parent / "plugins" / "ppe_mlflow" / "ppe_mlflow",
+    ROOT.parent / "plugins" / "ppe_wandb" / "ppe_wandb",
 )
 
 
@@ -527,6 +529,38 @@ def test_device_plugins_use_public_core_names_only(source: Path) -> None:
         if (uses := _private_core_uses(path, source.name))
     }
     assert not offending, f"{source.name} uses private ppe_core names: {offending}"
+
+
+def _foreign_private_reads(path: Path) -> list[str]:
+    """``obj._name`` where ``obj`` is not ``self`` (dunders aside): another object's fields."""
+    return [
+        f"line {node.lineno}: {ast.unparse(node)}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute)
+        and _private(node.attr)
+        and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+        and not (isinstance(node.value, ast.Name) and node.value.id in ("os", "sys"))
+    ]
+
+
+def test_the_foreign_field_check_sees_a_reach_in(tmp_path: Path) -> None:
+    source = tmp_path / "reach.py"
+    source.write_text("def f(tracker):\n    return tracker._counts, self._mine, os._exit\n")
+    assert _foreign_private_reads(source) == ["line 2: tracker._counts"]
+
+
+def test_the_sender_process_drives_a_tracker_through_its_public_methods() -> None:
+    """The parent's sender and the child's loop use BaseTracker's worker controls, report
+    and run id, and the callbacks the tracker hands them: never its fields."""
+    import ppe_core.tracking._child
+    import ppe_core.tracking._sender
+
+    offending = {
+        Path(module.__file__).name: uses
+        for module in (ppe_core.tracking._sender, ppe_core.tracking._child)
+        if module.__file__ and (uses := _foreign_private_reads(Path(module.__file__)))
+    }
+    assert not offending, f"the sender reaches into a tracker's fields: {offending}"
 
 
 @pytest.mark.slow  # a fresh interpreter imports torch

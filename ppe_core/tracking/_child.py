@@ -17,7 +17,7 @@ import threading
 import traceback
 from typing import IO, TYPE_CHECKING, Any
 
-from ppe_core.tracking._channel import Outbox, read_message, write_message
+from ppe_core.tracking._channel import TrackerReport, read_message, write_message
 
 if TYPE_CHECKING:
     from ppe_core.tracking._tracker import BaseTracker
@@ -51,7 +51,7 @@ def main() -> int:
     except Exception as exc:
         traceback.print_exc()
         message = f"the sender process could not rebuild the tracker: {type(exc).__name__}: {exc}"
-        send(("counts", 0, 0, 0, False, 0, message[:300], None))
+        send(("counts", TrackerReport(last_error=message[:300]), None))
         return 1
     return serve(tracker, protocol_in, send)
 
@@ -60,43 +60,22 @@ def serve(tracker: BaseTracker, protocol_in: IO[bytes], send: Any) -> int:
     """Feeds the parent's batches to the tracker's worker; reports every count change."""
 
     def report() -> None:
-        counts = tracker._counts
-        send(
-            (
-                "counts",
-                counts.sent,
-                counts.failed,
-                counts.skipped,
-                counts.params_sent,
-                counts.artifacts_sent,
-                counts.last_error,
-                tracker._run_id,
-            )
-        )
+        send(("counts", tracker.report, tracker.run_id))
 
-    tracker._on_counts = report
-    # Batches arrive whole from the parent, which waited for them to fill: no second wait.
-    outbox = tracker._outbox = Outbox(tracker._queue_size, tracker._batch_size, 0.0)
-    worker = threading.Thread(target=tracker._work, name="ppe-tracker-sender", daemon=True)
-    worker.start()
+    # Batches arrive whole from the parent, which waited for them to fill (no second wait)
+    # and bounds what is unsent (the child's outbox never refuses one).
+    outbox = tracker.start_worker(0.0, capacity=sys.maxsize, on_counts=report)
     while True:
         message = read_message(protocol_in)
         if message is None:  # the parent died: a short flush, the run marked failed
-            tracker._run_failed = True
-            outbox.close()
-            worker.join(ORPHAN_FLUSH)
-            tracker._abandon.set()
-            worker.join(1)
+            tracker.stop_worker(ORPHAN_FLUSH, failed=True, grace=1.0)
             sys.stderr.flush()
             os._exit(0)
         if message[0] == "batch":
-            lost = sum(1 for entry in message[1] if not outbox.offer(entry))
-            if lost:  # the parent bounds what is unsent, so this does not happen
-                tracker._add(failed=lost)
+            for entry in message[1]:
+                outbox.offer(entry)
         elif message[0] == "close":
-            tracker._run_failed = bool(message[1])
-            outbox.close()
-            worker.join()
+            tracker.stop_worker(None, failed=bool(message[1]))
             report()
             send(("done",))
             return 0

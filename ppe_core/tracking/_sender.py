@@ -7,14 +7,16 @@ process that holds torch's threads. Messages are length-prefixed pickles:
 * parent -> child (stdin): ``("start", sys_path, tracker_pickle)`` once, then
   ``("batch", entries)`` per batch and ``("close", failed)`` at the end. EOF without
   ``close`` means the parent died: the child gives its worker a few seconds and exits.
-* child -> parent (stdout): ``("counts", sent, failed, skipped, params_sent,
-  artifacts_sent, last_error, run_id)`` whenever a count changes, and ``("done",)`` after
+* child -> parent (stdout): ``("counts", report, run_id)`` (a :class:`TrackerReport`)
+  whenever a count changes, and ``("done",)`` after
   the run closed. The child's own stdout goes to its stderr, which the parent forwards to
   its ``sys.stderr`` and keeps the tail of for its report.
 
 The child rebuilds the tracker from the pickle (``BaseTracker.__getstate__`` leaves the
 runtime state out) and runs the same worker as the thread mode: retries, skips on resume,
-artifacts and ``close_run`` behave alike.
+artifacts and ``close_run`` behave alike. Neither side touches the tracker's fields: the
+parent reports through the two callbacks the tracker hands it, the child drives the worker
+through ``BaseTracker.start_worker``/``stop_worker`` and reads ``report`` and ``run_id``.
 """
 
 from __future__ import annotations
@@ -28,10 +30,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ppe_core.tracking._channel import COUNTS_LOCK, TrackerReport, read_message, write_message
+from ppe_core.tracking._channel import TrackerReport, read_message, write_message
 
 if TYPE_CHECKING:
     from ppe_core.tracking._tracker import BaseTracker
@@ -67,17 +69,31 @@ class ProcessSender:
     child's stderr.
     """
 
-    def __init__(self, tracker: BaseTracker, label: str) -> None:
+    def __init__(
+        self,
+        tracker: BaseTracker,
+        label: str,
+        *,
+        capacity: int,
+        batch_size: int,
+        interval: float,
+        on_report: Callable[[TrackerReport, str | None], None],
+        on_error: Callable[[str], None],
+    ) -> None:
         self._tracker = tracker
-        self._capacity = tracker._queue_size
-        self._batch_size = tracker._batch_size
-        self._interval = tracker._send_interval
+        self._capacity = capacity
+        self._batch_size = batch_size
+        self._interval = interval
+        self._on_report = on_report
+        self._on_error = on_error
+        self._child_report = TrackerReport()
+        self._counts_lock = threading.Lock()
+        self._run_id: str | None = None
         self._items: collections.deque[Mapping[str, Any]] = collections.deque()
         self._wake = threading.Event()
         self._offered = 0  # training thread only
         self._done = 0  # reader only: entries the child sent, refused or skipped
         self._orphaned = 0  # pump only: entries it could not hand to the child
-        self._child_failed = 0
         self._closing = False
         self._close_failed = False
         self._finished = False
@@ -155,7 +171,7 @@ class ProcessSender:
                     write_message(stdin, ("start", list(sys.path), payload))
                 except Exception as exc:
                     broken = True
-                    self._tracker._update(last_error=f"{type(exc).__name__}: {exc}"[:300])
+                    self._on_error(f"{type(exc).__name__}: {exc}")
             deadline = time.monotonic() + self._interval
             while not self._closing and len(items) < self._batch_size:
                 remaining = deadline - time.monotonic()
@@ -185,16 +201,21 @@ class ProcessSender:
             pass
 
     def _orphan(self, count: int) -> None:
-        tracker = self._tracker
-        with COUNTS_LOCK:
+        with self._counts_lock:
             self._orphaned += count
-            counts = tracker._counts
-            tracker._counts = dataclasses.replace(counts, failed=counts.failed + count)
+            self._report()
+
+    def _report(self) -> None:
+        # Under _counts_lock (the pump and the reader both report, one at a time, so an older
+        # report never overwrites a newer one): the child's counts, with the entries it never
+        # got as failed.
+        child = self._child_report
+        counts = dataclasses.replace(child, failed=child.failed + self._orphaned)
+        self._on_report(counts, self._run_id)
 
     def _read_counts(self) -> None:
         stdout = self.process.stdout
         assert stdout is not None
-        tracker = self._tracker
         try:
             while True:
                 message = read_message(stdout)
@@ -203,33 +224,25 @@ class ProcessSender:
                 if message[0] == "done":
                     self._finished = True
                 elif message[0] == "counts":
-                    _, sent, failed, skipped, params_sent, artifacts, last_error, run_id = message
-                    with COUNTS_LOCK:
-                        self._child_failed = failed
-                        counts = tracker._counts
-                        tracker._counts = TrackerReport(
-                            sent=sent,
-                            failed=failed + self._orphaned,
-                            skipped=skipped,
-                            unsent=counts.unsent,
-                            params_sent=params_sent,
-                            artifacts_sent=artifacts,
-                            last_error=last_error,
-                            timed_out=counts.timed_out,
-                        )
+                    _, child, run_id = message
+                    if not isinstance(child, TrackerReport):
+                        raise TypeError(f"a sender process reported {type(child).__name__}")
+                    with self._counts_lock:
+                        self._child_report = child
                         if run_id is not None:
-                            tracker._run_id = run_id
-                        self._done = sent + failed + skipped
+                            self._run_id = str(run_id)
+                        self._report()
+                        self._done = child.sent + child.failed + child.skipped
         except Exception as exc:  # a garbled message: the child is no use any more
             self.process.kill()
-            tracker._update(last_error=f"{type(exc).__name__}: {exc}"[:300])
+            self._on_error(f"{type(exc).__name__}: {exc}")
         stdout.close()
         code = self.process.wait()
         if not self._finished:
             self._stderr_done.wait(5)
             tail = [line for line in self._stderr_tail if line.strip()]
             detail = f": {tail[-1].strip()}" if tail else ""
-            tracker._update(last_error=f"the sender process exited with code {code}{detail}"[:300])
+            self._on_error(f"the sender process exited with code {code}{detail}")
         self._ended.set()
 
     def _forward_stderr(self) -> None:

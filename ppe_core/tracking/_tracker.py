@@ -379,7 +379,15 @@ class BaseTracker(Extension):
         if self._sender_mode == "process":
             reason = unsendable_reason(self)
             if not reason:
-                self._process = ProcessSender(self, self._label())
+                self._process = ProcessSender(
+                    self,
+                    self._label(),
+                    capacity=self._queue_size,
+                    batch_size=self._batch_size,
+                    interval=self._send_interval,
+                    on_report=self._take_sender_report,
+                    on_error=self._take_sender_error,
+                )
                 self._sender_pid = self._process.pid
                 self._offer = self._process.offer
                 return
@@ -391,10 +399,7 @@ class BaseTracker(Extension):
                 TrackerWarning,
                 stacklevel=2,
             )
-        self._worker = threading.Thread(
-            target=self._work, name=f"ppe-tracker-{self.name or type(self).__name__}", daemon=True
-        )
-        self._worker.start()
+        self.start_worker(self._send_interval)
 
     def __call__(self, manager: ManagerView) -> None:
         """Queues the entries LogReport emitted since the last call; never waits."""
@@ -464,7 +469,7 @@ class BaseTracker(Extension):
         worker, process = self._worker, self._process
         if worker is None and process is None:
             return
-        self._worker = self._process = None
+        self._process = None
         if self._log_report is not None:
             self._queue_new(self._log_report)
         deadline = time.monotonic() + self._flush_timeout
@@ -476,12 +481,7 @@ class BaseTracker(Extension):
         if process is not None:
             timed_out = process.finish(self._run_failed, remaining)
         else:
-            assert worker is not None
-            self._outbox.close()
-            worker.join(remaining)
-            timed_out = worker.is_alive()
-            if timed_out:
-                self._abandon.set()
+            timed_out = self.stop_worker(remaining)
         counts = self.report
         unsent = counts.queued - counts.sent - counts.failed - counts.skipped
         self._update(unsent=unsent, timed_out=timed_out)
@@ -543,6 +543,73 @@ class BaseTracker(Extension):
             self._restored = True
 
     # ----------------------------------------------------------------------- the worker
+
+    # The sending worker's controls: the thread mode's, and a sender process's child runs the
+    # same worker through them (``_child``), so neither reaches into the tracker's fields.
+
+    def start_worker(
+        self,
+        interval: float,
+        *,
+        capacity: int | None = None,
+        on_counts: Callable[[], None] | None = None,
+    ) -> _Outbox:
+        """Starts the sending worker on a fresh outbox and returns the outbox to fill.
+
+        Args:
+            interval: Seconds an entry waits for its batch to fill (0: batches arrive whole).
+            capacity: Entries the outbox holds (default ``queue_size``).
+            on_counts: Called after every change of :attr:`report` (the child reports it).
+        """
+        self._outbox = _Outbox(
+            self._queue_size if capacity is None else capacity, self._batch_size, interval
+        )
+        self._offer = self._outbox.offer
+        self._on_counts = on_counts
+        self._worker = threading.Thread(
+            target=self._work, name=f"ppe-tracker-{self._label()}", daemon=True
+        )
+        self._worker.start()
+        return self._outbox
+
+    def stop_worker(
+        self, timeout: float | None, *, failed: bool | None = None, grace: float = 0.0
+    ) -> bool:
+        """Lets the worker send what is queued, close the run and stop; True when it was
+        still sending after ``timeout`` seconds and was abandoned (given ``grace`` more
+        seconds to close the run).
+
+        Args:
+            timeout: Seconds to wait for the queue to drain (None: as long as it takes).
+            failed: Whether the run failed, when known here (the child learns it last).
+            grace: Seconds an abandoned worker gets to close the run.
+        """
+        if failed is not None:
+            self._run_failed = failed
+        worker, self._worker = self._worker, None
+        self._outbox.close()
+        if worker is None:
+            return False
+        worker.join(timeout)
+        if not worker.is_alive():
+            return False
+        self._abandon.set()
+        worker.join(grace)
+        return True
+
+    def _take_sender_report(self, counts: TrackerReport, run_id: str | None) -> None:
+        # A sender process's counts (its entries lost in the pipe counted as failed); what
+        # only the parent knows (unsent, timed_out) is kept.
+        with _COUNTS_LOCK:
+            current = self._counts
+            self._counts = dataclasses.replace(
+                counts, unsent=current.unsent, timed_out=current.timed_out
+            )
+            if run_id is not None:
+                self._run_id = run_id
+
+    def _take_sender_error(self, message: str) -> None:
+        self._update(last_error=message[:300])
 
     def _label(self) -> str:
         return self.name or type(self).__name__
