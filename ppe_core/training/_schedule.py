@@ -206,7 +206,7 @@ class Schedule:
                     continue
                 if due < earliest:
                     earliest = due
-                if due < state_due and slot.entry.needs_model_state:
+                if slot.entry.needs_model_state and due < state_due:
                     state_due = due
             for slot in deferred:
                 self.call(manager, slot)

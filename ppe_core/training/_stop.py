@@ -107,8 +107,10 @@ class StopCondition:
     def after_iteration(self, manager: ManagerView, iteration: int, iters_per_epoch: int) -> bool:
         """The manager's check once an iteration's extensions ran; True: training is over."""
         # An extension may have read manager.stop_trigger at this iteration already, moving
-        # ``due`` past it: its answer (repeated by read) still counts.
-        self.reached = self.read(manager, iteration, iters_per_epoch)
+        # ``due`` past it: its answer (repeated by consult) still counts.
+        due = self.due <= iteration or iteration == self._checked_at
+        if due and self.consult(manager, iteration, iters_per_epoch):
+            self.reached = True
         return self.reached
 
     def read(self, manager: ManagerView, iteration: int, iters_per_epoch: int) -> bool:
