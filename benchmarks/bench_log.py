@@ -20,8 +20,9 @@ thread and in a sender process, in two settings: an entry every iteration (the w
 and every 100 iterations (a realistic trigger), and in two layouts of the CPUs: ``shared
 CPUs`` (training, the tracker's threads, its sender process and the server on every CPU) and
 ``own core`` (the training thread alone on the first CPU, everything else on the others, as
-on a machine with cores to spare; only with two CPUs or more). The timed window starts once the tracker's
-run is open and its backlog sent (a sender process takes seconds to start). Three clocks: the
+on a machine with cores to spare; only with two CPUs or more). The timed window starts after
+the first entry, once the tracker's run is open and its backlog sent (a sender process takes
+seconds to start). Three clocks: the
 training thread's CPU time (``time.thread_time``: what the step path pays), the process's CPU
 time (a worker thread's client included; a sender process's not) and wall time. The
 tracker's cost is given per step and per entry. Then, unless ``--quick`` or without
@@ -298,6 +299,12 @@ def _tracker_variants(uri: str, root: str) -> dict[str, Callable[[], Any] | None
     return variants
 
 
+def _tracking_skip(every: int) -> int:
+    """Steps before the timed window of the ``tracking`` section: past the first entry (the
+    run opens, a sender process starts, at the first entry), then LOG_SKIP more."""
+    return LOG_SKIP if every == 1 else every + LOG_SKIP
+
+
 def _until_sending(tracker: Any, iteration: int) -> Any:
     """An extension that waits, at ``iteration`` (before the timed window), until the
     tracker's run is open and what it queued is sent: the window times the steady state,
@@ -406,10 +413,10 @@ def section_tracking(report: Any, args: argparse.Namespace) -> None:
             chosen: list[Any] = [log]
             if tracker is not None:
                 trackers.setdefault((layout, every, name), []).append(tracker)
-                chosen += [tracker, _until_sending(tracker, LOG_SKIP - 1)]
+                chosen += [tracker, _until_sending(tracker, _tracking_skip(every) - 1)]
             if layout == "own core":
                 assert own_core is not None
-                chosen.append(_take_own_core(tracker, LOG_SKIP - 1, own_core))
+                chosen.append(_take_own_core(tracker, _tracking_skip(every) - 1, own_core))
             return chosen
 
         return extensions
@@ -438,7 +445,7 @@ def section_tracking(report: Any, args: argparse.Namespace) -> None:
                     )
                 out = tempfile.mkdtemp(dir=root)
                 try:
-                    per_step, _ = timed_run(data, steps, LOG_SKIP, extensions, out)
+                    per_step, _ = timed_run(data, steps, _tracking_skip(key[1]), extensions, out)
                 finally:
                     if own_core is not None:
                         os.sched_setaffinity(0, every_cpu)
