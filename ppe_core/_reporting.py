@@ -8,7 +8,6 @@ import numbers
 import operator
 import threading
 import weakref
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, SupportsFloat, TypeAlias
 
@@ -559,7 +558,8 @@ class Summary:
             return None
         if not value.is_floating_point():  # compute_mean's dtype, then to_floats' read
             value = value.to(_result_dtype(value.dtype))
-        return float(value.item())
+        number: float = value.item()  # a float already: no float() call per entry
+        return number
 
     def compute_mean(self) -> Scalar:
         """Returns the weighted mean, a tensor on the values' device if any value was one.
@@ -572,7 +572,10 @@ class Summary:
             # One tensor of weight 1 (LogReport with an entry per iteration): the mean is the
             # value, what the reduction gives too, without its dozen tensor operations. A copy,
             # so the result never aliases the reported tensor.
-            return value.reshape(()).to(_result_dtype(value.dtype), copy=True)
+            if value.ndim != 0:
+                value = value.reshape(())
+            dtype = _result_dtype(value.dtype)
+            return value.clone() if value.dtype == dtype else value.to(dtype)
         moments = self._moments()
         if moments is None:
             return self._host_mean()
@@ -716,6 +719,12 @@ def to_floats(values: Mapping[str, Any]) -> dict[str, Any]:
         elif value.__class__ is not float and _is_scalar(value):
             result[key] = float(value)
     for keys in by_device.values():
+        if len(keys) == 1:  # one copy to the host either way: no stack (a third of the cost)
+            tensor = result[keys[0]].detach()
+            if not tensor.is_floating_point():  # floats widen exactly; others as below
+                tensor = tensor.to(torch.promote_types(tensor.dtype, _MIN_SUM_DTYPE))
+            result[keys[0]] = float(tensor.item())
+            continue
         tensors = [result[key].detach().reshape(()) for key in keys]
         dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors), _MIN_SUM_DTYPE)
         result.update(zip(keys, torch.stack([t.to(dtype) for t in tensors]).tolist(), strict=True))
@@ -736,7 +745,7 @@ class DictSummary:
 
     def __init__(self) -> None:
         # A key's Summary is made when the key is first added.
-        self._summaries: defaultdict[str, Summary] = defaultdict(Summary)
+        self._summaries: dict[str, Summary] = {}
 
     def add(self, d: Mapping[str, Any]) -> None:
         """Accumulates every scalar (or callable) entry of ``d``.
@@ -749,7 +758,11 @@ class DictSummary:
         for key, entry in d.items():
             if isinstance(entry, _Tensor):  # the per-step case
                 if entry.ndim == 0:
-                    summaries[key].add_tensor(entry)
+                    # get, then create: a defaultdict's __missing__ costs more per entry.
+                    summary = summaries.get(key)
+                    if summary is None:
+                        summary = summaries[key] = Summary()
+                    summary.add_tensor(entry)
                 continue
             value = entry
             weight: Any = 1
@@ -761,7 +774,10 @@ class DictSummary:
                     )
                 value, weight = entry
             if callable(value) or _is_scalar(value):
-                summaries[key].add(value, weight)
+                summary = summaries.get(key)
+                if summary is None:
+                    summary = summaries[key] = Summary()
+                summary.add(value, weight)
 
     def compute_mean(self) -> dict[str, Scalar]:
         """Returns the mean of every entry (tensors for tensor entries, without a sync)."""
@@ -776,10 +792,15 @@ class DictSummary:
         same. Otherwise (several values, weights, host numbers, another device, where one
         batched copy per device beats a read per entry) it is ``to_floats(compute_mean())``.
         """
-        values = [summary.lone_cpu_value() for summary in self._summaries.values()]
-        if None in values:
-            return to_floats(self.compute_mean())
-        return dict(zip(self._summaries, values, strict=True))
+        # A plain loop: the entry of a per-iteration LogReport runs it (a comprehension, a
+        # None search and a zip cost twice as much).
+        result: dict[str, Any] = {}
+        for name, summary in self._summaries.items():
+            value = summary.lone_cpu_value()
+            if value is None:
+                return to_floats(self.compute_mean())
+            result[name] = value
+        return result
 
     def make_statistics(self) -> dict[str, Scalar]:
         """Returns ``{key: mean, key + ".std": std}`` for every entry (PPE's types)."""
@@ -810,7 +831,8 @@ class DictSummary:
         """Replaces all entries with those of :meth:`state_dict`."""
         self._summaries.clear()
         for name, state in to_load.items():
-            self._summaries[name].load_state_dict(state)
+            summary = self._summaries[name] = Summary()
+            summary.load_state_dict(state)
 
     def __add__(self, other: DictSummary) -> DictSummary:
         """Returns a new summary with both summaries' entries, merging shared keys."""
