@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import random
 from pathlib import Path
 from typing import Any
 
@@ -296,32 +297,53 @@ def test_json_log_text_is_json_dumps_with_indent_byte_for_byte(
         assert (tmp_path / "more").read_text() == json.dumps(entries, indent=4)
 
 
+def _random_entries(
+    *,
+    seed: int,
+    numbers: list[Any],
+    keys: list[str],
+    suffixes: list[str],
+    width: int,
+    exponents: int,
+) -> list[dict[str, Any]]:
+    """2,000 entries of 1 to ``width`` keys (``keys`` + a suffix): half picked from
+    ``numbers`` (a tenth from non-numbers: bools, None, strings, nan, inf, a huge int), half
+    random floats scaled by 10**(-exponents..exponents)."""
+
+    others = [True, None, "x%s", float("nan"), float("inf"), 10**400]
+    rng = random.Random(seed)
+    entries = []
+    for _ in range(2_000):
+        entry: dict[str, Any] = {}
+        for _ in range(rng.randint(1, width)):
+            pool = others if rng.random() < 0.1 else numbers
+            value = (
+                rng.choice(pool)
+                if rng.random() < 0.5
+                else rng.random() * 10.0 ** rng.randint(-exponents, exponents)
+            )
+            entry[rng.choice(keys) + rng.choice(suffixes)] = value
+        entries.append(entry)
+    return entries
+
+
 def test_number_entries_skip_the_json_encoder_and_keep_its_text(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Entries of finite floats and ints (LogReport's) are formatted from a template of their
     keys, encoded once; the text is still json.dumps' own, byte for byte."""
-    import random
     import sys
 
     from ppe_core.training.extensions import _log_formats
 
-    numbers = [0.1, -0.0, 1e22, 5e-324, 1.7976931348623157e308, 3, -7, 10**30]
-    others = [True, None, "x%s", float("nan"), float("inf"), 10**400]
-    keys = ["train/loss", "a%b", 'q"uote', "\u00e9\n", "%r"]
-    rng = random.Random(25)
-    entries = []
-    for _ in range(2_000):
-        entry: dict[str, Any] = {}
-        for _ in range(rng.randint(1, 5)):
-            pool = others if rng.random() < 0.1 else numbers
-            value = (
-                rng.choice(pool)
-                if rng.random() < 0.5
-                else rng.random() * 10.0 ** rng.randint(-9, 9)
-            )
-            entry[rng.choice(keys) + str(rng.randint(0, 2))] = value
-        entries.append(entry)
+    entries = _random_entries(
+        seed=25,
+        numbers=[0.1, -0.0, 1e22, 5e-324, 1.7976931348623157e308, 3, -7, 10**30],
+        keys=["train/loss", "a%b", 'q"uote', "\u00e9\n", "%r"],
+        suffixes=["0", "1", "2"],
+        width=5,
+        exponents=9,
+    )
     expected = [(json.dumps(e) + "\n", json.dumps([e], indent=4)[2:-2]) for e in entries]
     encoded: list[dict[str, Any]] = []
     for name in ("_encode_line", "_encode_indented"):
@@ -351,27 +373,18 @@ def test_number_entries_skip_yamls_emitter_and_keep_its_text(
     """A YAML log's per-iteration item of finite floats and ints comes from a template of its
     keys (checked once against PyYAML's dump), byte for byte ``yaml.safe_dump([entry])``;
     keys PyYAML quotes or writes in another style, and other values, keep PyYAML's emitter."""
-    import random
 
     yaml = pytest.importorskip("yaml")
     from ppe_core.training.extensions import _log_formats
 
-    numbers = [0.1, -0.0, 1e17, 1e16, 1e22, 5e-324, 1e-05, 3, -7, 10**30, 0, 1.0]
-    others = [True, None, "x%s", float("nan"), float("inf"), 10**400]
-    keys = ["train/loss", "a%b", "1", "true", "null", "- x", "a: b", "#c", "k" * 130, "", "~"]
-    rng = random.Random(22)
-    entries = []
-    for _ in range(2_000):
-        entry: dict[str, Any] = {}
-        for _ in range(rng.randint(1, 6)):
-            pool = others if rng.random() < 0.1 else numbers
-            value = (
-                rng.choice(pool)
-                if rng.random() < 0.5
-                else rng.random() * 10.0 ** rng.randint(-30, 30)
-            )
-            entry[rng.choice(keys) + rng.choice(["", "0"])] = value
-        entries.append(entry)
+    entries = _random_entries(
+        seed=22,
+        numbers=[0.1, -0.0, 1e17, 1e16, 1e22, 5e-324, 1e-05, 3, -7, 10**30, 0, 1.0],
+        keys=["train/loss", "a%b", "1", "true", "null", "- x", "a: b", "#c", "k" * 130, "", "~"],
+        suffixes=["", "0"],
+        width=6,
+        exponents=30,
+    )
     pairs = [(entry, _log_formats.yaml_number_item(entry)) for entry in entries]
     fast = [(text, yaml.safe_dump([entry])) for entry, text in pairs if text is not None]
     assert [text for text, _ in fast] == [dumped for _, dumped in fast]
