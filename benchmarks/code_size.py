@@ -96,14 +96,16 @@ FILES: dict[str, tuple[str, str]] = {
     "ppe_core/runtime/_device.py": (
         SAME,
         "DeviceRuntime: device, autocast and grad scaler as PPE's PyTorchRuntime, plus the "
-        "declared options device plugins share (channels_last, compile, ...)",
+        "options device plugins share applied where modules move and batches convert",
     ),
     "ppe_core/runtime/_execute.py": (SAME, "code blocks and their execution"),
     "ppe_core/runtime/_map.py": (COMPAT, "PPE's path of ppe.map"),
-    "ppe_core/runtime/_options.py": (
-        SAME,
-        "autocast arguments (PPE's runtime/_autocast.py), plus the module and batch options "
-        "device plugins share (channels_last, compile)",
+    "ppe_core/runtime/_options.py": (SAME, "autocast arguments (PPE's runtime/_autocast.py)"),
+    "ppe_core/runtime/_shared_options.py": (
+        BEYOND,
+        "the options device plugins share that PPE's runtimes lack: autocast over a module's "
+        "forward, channels_last, compile in place, non-blocking copies, and their typed specs "
+        "(PPE: autocast and grad_scaler for code blocks only)",
     ),
     "ppe_core/runtime/_option_specs.py": (
         BEYOND,
@@ -120,16 +122,24 @@ FILES: dict[str, tuple[str, str]] = {
     "ppe_core/handler/_diagnostics.py": (
         BEYOND,
         "explained user errors PPE leaves to PyTorch or lets pass: a batch that does not fit "
-        "forward or the model's dtype, a first step that trains nothing, Logic options of the "
-        "wrong type, an unknown model or optimizer name, an optimizer holding none of the "
-        "models' parameters",
+        "forward or the model's dtype, a first step that trains nothing, a backward output "
+        "that is missing, has no graph or is not a scalar (PPE: a bare warning, silence, "
+        "torch's error), Logic and Handler options of the wrong type, autocast on a device "
+        "type without it, an unknown model or optimizer name, an optimizer holding none of the "
+        "models' parameters, report keys the outputs lack (PPE: a bare KeyError)",
     ),
-    "ppe_core/handler/_grad_sync.py": (BEYOND, "DDP/FSDP2 no-sync switch for accumulation"),
+    "ppe_core/handler/_accumulation.py": (
+        BEYOND,
+        "gradient accumulation (grad_accumulation_steps): windows cut at the epoch's end, "
+        "losses divided by the window, DDP/FSDP2's gradient sync skipped inside it (PPE has "
+        "no accumulation)",
+    ),
     "ppe_core/handler/_logic.py": (SAME, "BaseLogic, Logic, ClousureLogic"),
     "ppe_core/handler/_optimizer_targets.py": (
         BEYOND,
         "several optimizers per model: each one's model, loss and grad scaler, and the "
-        "Logic's staged step",
+        "Logic's staged step; the optimizers CodeBlockLogic steps, those holding its model's "
+        "parameters or named (PPE: every optimizer of the trainer)",
     ),
     # training: the engine
     "ppe_core/_active_host.py": (

@@ -16,6 +16,7 @@ import torch
 
 from ppe_core.errors import ArgumentTypeError, CodeBlockError, ConfigurationError, NoRuntimeError
 from ppe_core.handler._logic import ModelLogic
+from ppe_core.handler._optimizer_targets import code_block_optimizers, parse_optimizer_names
 from ppe_core.runtime import get_runtime
 from ppe_core.runtime._execute import CodeBlock
 
@@ -126,14 +127,7 @@ class CodeBlockLogic(ModelLogic):
         self.backward_outputs: str | None = key
         names = options.pop("optimizers", None)
         if names is not None:
-            if isinstance(names, (Mapping, str)) or not all(isinstance(n, str) for n in names):
-                raise ConfigurationError(
-                    f"CodeBlockLogic option 'optimizers' must be a list of optimizer names, got "
-                    f"{names!r}; e.g. options={{'optimizers': ['adam', 'sgd']}}. A code block "
-                    "steps them all on one loss; a loss, model or grad scaler per optimizer "
-                    "needs ppe.handler.Logic's 'optimizers' option"
-                )
-            self._optimizer_names = tuple(names)
+            self._optimizer_names = parse_optimizer_names(names)
         # (model, optimizers' items) -> the optimizers to step: chosen once per pair.
         self._targeted: tuple[Any, list[torch.optim.Optimizer]] | None = None
 
@@ -145,48 +139,11 @@ class CodeBlockLogic(ModelLogic):
         batch: Any,
     ) -> Any:
         model = self._model(models)
-        block = update_parameters(
-            model, self._targeted_optimizers(model, optimizers), self.backward_outputs
-        )
-        return block(batch)
-
-    def _targeted_optimizers(
-        self, model: torch.nn.Module, optimizers: Mapping[str, torch.optim.Optimizer]
-    ) -> list[torch.optim.Optimizer]:
         key = (model, tuple(optimizers.items()))
-        cached = self._targeted
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        held = {id(p) for p in model.parameters()}
-
-        def holds(optimizer: torch.optim.Optimizer) -> bool:
-            return any(id(p) in held for g in optimizer.param_groups for p in g["params"])
-
-        names = self._optimizer_names
-        if names is None:
-            chosen = [o for o in optimizers.values() if holds(o)]
-            if not chosen and optimizers:
-                raise ConfigurationError(
-                    f"none of the optimizers {sorted(optimizers)} holds parameters of the model "
-                    f"{self.model_name!r} CodeBlockLogic trains, so nothing would learn; build "
-                    "one from that model's parameters, or set model_name to the model they train"
-                )
-        else:
-            unknown = [n for n in names if n not in optimizers]
-            if unknown:
-                raise ConfigurationError(
-                    f"CodeBlockLogic option 'optimizers' names {unknown}, but the trainer's "
-                    f"optimizers are named {sorted(optimizers)}"
-                )
-            chosen = [optimizers[n] for n in names]
-            idle = [n for n in names if not holds(optimizers[n])]
-            if idle:
-                raise ConfigurationError(
-                    f"CodeBlockLogic option 'optimizers' names {idle}, which hold none of the "
-                    f"parameters of the model {self.model_name!r} it trains"
-                )
-        self._targeted = (key, chosen)
-        return chosen
+        if self._targeted is None or self._targeted[0] != key:
+            names = self._optimizer_names
+            self._targeted = (key, code_block_optimizers(model, optimizers, names, self.model_name))
+        return update_parameters(model, self._targeted[1], self.backward_outputs)(batch)
 
     def train_step_optimizers(
         self,

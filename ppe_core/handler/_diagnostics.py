@@ -1,15 +1,17 @@
 """Explanations of user errors that PPE leaves to PyTorch's message, or lets pass silently.
 
 A batch that does not fit ``forward``, a batch of another dtype than the model, a first step
-that trains nothing, a Logic option of the wrong type, a model or optimizer name the Logic
-cannot find, an optimizer holding none of the models' parameters: each raises an error naming
-the cause and the fix. The explanations run when something already failed, or once per run:
-never per step.
+that trains nothing, an output to backpropagate that cannot be, a Logic or Handler option of
+the wrong type, autocast on a device type without it, a model or optimizer name the Logic
+cannot find, an optimizer holding none of the models' parameters, report keys the outputs
+lack: each raises an error (or warns) naming the cause and the fix. The explanations run when
+something already failed, or once per run: never per step.
 """
 
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -17,20 +19,30 @@ import torch
 
 from ppe_core.errors import (
     AMPOptionError,
+    BackwardOutputWarning,
     BatchDtypeError,
     BatchMismatchError,
     ConfigurationError,
+    ModelOutputError,
     NoGradientError,
     OptimizerParametersError,
 )
+from ppe_core.runtime import autocast_available
 
 __all__ = [
+    "check_autocast_device",
+    "check_closure_options",
     "check_logic_options",
     "check_optimizers_hold_models",
     "check_something_trains",
     "explain_dtype_mismatch",
     "explain_forward_mismatch",
+    "missing_report_keys",
+    "non_scalar_backward",
+    "pop_report_keys",
     "unknown_name_error",
+    "warn_nothing_backpropagated",
+    "warn_skipped_backward",
 ]
 
 
@@ -247,3 +259,108 @@ def check_optimizers_hold_models(
             "(torch.optim.SGD(model.parameters(), ...)), or pass the module whose parameters "
             "it holds among the trainer's models"
         )
+
+
+def warn_skipped_backward(key: str, outputs: Mapping[str, Any]) -> None:
+    """Warn that the named backward output ``key`` is skipped: it is not among ``outputs``
+    (PPE warns, without the fix) or has no graph (PPE skips it in silence)."""
+    value = outputs.get(key)
+    if key not in outputs:
+        skipped = (
+            f"requested backward value: {key} is not among the model's outputs "
+            f"{sorted(outputs)}, so it is skipped; fix backward_outputs or the "
+            "model's outputs."
+        )
+    else:
+        what = (
+            "does not require grad"
+            if isinstance(value, torch.Tensor)
+            else f"is a {type(value).__name__}, not a tensor"
+        )
+        skipped = (
+            f"the backward output {key!r} {what}, so it is skipped and nothing is "
+            "backpropagated for it; compute it from the parameters with autograd "
+            "enabled (not under torch.no_grad(), not .detach()ed or .item()ed)."
+        )
+    warnings.warn(skipped, BackwardOutputWarning, stacklevel=3)
+
+
+def non_scalar_backward(key: str, value: torch.Tensor) -> ModelOutputError:
+    """The error for a named backward output that is not a scalar, raised before
+    ``backward()`` fails with a message naming neither the output nor the fix."""
+    return ModelOutputError(
+        f"the model output {key!r} has shape {tuple(value.shape)}, but backward "
+        "needs a scalar; reduce it in forward (e.g. loss.mean()), or pass "
+        "options={'backward_function': fn} to backpropagate it yourself."
+    )
+
+
+def warn_nothing_backpropagated(outputs: Mapping[str, Any]) -> bool:
+    """Warn, and return ``True``, when ``outputs`` have a graph but no floating scalar to
+    backpropagate: that looks like a forgotten loss (PPE backpropagates nothing in silence).
+
+    A model returning no graph at all is refused at the first step instead (see
+    :func:`check_something_trains`), unless its forward ran backward itself.
+    """
+    if not any(isinstance(v, torch.Tensor) and v.grad_fn is not None for v in outputs.values()):
+        return False
+    warnings.warn(
+        f"none of the model's outputs {sorted(outputs)} is a floating scalar tensor, so "
+        "nothing is backpropagated and the parameters do not change. Return the loss, "
+        "e.g. {'loss': loss}, or name it with options={'backward_outputs': ['loss']}.",
+        BackwardOutputWarning,
+        stacklevel=3,
+    )
+    return True
+
+
+def check_autocast_device(device_type: str) -> None:
+    """Refuse autocast on a device type ``torch.autocast`` does not support, once at setup,
+    so torch's own error never reaches the first step."""
+    if not autocast_available(device_type):
+        raise AMPOptionError(
+            f"the Logic's option 'autocast' asks for autocast on the model's device "
+            f"type {device_type!r}, which torch.autocast does not support; the runtime "
+            "names the type autocast runs on with its autocast_device_type attribute "
+            "(e.g. autocast_device_type = 'cpu' in a DeviceRuntime subclass whose "
+            "tensors compute on the host), or pass options={'autocast': "
+            "{'device_type': ...}}"
+        )
+
+
+def check_closure_options(grad_accumulation_steps: int, staged: bool) -> None:
+    """Refuse the Logic options a ``ClousureLogic`` cannot honour (options PPE lacks):
+    gradient accumulation and several optimizers (``staged``)."""
+    if grad_accumulation_steps != 1:
+        raise ConfigurationError(
+            "ClousureLogic cannot accumulate gradients: the optimizer steps inside every "
+            "train_step. Remove the 'grad_accumulation_steps' option."
+        )
+    if staged:
+        raise ConfigurationError(
+            "ClousureLogic steps one optimizer, with a closure; remove the 'optimizers' "
+            "option, or use ppe.handler.Logic to step several optimizers"
+        )
+
+
+def pop_report_keys(options: dict[str, Any], name: str) -> list[str] | None:
+    """Pops the Handler option ``name`` (``train_report_keys``/``eval_report_keys``): a list of
+    output keys, or None; refused when it is anything else (PPE iterates what it is given)."""
+    value = options.pop(name, None)
+    if value is None:
+        return None
+    if isinstance(value, str) or not all(isinstance(k, str) for k in value):
+        raise ConfigurationError(
+            f"option {name!r} must be a list of output keys, got {value!r}; e.g. "
+            f"options={{{name!r}: ['loss']}}"
+        )
+    return list(value)
+
+
+def missing_report_keys(keys: list[str], outputs: Mapping[str, Any]) -> ConfigurationError:
+    """The error for report keys the model's outputs lack (PPE: the bare ``KeyError``)."""
+    missing = [k for k in keys if k not in outputs]
+    return ConfigurationError(
+        f"report keys {missing} are not in the model's outputs {sorted(outputs)}; "
+        "fix train_report_keys/eval_report_keys or the model's output dict."
+    )

@@ -7,8 +7,12 @@ from typing import Any, Literal
 
 import torch
 
-from ppe_core.errors import ConfigurationError, NoRuntimeError
-from ppe_core.handler._diagnostics import check_optimizers_hold_models
+from ppe_core.errors import NoRuntimeError
+from ppe_core.handler._diagnostics import (
+    check_optimizers_hold_models,
+    missing_report_keys,
+    pop_report_keys,
+)
 from ppe_core.handler._logic import BaseLogic, Logic, set_sampler_epoch, switch_mode
 from ppe_core.reporting import report
 from ppe_core.runtime import BaseRuntime, autocast_device_type_of, iter_runtime_modules
@@ -95,19 +99,6 @@ class BaseHandler:
         """Restore :meth:`state_dict`."""
 
 
-def _report_keys(options: dict[str, Any], name: str) -> list[str] | None:
-    """Pops the option ``name``: a list of output keys, or None."""
-    value = options.pop(name, None)
-    if value is None:
-        return None
-    if isinstance(value, str) or not all(isinstance(k, str) for k in value):
-        raise ConfigurationError(
-            f"option {name!r} must be a list of output keys, got {value!r}; e.g. "
-            f"options={{{name!r}: ['loss']}}"
-        )
-    return list(value)
-
-
 class Handler(BaseHandler):
     """Drives the runtimes of every module tagged by ``ppe.to`` and the Logic.
 
@@ -136,8 +127,8 @@ class Handler(BaseHandler):
         self._eval_initialized = False
 
     def consume_options(self, options: dict[str, Any]) -> None:
-        self._train_report_keys = _report_keys(options, "train_report_keys")
-        self._eval_report_keys = _report_keys(options, "eval_report_keys")
+        self._train_report_keys = pop_report_keys(options, "train_report_keys")
+        self._eval_report_keys = pop_report_keys(options, "eval_report_keys")
         options.pop("async", None)  # PPE accepts it for backward compatibility; no effect
 
     @property
@@ -394,13 +385,10 @@ def _report_outputs(outputs: Any, prefix: str, keys: list[str] | None, logic: Ba
             if (v.ndim == 0) if isinstance(v, torch.Tensor) else _is_number(v):
                 values[prefix + k] = v
     else:
-        missing = [k for k in keys if k not in outputs]
-        if missing:
-            raise ConfigurationError(
-                f"report keys {missing} are not in the model's outputs {sorted(outputs)}; "
-                "fix train_report_keys/eval_report_keys or the model's output dict."
-            )
-        values = {prefix + k: outputs[k] for k in keys}
+        try:
+            values = {prefix + k: outputs[k] for k in keys}
+        except KeyError:  # PPE: the bare KeyError
+            raise missing_report_keys(keys, outputs) from None
     if values:
         report(values)
 

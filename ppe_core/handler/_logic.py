@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
@@ -12,18 +11,22 @@ import torch
 
 from ppe_core.errors import (
     AMPOptionError,
-    BackwardOutputWarning,
     ConfigurationError,
     ModelOutputError,
 )
+from ppe_core.handler._accumulation import Accumulation
 from ppe_core.handler._diagnostics import (
+    check_autocast_device,
+    check_closure_options,
     check_logic_options,
     check_something_trains,
     explain_dtype_mismatch,
     explain_forward_mismatch,
+    non_scalar_backward,
     unknown_name_error,
+    warn_nothing_backpropagated,
+    warn_skipped_backward,
 )
-from ppe_core.handler._grad_sync import no_sync_of
 from ppe_core.handler._optimizer_targets import (
     OptimizerTarget,
     Plan,
@@ -31,7 +34,6 @@ from ppe_core.handler._optimizer_targets import (
     parse_targets,
 )
 from ppe_core.runtime import (
-    autocast_available,
     autocast_device_type_of,
     device_type_of,
     get_runtime,
@@ -152,15 +154,8 @@ class _AutocastManager:
         """Use ``device_type`` unless the options named one (checked once, here, so torch's
         own error for a device type without autocast never reaches the first step)."""
         if self._device_type is None:
-            if self.enabled and not autocast_available(device_type):
-                raise AMPOptionError(
-                    f"the Logic's option 'autocast' asks for autocast on the model's device "
-                    f"type {device_type!r}, which torch.autocast does not support; the runtime "
-                    "names the type autocast runs on with its autocast_device_type attribute "
-                    "(e.g. autocast_device_type = 'cpu' in a DeviceRuntime subclass whose "
-                    "tensors compute on the host), or pass options={'autocast': "
-                    "{'device_type': ...}}"
-                )
+            if self.enabled:
+                check_autocast_device(device_type)
             self.resolved_device_type = device_type
 
     def autocast(self, enabled: bool = True) -> contextlib.AbstractContextManager[Any]:
@@ -327,7 +322,7 @@ class ModelLogic(BaseLogic):
             raise unknown_name_error(logic, self.model_name, kind, sorted(items)) from None
 
 
-class Logic(ModelLogic, StagedSteps):
+class Logic(ModelLogic, StagedSteps, Accumulation):
     """The standard supervised step for one model: zero_grad, forward, backward, step.
 
     The batch is passed to ``forward`` as keyword arguments when it is a dict, as positional
@@ -367,8 +362,6 @@ class Logic(ModelLogic, StagedSteps):
         self._backward_fn: Callable[[torch.Tensor], Any] | None = None
         self._grad_scaler: torch.amp.GradScaler | None = None
         self._autocast = _AutocastManager(False)
-        self.grad_accumulation_steps = 1
-        self._epoch_length: int | None = None
         self._warned_nothing = False
         # True until the first training step has checked that the run can train at all.
         self._first_step = True
@@ -443,15 +436,6 @@ class Logic(ModelLogic, StagedSteps):
             explain_dtype_mismatch(model, batch, exc)
             raise
 
-    def _window(self, batch_idx: int) -> tuple[int, bool]:
-        """(size of the accumulation window holding batch_idx, whether batch_idx ends it)."""
-        n = self.grad_accumulation_steps
-        start = batch_idx - batch_idx % n
-        end = start + n
-        if self._epoch_length is not None and end > self._epoch_length:
-            end = self._epoch_length
-        return end - start, batch_idx + 1 >= end
-
     def _to_backward(self, outputs: Mapping[str, Any]) -> list[torch.Tensor]:
         """The tensors to backpropagate, chosen as PPE chooses them.
 
@@ -474,54 +458,19 @@ class Logic(ModelLogic, StagedSteps):
                 ):
                     tensors.append(v)
             if not tensors and not self._warned_nothing:
-                self._warn_nothing(outputs)
+                self._warned_nothing = warn_nothing_backpropagated(outputs)
             return tensors
         tensors = []
         for key in (keys,) if isinstance(keys, str) else keys:
             value = outputs.get(key)
             if not isinstance(value, torch.Tensor) or value.grad_fn is None:
-                if key not in outputs:
-                    skipped = (
-                        f"requested backward value: {key} is not among the model's outputs "
-                        f"{sorted(outputs)}, so it is skipped; fix backward_outputs or the "
-                        "model's outputs."
-                    )
-                else:
-                    what = (
-                        "does not require grad"
-                        if isinstance(value, torch.Tensor)
-                        else f"is a {type(value).__name__}, not a tensor"
-                    )
-                    skipped = (
-                        f"the backward output {key!r} {what}, so it is skipped and nothing is "
-                        "backpropagated for it; compute it from the parameters with autograd "
-                        "enabled (not under torch.no_grad(), not .detach()ed or .item()ed)."
-                    )
-                warnings.warn(skipped, BackwardOutputWarning, stacklevel=2)
+                warn_skipped_backward(key, outputs)
                 continue
             if self._backward_fn is None and value.numel() != 1:
-                raise ModelOutputError(
-                    f"the model output {key!r} has shape {tuple(value.shape)}, but backward "
-                    "needs a scalar; reduce it in forward (e.g. loss.mean()), or pass "
-                    "options={'backward_function': fn} to backpropagate it yourself."
-                )
+                raise non_scalar_backward(key, value)
             if all(value is not t for t in tensors):
                 tensors.append(value)
         return tensors
-
-    def _warn_nothing(self, outputs: Mapping[str, Any]) -> None:
-        # Only outputs with a graph but no scalar among them look like a forgotten loss; a
-        # model returning no graph at all is refused at the first step instead (see
-        # check_something_trains), unless its forward ran backward itself.
-        if any(isinstance(v, torch.Tensor) and v.grad_fn is not None for v in outputs.values()):
-            self._warned_nothing = True
-            warnings.warn(
-                f"none of the model's outputs {sorted(outputs)} is a floating scalar tensor, so "
-                "nothing is backpropagated and the parameters do not change. Return the loss, "
-                "e.g. {'loss': loss}, or name it with options={'backward_outputs': ['loss']}.",
-                BackwardOutputWarning,
-                stacklevel=3,
-            )
 
     def _backward(self, outputs: Any, scale: int = 1) -> list[torch.Tensor]:
         """Backpropagate the chosen outputs (``outputs`` raw or normalized), divided by
@@ -550,10 +499,7 @@ class Logic(ModelLogic, StagedSteps):
         # As PPE's Logic does, so that code driving a Logic directly gets per-epoch shuffling;
         # the handler then leaves it to this method (see Handler.train_epoch_begin).
         set_sampler_epoch(loader, epoch)
-        try:
-            self._epoch_length = len(loader)  # type: ignore[arg-type]
-        except TypeError:
-            self._epoch_length = None
+        self._measure_epoch(loader)
 
     def train_step(
         self,
@@ -570,19 +516,10 @@ class Logic(ModelLogic, StagedSteps):
             optimizer = optimizers[name]
         except KeyError:
             model, optimizer = self._model(models), self._optimizer(optimizers)  # raise
-        n = self.grad_accumulation_steps
-        if n == 1:
+        if self.grad_accumulation_steps == 1:
             optimizer.zero_grad()
             return self._forward_backward(model, batch, 1)
-        window, ends = self._window(batch_idx)
-        if batch_idx % n == 0:
-            optimizer.zero_grad()
-        no_sync = no_sync_of(model)  # DDP's no_sync, FSDP2's set_requires_gradient_sync
-        if ends or no_sync is None:
-            return self._forward_backward(model, batch, window)
-        # DistributedDataParallel: no gradient all-reduce until the window's last batch.
-        with no_sync():
-            return self._forward_backward(model, batch, window)
+        return self._accumulate(model, optimizer, batch_idx, batch)
 
     def _forward_backward(self, model: torch.nn.Module, batch: Any, window: int) -> Any:
         outputs = self._autocast_forward(model, batch)
@@ -661,16 +598,7 @@ class ClousureLogic(Logic):
                 "closures. Remove the 'grad_scaler' option, or use ppe.handler.Logic with an "
                 "optimizer that needs no closure."
             )
-        if self.grad_accumulation_steps != 1:
-            raise ConfigurationError(
-                "ClousureLogic cannot accumulate gradients: the optimizer steps inside every "
-                "train_step. Remove the 'grad_accumulation_steps' option."
-            )
-        if self._targets is not None:
-            raise ConfigurationError(
-                "ClousureLogic steps one optimizer, with a closure; remove the 'optimizers' "
-                "option, or use ppe.handler.Logic to step several optimizers"
-            )
+        check_closure_options(self.grad_accumulation_steps, self._targets is not None)
 
     def offer_grad_scaler(self, scaler: torch.amp.GradScaler) -> None:
         """Ignored: a closure-driven optimizer step cannot be scaled (see above)."""

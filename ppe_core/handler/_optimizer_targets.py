@@ -1,6 +1,8 @@
 """Several optimizers per model: what each optimizer steps (the Logic's ``optimizers`` option),
 checked against the trainer's models and optimizers, planned once into ordered stages, and the
-Logic's step that runs them (:class:`StagedSteps`)."""
+Logic's step that runs them (:class:`StagedSteps`); and which optimizers ``CodeBlockLogic``
+steps (those holding its model's parameters, or those its ``optimizers`` option names; PPE
+steps every optimizer of the trainer)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ppe_core.errors import ConfigurationError, ModelOutputError
+from ppe_core.handler._accumulation import no_sync_of
 from ppe_core.handler._diagnostics import check_something_trains
-from ppe_core.handler._grad_sync import no_sync_of
 
 __all__ = [
     "OptimizerTarget",
@@ -22,6 +24,8 @@ __all__ = [
     "StagedSteps",
     "StepGroup",
     "build_plan",
+    "code_block_optimizers",
+    "parse_optimizer_names",
     "parse_targets",
 ]
 
@@ -412,3 +416,62 @@ class StagedSteps:
                     scaler.step(optimizer)
         for scaler in stage.updates:
             scaler.update()
+
+
+def parse_optimizer_names(names: Any) -> tuple[str, ...]:
+    """``CodeBlockLogic``'s ``optimizers`` option: a list of the trainer's optimizer names.
+
+    Raises:
+        ConfigurationError: ``names`` is not a list of str.
+    """
+    if isinstance(names, (Mapping, str)) or not all(isinstance(n, str) for n in names):
+        raise ConfigurationError(
+            f"CodeBlockLogic option 'optimizers' must be a list of optimizer names, got "
+            f"{names!r}; e.g. options={{'optimizers': ['adam', 'sgd']}}. A code block "
+            "steps them all on one loss; a loss, model or grad scaler per optimizer "
+            "needs ppe.handler.Logic's 'optimizers' option"
+        )
+    return tuple(names)
+
+
+def code_block_optimizers(
+    model: torch.nn.Module,
+    optimizers: Mapping[str, torch.optim.Optimizer],
+    names: tuple[str, ...] | None,
+    model_name: str,
+) -> list[torch.optim.Optimizer]:
+    """The optimizers ``CodeBlockLogic`` steps for ``model`` (keyed ``model_name``): those
+    named by ``names`` (its ``optimizers`` option), else every one holding parameters of the
+    model (with several models, PPE #700, the others' optimizers stay out).
+
+    Raises:
+        ConfigurationError: none holds the model's parameters, or ``names`` names an unknown
+            optimizer or one holding none of them.
+    """
+    held = {id(p) for p in model.parameters()}
+
+    def holds(optimizer: torch.optim.Optimizer) -> bool:
+        return any(id(p) in held for g in optimizer.param_groups for p in g["params"])
+
+    if names is None:
+        chosen = [o for o in optimizers.values() if holds(o)]
+        if not chosen and optimizers:
+            raise ConfigurationError(
+                f"none of the optimizers {sorted(optimizers)} holds parameters of the model "
+                f"{model_name!r} CodeBlockLogic trains, so nothing would learn; build "
+                "one from that model's parameters, or set model_name to the model they train"
+            )
+        return chosen
+    unknown = [n for n in names if n not in optimizers]
+    if unknown:
+        raise ConfigurationError(
+            f"CodeBlockLogic option 'optimizers' names {unknown}, but the trainer's "
+            f"optimizers are named {sorted(optimizers)}"
+        )
+    idle = [n for n in names if not holds(optimizers[n])]
+    if idle:
+        raise ConfigurationError(
+            f"CodeBlockLogic option 'optimizers' names {idle}, which hold none of the "
+            f"parameters of the model {model_name!r} it trains"
+        )
+    return [optimizers[n] for n in names]
