@@ -96,16 +96,14 @@ FILES: dict[str, tuple[str, str]] = {
     "ppe_core/runtime/_device.py": (
         SAME,
         "DeviceRuntime: device, autocast and grad scaler as PPE's PyTorchRuntime, plus the "
-        "options device plugins share applied where modules move and batches convert",
+        "declared options device plugins share (channels_last, compile, ...)",
     ),
     "ppe_core/runtime/_execute.py": (SAME, "code blocks and their execution"),
     "ppe_core/runtime/_map.py": (COMPAT, "PPE's path of ppe.map"),
-    "ppe_core/runtime/_options.py": (SAME, "autocast arguments (PPE's runtime/_autocast.py)"),
-    "ppe_core/runtime/_shared_options.py": (
-        BEYOND,
-        "the options device plugins share that PPE's runtimes lack: autocast over a module's "
-        "forward, channels_last, compile in place, non-blocking copies, and their typed specs "
-        "(PPE: autocast and grad_scaler for code blocks only)",
+    "ppe_core/runtime/_options.py": (
+        SAME,
+        "autocast arguments (PPE's runtime/_autocast.py), plus the module and batch options "
+        "device plugins share (channels_last, compile)",
     ),
     "ppe_core/runtime/_option_specs.py": (
         BEYOND,
