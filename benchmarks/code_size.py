@@ -314,8 +314,9 @@ FILES: dict[str, tuple[str, str]] = {
     _TR + "_base.py": (SAME, "Trigger and the trigger protocol"),
     _TR + "_checks.py": (
         BEYOND,
-        "trigger arguments checked with messages, periods read as exact fractions (PPE: an "
-        "assert on the unit, float epoch counts)",
+        "trigger arguments checked with messages, periods read as exact fractions, a value "
+        "trigger's check without a mean of its key explained (PPE: an assert on the unit, "
+        "float epoch counts, a KeyError or a bare warning)",
     ),
     _TR + "_due.py": (SAME, "due-iteration checks for every-iteration extensions"),
     _TR + "_factory.py": (SAME, "get_trigger"),

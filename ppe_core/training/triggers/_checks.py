@@ -1,20 +1,28 @@
-"""Trigger arguments checked, and periods read as exact fractions.
+"""Trigger arguments checked, periods read as exact fractions, unread values explained.
 
 PPE's interval triggers assert the unit and compare float epoch counts; ppe-core checks each
 argument with a message naming the trigger and the fix, and reads a period or point as an
 exact fraction (a third of an epoch fires exactly every third of an epoch, however the float
-rounds).
+rounds). A value trigger's check that finds no mean of its key says why (PPE: ``KeyError``
+from the min/max triggers, a bare warning from early stopping).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
+import warnings
+from collections.abc import Iterable
 from fractions import Fraction
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from ppe_core.errors import ConfigurationError, TriggerTypeError
+from ppe_core.errors import ConfigurationError, MissingObservationWarning, TriggerTypeError
 from ppe_core.training.triggers._base import UNITS
+
+if TYPE_CHECKING:
+    from ppe_core.training._protocols import ManagerView
+
+_F = TypeVar("_F")
 
 # Fractional periods are read as the nearest fraction with at most this denominator, so that
 # 0.1 or 1/3 of an epoch mean exactly a tenth or a third despite float rounding.
@@ -110,16 +118,40 @@ def check_seconds(period: object) -> float:
     )
 
 
-def check_compare(
-    compare: Callable[[float, float], bool], owner: str
-) -> Callable[[float, float], bool]:
+def check_callable(function: _F, must: str, example: str = "") -> _F:
+    """A function argument (a value trigger's ``compare``, ``FunctionTrigger``'s ``fn``);
+    raises ``TriggerTypeError`` saying what it ``must`` be unless it is callable."""
+    if not callable(function):
+        raise TriggerTypeError(f"{must}, got {type(function).__name__} {function!r}{example}")
+    return function
+
+
+def check_compare(compare: _F, owner: str) -> _F:
     """A value trigger's ``compare``; raises unless it is callable."""
-    if not callable(compare):
+    must = f"{owner} compare must be a callable compare(best, new) -> bool"
+    return check_callable(compare, must, "; e.g. lambda best, new: new < best")
+
+
+def check_period(period: object, unit: object) -> tuple[str, Fraction]:
+    """``IntervalTrigger``'s arguments: the unit, and the period as an exact fraction."""
+    checked = check_unit(unit, "IntervalTrigger")
+    return checked, check_amount(period, checked, "period", "IntervalTrigger")
+
+
+def check_points(points: object, unit: object) -> tuple[str, list[Any], list[Fraction]]:
+    """``ManualScheduleTrigger``'s arguments: the unit, the points as a list (one number, or
+    an iterable of them) and each point as an exact fraction."""
+    owner = "ManualScheduleTrigger"
+    checked = check_unit(unit, owner)
+    if isinstance(points, numbers.Real):
+        points = [points]
+    elif not isinstance(points, Iterable) or isinstance(points, (str, bytes)):
         raise TriggerTypeError(
-            f"{owner} compare must be a callable compare(best, new) -> bool, got "
-            f"{type(compare).__name__} {compare!r}; e.g. lambda best, new: new < best"
+            f"{owner} points must be a number or a list of numbers, got "
+            f"{type(points).__name__} {points!r}; e.g. {owner}([10, 20], 'epoch')"
         )
-    return compare
+    given = list(points)
+    return checked, given, [check_amount(p, checked, "point", owner) for p in given]
 
 
 def check_early_stopping(patience: object, mode: object) -> None:
@@ -137,3 +169,40 @@ def check_early_stopping(patience: object, mode: object) -> None:
             f"{owner} mode must be 'auto', 'min' or 'max', got {mode!r}; 'min' suits "
             "losses and 'max' accuracies"
         )
+
+
+def explain_unread_value(owner: str, key: str, manager: ManagerView, present: bool) -> None:
+    """At a value trigger's check that found no mean of ``key``: warns with
+    :class:`MissingObservationWarning` that it was not reported.
+
+    Raises:
+        ConfigurationError: ``key`` was reported this iteration (``present``), but never as a
+            scalar.
+    """
+    if present and key in manager.observation:
+        raise ConfigurationError(
+            f"{owner} monitors {key!r}, but its reported value "
+            f"{manager.observation[key]!r} is not a scalar "
+            "number; report a float or a zero-dimensional tensor under that key"
+        )
+    warnings.warn(
+        MissingObservationWarning(
+            f"{owner} monitors {key!r}, which is not in the observation at iteration "
+            f"{manager.iteration} (keys: {sorted(manager.observation)}); check the key "
+            "or the check trigger"
+        ),
+        stacklevel=4,
+    )
+
+
+def training_length_of(max_trigger: object) -> tuple[float, str]:
+    """``EarlyStoppingTrigger``'s training length: its ``max_trigger``'s (PPE's is always an
+    interval trigger; ours may be any trigger, refused here when it defines no length)."""
+    length = getattr(max_trigger, "get_training_length", None)
+    if length is None:
+        raise ConfigurationError(
+            f"EarlyStoppingTrigger max_trigger {max_trigger!r} has no training "
+            "length; pass a (period, unit) pair such as (100, 'epoch')"
+        )
+    result: tuple[float, str] = length()
+    return result

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ppe_core.errors import TriggerTypeError
 from ppe_core.training.triggers._base import Trigger, TriggerLike
+from ppe_core.training.triggers._checks import check_callable
 from ppe_core.training.triggers._factory import get_trigger
 
 if TYPE_CHECKING:
@@ -35,11 +35,7 @@ class FunctionTrigger(Trigger):
         kwargs: Mapping[str, Any] | None = None,
         trigger: TriggerLike = (1, "iteration"),
     ) -> None:
-        if not callable(fn):
-            raise TriggerTypeError(
-                f"FunctionTrigger fn must be callable, got {type(fn).__name__} {fn!r}"
-            )
-        self._fn = fn
+        self._fn = check_callable(fn, "FunctionTrigger fn must be callable")
         self._args = tuple(args or ())
         self._kwargs = dict(kwargs or {})
         self._interval_trigger = get_trigger(trigger)

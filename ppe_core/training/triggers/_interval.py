@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import math
-import numbers
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ppe_core.errors import TriggerTypeError
 from ppe_core.training.triggers._base import NEVER, Trigger
-from ppe_core.training.triggers._checks import check_amount, check_epoch_length, check_unit
+from ppe_core.training.triggers._checks import check_epoch_length, check_period, check_points
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
@@ -51,8 +49,7 @@ class IntervalTrigger(_Schedule):
     """
 
     def __init__(self, period: float, unit: str) -> None:
-        self._unit = check_unit(unit, "IntervalTrigger")
-        self._ratio = check_amount(period, self._unit, "period", "IntervalTrigger")
+        self._unit, self._ratio = check_period(period, unit)
         self._period = period
 
     @property
@@ -111,18 +108,7 @@ class ManualScheduleTrigger(_Schedule):
     """
 
     def __init__(self, points: float | Iterable[float], unit: str) -> None:
-        owner = "ManualScheduleTrigger"
-        self._unit = check_unit(unit, owner)
-        given: object = points  # validated as what callers may really pass
-        if isinstance(given, numbers.Real):
-            given = [given]
-        elif not isinstance(given, Iterable) or isinstance(given, (str, bytes)):
-            raise TriggerTypeError(
-                f"{owner} points must be a number or a list of numbers, got "
-                f"{type(given).__name__} {given!r}; e.g. {owner}([10, 20], 'epoch')"
-            )
-        self._points: list[Any] = list(given)
-        self._fractions = [check_amount(p, self._unit, "point", owner) for p in self._points]
+        self._unit, self._points, self._fractions = check_points(points, unit)
         self._cached_length: int | None = None
         self._iterations: tuple[int, ...] = ()
 

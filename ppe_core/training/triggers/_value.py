@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import operator
-import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ppe_core._reporting import DictSummary
-from ppe_core.errors import (
-    ConfigurationError,
-    MissingObservationWarning,
-)
 from ppe_core.training.triggers._base import Trigger, TriggerLike
-from ppe_core.training.triggers._checks import check_compare, check_early_stopping, check_key
+from ppe_core.training.triggers._checks import (
+    check_compare,
+    check_early_stopping,
+    check_key,
+    explain_unread_value,
+    training_length_of,
+)
 from ppe_core.training.triggers._factory import get_trigger
 
 if TYPE_CHECKING:
@@ -45,25 +46,11 @@ class _MonitorTrigger(Trigger):
         Raises:
             ConfigurationError: ``key`` was reported, but never as a scalar.
         """
-        owner = type(self).__name__
         means = self._summary.compute_mean() if present else {}
         if key in means:
             self._init_summary()
             return float(means[key])
-        if present and key in manager.observation:
-            raise ConfigurationError(
-                f"{owner} monitors {key!r}, but its reported value "
-                f"{manager.observation[key]!r} is not a scalar "
-                "number; report a float or a zero-dimensional tensor under that key"
-            )
-        warnings.warn(
-            MissingObservationWarning(
-                f"{owner} monitors {key!r}, which is not in the observation at iteration "
-                f"{manager.iteration} (keys: {sorted(manager.observation)}); check the key "
-                "or the check trigger"
-            ),
-            stacklevel=3,
-        )
+        explain_unread_value(type(self).__name__, key, manager, present)
         return None
 
     def _load_summary(self, to_load: Mapping[str, Any]) -> None:
@@ -260,14 +247,7 @@ class EarlyStoppingTrigger(_MonitorTrigger):
         Raises:
             ConfigurationError: ``max_trigger`` does not define a length.
         """
-        length = getattr(self._max_trigger, "get_training_length", None)
-        if length is None:
-            raise ConfigurationError(
-                f"EarlyStoppingTrigger max_trigger {self._max_trigger!r} has no training "
-                "length; pass a (period, unit) pair such as (100, 'epoch')"
-            )
-        result: tuple[float, str] = length()
-        return result
+        return training_length_of(self._max_trigger)
 
     def state_dict(self) -> dict[str, Any]:
         """Returns the best mean, the count of checks without improvement and inner states.
