@@ -132,6 +132,12 @@ FILES: dict[str, tuple[str, str]] = {
         "losses divided by the window, DDP/FSDP2's gradient sync skipped inside it (PPE has "
         "no accumulation)",
     ),
+    "ppe_core/handler/_grad_scalers.py": (
+        BEYOND,
+        "grad scalers: the runtime's scaler adopted by the Logic, every scaler's state saved "
+        "with the trainer (PPE: the Logic's grad_scaler option only, no scaler state in "
+        "snapshots)",
+    ),
     "ppe_core/handler/_logic.py": (SAME, "BaseLogic, Logic, ClousureLogic"),
     "ppe_core/handler/_optimizer_targets.py": (
         BEYOND,

@@ -13,6 +13,7 @@ from ppe_core.handler._diagnostics import (
     missing_report_keys,
     pop_report_keys,
 )
+from ppe_core.handler._grad_scalers import HandlerScalerState, offer_runtime_scaler
 from ppe_core.handler._logic import BaseLogic, Logic, set_sampler_epoch, switch_mode
 from ppe_core.reporting import report
 from ppe_core.runtime import BaseRuntime, autocast_device_type_of, iter_runtime_modules
@@ -99,7 +100,7 @@ class BaseHandler:
         """Restore :meth:`state_dict`."""
 
 
-class Handler(BaseHandler):
+class Handler(HandlerScalerState, BaseHandler):
     """Drives the runtimes of every module tagged by ``ppe.to`` and the Logic.
 
     A subclass may override any callback; ``train_post_step`` / ``eval_post_step`` overrides
@@ -176,13 +177,7 @@ class Handler(BaseHandler):
         model = models.get(model_name) if isinstance(model_name, str) else None
         runtime = next((rt for _, m, rt in self._modules if m is model), self._modules[0][2])
         logic.bind_device(autocast_device_type_of(runtime))
-        for owner in (runtime, self._entry_runtime):
-            # A runtime whose __init__ skipped BaseRuntime's may have no options.
-            options = getattr(owner, "options", None)
-            scaler = options.get("grad_scaler") if isinstance(options, Mapping) else None
-            if isinstance(scaler, torch.amp.GradScaler):
-                logic.offer_grad_scaler(scaler)
-                break
+        offer_runtime_scaler(logic, (runtime, self._entry_runtime))
 
     def _initialize(
         self,
@@ -296,34 +291,6 @@ class Handler(BaseHandler):
         for module, runtime in self._eval_post:
             runtime.eval_post_step(evaluator, module, batch_idx, batch, outputs)
         _report_outputs(outputs, "val/", self._eval_report_keys, self._logic)
-
-    # Snapshots ------------------------------------------------------------------------------
-    def _grad_scaler(self) -> torch.amp.GradScaler | None:
-        """The logic's grad scaler, else the one given in the runtime options."""
-        scaler = self._logic.get_grad_scaler() or self._entry_runtime.options.get("grad_scaler")
-        return scaler if isinstance(scaler, torch.amp.GradScaler) else None
-
-    def state_dict(self) -> dict[str, Any]:
-        """``{"grad_scaler": scaler.state_dict()}`` when training with a grad scaler (from
-        the options or the runtime options), and ``"logic"``: the rest of the logic's
-        ``state_dict()`` (each optimizer's own grad scaler, ...) when it has more; saved in
-        trainer snapshots."""
-        scaler = self._grad_scaler()
-        state = {} if scaler is None else {"grad_scaler": scaler.state_dict()}
-        logic = {k: v for k, v in self._logic.state_dict().items() if k != "grad_scaler"}
-        if logic:
-            state["logic"] = logic
-        return state
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore the grad scaler's state (ignored without a grad scaler) and the logic's."""
-        scaler = self._grad_scaler()
-        scaler_state = state.get("grad_scaler")
-        if scaler is not None and scaler_state is not None:
-            scaler.load_state_dict(scaler_state)
-        logic = state.get("logic")
-        if isinstance(logic, Mapping) and logic:
-            self._logic.load_state_dict(logic)
 
 
 def step_function(

@@ -27,6 +27,7 @@ from ppe_core.handler._diagnostics import (
     warn_nothing_backpropagated,
     warn_skipped_backward,
 )
+from ppe_core.handler._grad_scalers import LogicScalerState
 from ppe_core.handler._optimizer_targets import (
     OptimizerTarget,
     Plan,
@@ -322,7 +323,7 @@ class ModelLogic(BaseLogic):
             raise unknown_name_error(logic, self.model_name, kind, sorted(items)) from None
 
 
-class Logic(ModelLogic, StagedSteps, Accumulation):
+class Logic(LogicScalerState, ModelLogic, StagedSteps, Accumulation):
     """The standard supervised step for one model: zero_grad, forward, backward, step.
 
     The batch is passed to ``forward`` as keyword arguments when it is a dict, as positional
@@ -391,32 +392,6 @@ class Logic(ModelLogic, StagedSteps, Accumulation):
     def bind_device(self, device_type: str) -> None:
         """Autocast on ``device_type`` unless the ``autocast`` option names a device type."""
         self._autocast.bind(device_type)
-
-    def offer_grad_scaler(self, scaler: torch.amp.GradScaler) -> None:
-        """Scale losses with the runtime's scaler unless a ``grad_scaler`` option was given."""
-        if self._grad_scaler is None:
-            self._grad_scaler = scaler
-            self._plan = None
-
-    def state_dict(self) -> dict[str, Any]:
-        """``{"grad_scaler": scaler.state_dict()}`` with a grad scaler, else ``{}``; with
-        the ``optimizers`` option, also ``"grad_scalers"``: the state of each optimizer's own
-        scaler, by optimizer name."""
-        state = {} if self._grad_scaler is None else {"grad_scaler": self._grad_scaler.state_dict()}
-        own = self._own_scalers()
-        if own:
-            state["grad_scalers"] = {name: scaler.state_dict() for name, scaler in own.items()}
-        return state
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore the grad scalers' states (each ignored when this logic has no such scaler)."""
-        scaler_state = state.get("grad_scaler")
-        if scaler_state is not None and self._grad_scaler is not None:
-            self._grad_scaler.load_state_dict(scaler_state)
-        own = self._own_scalers()
-        for name, value in state.get("grad_scalers", {}).items():
-            if name in own:
-                own[name].load_state_dict(value)
 
     def set_mode(self, models: Mapping[str, torch.nn.Module], training: bool) -> None:
         """Switches this logic's model only; with the ``optimizers`` option, every model it
