@@ -15,6 +15,7 @@ from ppe_core.training.triggers._checks import (
     explain_unread_value,
     training_length_of,
 )
+from ppe_core.training.triggers._early_stopping_state import EarlyStoppingState
 from ppe_core.training.triggers._factory import get_trigger
 
 if TYPE_CHECKING:
@@ -157,7 +158,7 @@ class MinValueTrigger(BestValueTrigger):
         super().__init__(key, operator.gt, trigger)  # best > new
 
 
-class EarlyStoppingTrigger(_MonitorTrigger):
+class EarlyStoppingTrigger(EarlyStoppingState, _MonitorTrigger):
     """Stop trigger: fires when the monitored value stopped improving, or at ``max_trigger``.
 
     As in PPE, every iteration's ``manager.observation[monitor]`` goes into a running summary;
@@ -170,6 +171,10 @@ class EarlyStoppingTrigger(_MonitorTrigger):
     The trigger needs a call every iteration (:meth:`next_check` is ``None``); the per-step
     cost is a dictionary lookup and one buffer append (device tensors are not synchronized;
     the single host copy is at the check).
+
+    Its ``state_dict`` holds the best mean, the count of checks without improvement and the
+    inner states, so a resumed run resumes the count (PPE saved nothing for this trigger and
+    restarted it; see ``_early_stopping_state.py``).
 
     Args:
         check_trigger: When to compare; once per epoch by default.
@@ -248,32 +253,6 @@ class EarlyStoppingTrigger(_MonitorTrigger):
             ConfigurationError: ``max_trigger`` does not define a length.
         """
         return training_length_of(self._max_trigger)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Returns the best mean, the count of checks without improvement and inner states.
-
-        PPE saved nothing for this trigger, so a resumed PPE run restarted the count; this
-        state resumes it.
-        """
-        return {
-            "best": self.best,
-            "count": self.count,
-            "interval_trigger": self._interval_trigger.state_dict(),
-            "max_trigger": self._max_trigger.state_dict(),
-            "_summary": self._summary.state_dict(),
-        }
-
-    def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
-        """Restores what :meth:`state_dict` returned; PPE's empty state leaves a fresh trigger."""
-        if "best" in to_load:
-            self.best = float(to_load["best"])
-        if "count" in to_load:
-            self.count = int(to_load["count"])
-        if "interval_trigger" in to_load:
-            self._interval_trigger.load_state_dict(to_load["interval_trigger"])
-        if "max_trigger" in to_load:
-            self._max_trigger.load_state_dict(to_load["max_trigger"])
-        self._load_summary(to_load)
 
     def __repr__(self) -> str:
         return (
