@@ -96,14 +96,22 @@ FILES: dict[str, tuple[str, str]] = {
     "ppe_core/runtime/_device.py": (
         SAME,
         "DeviceRuntime: device, autocast and grad scaler as PPE's PyTorchRuntime, plus the "
-        "declared options device plugins share (channels_last, compile, ...)",
+        "options device plugins share applied where modules move and batches convert",
     ),
     "ppe_core/runtime/_execute.py": (SAME, "code blocks and their execution"),
     "ppe_core/runtime/_map.py": (COMPAT, "PPE's path of ppe.map"),
-    "ppe_core/runtime/_options.py": (
-        SAME,
-        "autocast arguments (PPE's runtime/_autocast.py), plus the module and batch options "
-        "device plugins share (channels_last, compile)",
+    "ppe_core/runtime/_device_types.py": (
+        BEYOND,
+        "device types beyond PyTorch's own: the torch device a DeviceRuntime's spec moves to, "
+        "specs of another type refused, the device type autocast runs on checked (PPE: "
+        "torch.device and torch.autocast as they are, their errors left to PyTorch)",
+    ),
+    "ppe_core/runtime/_shared_options.py": (
+        BEYOND,
+        "the options device plugins share that PPE's runtimes lack: autocast over a module's "
+        "forward (a dtype alone, the device's default dtype, both checked), channels_last, "
+        "compile in place, non-blocking copies, and their typed specs (PPE: autocast and "
+        "grad_scaler for code blocks, the dict passed to torch.autocast as it is)",
     ),
     "ppe_core/runtime/_option_specs.py": (
         BEYOND,
@@ -111,7 +119,19 @@ FILES: dict[str, tuple[str, str]] = {
         "dict)",
     ),
     "ppe_core/runtime/_registry.py": (SAME, "RuntimeRegistry"),
-    "ppe_core/runtime/_runtime.py": (SAME, "BaseRuntime, PyTorchRuntime, module tagging"),
+    "ppe_core/runtime/_runtime_checks.py": (
+        BEYOND,
+        "the runtime layer's checks PPE lacks: a device neither a non-empty str nor a "
+        "torch.device, an unknown device type's hint, runtimes registered as instances or for "
+        "a device, a runtime_class or grad_scaler of another type, code-block outputs with "
+        "nothing to backpropagate, ppe.map's out_keys on a non-dict (PPE: Python's or torch's "
+        "error, or no backward in silence)",
+    ),
+    "ppe_core/runtime/_runtime.py": (
+        SAME,
+        "BaseRuntime, PyTorchRuntime (its autocast arguments: PPE's runtime/_autocast.py), "
+        "module tagging",
+    ),
     "ppe_core/runtime/_to.py": (SAME, "ppe.to"),
     # handler
     "ppe_core/handler/__init__.py": (SAME, "the handler namespace"),
@@ -325,11 +345,6 @@ FILES: dict[str, tuple[str, str]] = {
         "float epoch counts, a KeyError or a bare warning)",
     ),
     _TR + "_due.py": (SAME, "due-iteration checks for every-iteration extensions"),
-    _TR + "_early_stopping_state.py": (
-        BEYOND,
-        "EarlyStoppingTrigger's state in snapshots: best value, count, inner triggers and "
-        "summary (PPE saves none: a resumed run restarts the count)",
-    ),
     _TR + "_factory.py": (SAME, "get_trigger"),
     _TR + "_function.py": (SAME, "FunctionTrigger"),
     _TR + "_interval.py": (SAME, "IntervalTrigger, ManualScheduleTrigger"),

@@ -1,4 +1,5 @@
-"""The declarative runtime-option spec and its validator (ppe_core.runtime._options)."""
+"""The declarative runtime-option spec and its validator, and the shared options' pieces
+(ppe_core.runtime._option_specs, _shared_options)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,11 @@ import pytest
 import torch
 
 from ppe_core.errors import ArgumentTypeError, ConfigurationError, RuntimeOptionError
-from ppe_core.runtime import OptionSpec, RuntimeOptions, RuntimeOptionTypeError
-from ppe_core.runtime._options import (
+from ppe_core.runtime import OptionSpec, RuntimeOptions, RuntimeOptionTypeError, positive_int
+from ppe_core.runtime._shared_options import (
     AutocastForward,
     BatchMover,
-    autocast_kwargs,
-    positive_int,
+    device_autocast_kwargs,
     set_autocast_forward,
 )
 
@@ -93,16 +93,16 @@ def test_markdown_table_lists_every_option() -> None:
     ],
 )
 def test_autocast_forms_become_torch_autocast_kwargs(value: object, expected: object) -> None:
-    assert autocast_kwargs(value, "cpu", torch.bfloat16, "R") == expected
+    assert device_autocast_kwargs(value, "cpu", torch.bfloat16, "R") == expected
 
 
 def test_autocast_rejects_another_device_type_and_unsupported_dtypes() -> None:
     with pytest.raises(RuntimeOptionError, match=r"device_type='cuda'.*runs on 'cpu'"):
-        autocast_kwargs({"device_type": "cuda"}, "cpu", torch.bfloat16, "R")
+        device_autocast_kwargs({"device_type": "cuda"}, "cpu", torch.bfloat16, "R")
     with pytest.raises(
         RuntimeOptionError, match=r"torch\.bfloat16 or torch\.float16, got torch\.int8"
     ):
-        autocast_kwargs(torch.int8, "cpu", torch.bfloat16, "R")
+        device_autocast_kwargs(torch.int8, "cpu", torch.bfloat16, "R")
 
 
 def test_autocast_forward_survives_deepcopy_and_pickle_and_can_be_removed() -> None:

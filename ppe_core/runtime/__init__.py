@@ -11,13 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 from ppe_core.errors import RuntimeOptionError, RuntimeOptionTypeError, RuntimeReplacedWarning
 from ppe_core.runtime._device import DeviceRuntime
+from ppe_core.runtime._device_types import autocast_available, autocast_device_type_of
 from ppe_core.runtime._option_specs import OptionSpec, RuntimeOptions, positive_int
-from ppe_core.runtime._options import autocast_available
 from ppe_core.runtime._registry import (
     RuntimeRegistry,
     _RuntimeRegistry,  # noqa: F401  (PPE's name, reachable as ppe.runtime._RuntimeRegistry)
     active_registry,
-    autocast_device_type_of,
     device_type_of,
 )
 from ppe_core.runtime._runtime import (

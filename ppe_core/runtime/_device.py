@@ -7,18 +7,18 @@ from typing import Any, ClassVar
 
 import torch
 
-from ppe_core.errors import ConfigurationError
-from ppe_core.runtime._option_specs import OptionSpec, RuntimeOptions
-from ppe_core.runtime._options import (
+from ppe_core.runtime._device_types import require_autocast, torch_device_for
+from ppe_core.runtime._option_specs import RuntimeOptions
+from ppe_core.runtime._registry import device_type_of
+from ppe_core.runtime._runtime import DeviceLike, PyTorchRuntime
+from ppe_core.runtime._shared_options import (
     BatchMover,
-    autocast_kwargs,
     compile_in_place,
     compile_kwargs,
-    require_autocast,
+    device_autocast_kwargs,
     set_autocast_forward,
+    shared_option_specs,
 )
-from ppe_core.runtime._registry import device_type_of, is_torch_device_type
-from ppe_core.runtime._runtime import BaseRuntime, DeviceLike, PyTorchRuntime
 
 __all__ = ["DeviceRuntime"]
 
@@ -31,7 +31,9 @@ class DeviceRuntime(PyTorchRuntime):
     (``accepted_options`` follows from it). This class validates the options, normalises
     ``autocast`` into ``torch.autocast`` arguments, and applies the module options when
     ``ppe.to`` moves a module and the batch options where batches are converted.
-    ``resolved_options`` holds every declared option's value for the subclass's own options.
+    ``resolved_options`` holds every declared option's value for the subclass's own options;
+    ``autocast`` (``None``: off) the ``torch.autocast`` arguments the module's forward runs
+    under, always naming ``device_type`` and ``dtype``.
     """
 
     #: The device type this runtime serves (``"cpu"``, ``"cuda"``, ...).
@@ -57,70 +59,15 @@ class DeviceRuntime(PyTorchRuntime):
         if spec is not None and "accepted_options" not in cls.__dict__:
             cls.accepted_options = spec.names  # any other key is rejected by name
 
-    @staticmethod
-    def shared_options(
-        device_type: str, autocast_dtype: torch.dtype, *, non_blocking: bool = False
-    ) -> tuple[OptionSpec, ...]:
-        """The specs of ``autocast``, ``grad_scaler``, ``channels_last`` and ``compile`` (and
-        ``non_blocking`` for devices with asynchronous copies), worded for ``device_type``."""
-        dtype = str(autocast_dtype).removeprefix("torch.")
-        specs = [
-            OptionSpec(
-                "autocast",
-                (bool, torch.dtype, Mapping),
-                False,
-                f"Run the model's forward under `torch.autocast('{device_type}')`: `True` is "
-                f"{dtype}, or a dtype, or a dict of `torch.autocast` arguments.",
-                "torch.bfloat16",
-            ),
-            OptionSpec(
-                "grad_scaler",
-                (torch.amp.GradScaler,),
-                None,
-                "A `torch.amp.GradScaler` for code blocks (as `PyTorchRuntime`); saved in "
-                "snapshots.",
-                f"torch.amp.GradScaler({device_type!r})",
-            ),
-            OptionSpec(
-                "channels_last",
-                (bool,),
-                False,
-                "Module and 4-D batch tensors in channels-last memory format (faster CNNs).",
-            ),
-            OptionSpec(
-                "compile",
-                (bool, Mapping),
-                False,
-                "`torch.compile` the module in place: `True`, or a dict of `torch.compile` "
-                "arguments. `state_dict` keys are unchanged.",
-                "{'backend': 'inductor'}",
-                on_move=True,
-            ),
-        ]
-        if non_blocking:
-            specs.append(
-                OptionSpec(
-                    "non_blocking",
-                    (bool,),
-                    False,
-                    "Host-to-device batch copies with `non_blocking=True` (asynchronous from "
-                    "pinned memory: `DataLoader(pin_memory=True)`).",
-                )
-            )
-        return tuple(specs)
+    #: The specs of the options every device plugin shares (see :func:`shared_option_specs`).
+    shared_options = staticmethod(shared_option_specs)
 
     def __init__(self, device_spec: DeviceLike, options: Mapping[str, Any] | None = None) -> None:
         name = type(self).__name__
-        if device_type_of(device_spec) != self.device_type:
-            raise ConfigurationError(
-                f"{name} serves {self.device_type!r} devices, got {device_spec!r}; pass "
-                f"device={self.device_type!r} (or '{self.device_type}:N'), or leave "
-                "runtime_class unset so the device's own runtime is looked up"
-            )
+        torch_device = torch_device_for(type(self), device_spec)
         resolved = self.option_spec.validate(options)
-        torch_device = self._torch_device(device_spec)
         autocast_type = type(self).autocast_device_type or device_type_of(torch_device)
-        autocast = autocast_kwargs(
+        autocast = device_autocast_kwargs(
             resolved["autocast"], autocast_type, self.default_autocast_dtype, name
         )
         given = {k: v for k, v in (options or {}).items() if v is not None and k != "autocast"}
@@ -132,8 +79,6 @@ class DeviceRuntime(PyTorchRuntime):
         self.autocast_device_type = autocast_type
         #: Every declared option, defaults filled in.
         self.resolved_options: dict[str, Any] = resolved
-        #: ``torch.autocast`` arguments the module's forward runs under (``None``: off).
-        self.autocast: dict[str, Any] | None = autocast
         self.channels_last: bool = bool(resolved["channels_last"])
         self.non_blocking: bool = bool(resolved.get("non_blocking", False))
         self.compile: dict[str, Any] | None = compile_kwargs(resolved["compile"])
@@ -142,38 +87,7 @@ class DeviceRuntime(PyTorchRuntime):
             self.move_tensor = BatchMover(  # type: ignore[method-assign]
                 self.device, self.non_blocking, self.channels_last
             )
-            self.convert_batch = self._convert_each  # type: ignore[method-assign]
-
-    def _torch_device(self, device_spec: DeviceLike) -> DeviceLike:
-        """The torch device for ``device_spec``, through :attr:`torch_device_type` if set (a
-        malformed spec of a type PyTorch knows is returned as is: ``PyTorchRuntime`` explains
-        it)."""
-        name = type(self).__name__
-        target = self.torch_device_type
-        if target is None:
-            try:
-                return torch.device(device_spec)
-            except (RuntimeError, TypeError, ValueError) as exc:
-                if is_torch_device_type(self.device_type):
-                    return device_spec
-                raise ConfigurationError(
-                    f"{name} serves {self.device_type!r}, a device type PyTorch does not know "
-                    f"(torch.device({str(device_spec)!r}) failed: {exc}); declare "
-                    f"torch_device_type = 'cpu' in the body of {name} (or the torch device type "
-                    "its tensors live on), or register the device type with PyTorch first"
-                ) from exc
-        index = device_spec.index if isinstance(device_spec, torch.device) else None
-        if isinstance(device_spec, str) and ":" in device_spec:
-            tail = device_spec.partition(":")[2]
-            if not tail.isdigit():
-                raise ConfigurationError(
-                    f"{name} cannot use the device {device_spec!r}: the index must be an int, "
-                    f"e.g. '{self.device_type}:0'"
-                )
-            index = int(tail)
-        if index is None or target == "cpu":
-            return torch.device(target)
-        return torch.device(target, index)
+            self._plain_move = False  # convert_batch calls it for every tensor
 
     @property
     def grad_scaler(self) -> torch.amp.GradScaler | None:
@@ -189,9 +103,6 @@ class DeviceRuntime(PyTorchRuntime):
             self.options.pop("grad_scaler", None)
         else:
             self.options["grad_scaler"] = scaler
-
-    def _convert_each(self, args: Any) -> Any:
-        return BaseRuntime.convert_batch(self, args)
 
     def move_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """Move ``module`` and apply the module options (channels-last, autocast, compile),

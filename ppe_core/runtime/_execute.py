@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ppe_core.errors import CodeBlockError
+from ppe_core.runtime._runtime_checks import backprop_error
 
 if TYPE_CHECKING:
     from ppe_core.runtime._runtime import BaseRuntime
@@ -103,12 +104,10 @@ def run_code_block(
         if grad_scaler is not None:
             tensors = [grad_scaler.scale(t) for t in tensors]
         torch.autograd.backward(tensors)
-    if not optimizers:
-        return out
     if grad_scaler is None:
         for optimizer in optimizers:
             optimizer.step()
-    else:
+    elif optimizers:  # GradScaler.update needs a step first
         for optimizer in optimizers:
             grad_scaler.step(optimizer)
         grad_scaler.update()
@@ -118,18 +117,9 @@ def run_code_block(
 def _to_backprop(out: Any, backprop_from: str | None) -> list[torch.Tensor]:
     """The outputs a block backpropagates: ``backprop_from``, else every scalar float loss."""
     if backprop_from is not None:
-        if not isinstance(out, Mapping) or backprop_from not in out:
-            got = sorted(out) if isinstance(out, Mapping) else type(out).__name__
-            raise CodeBlockError(
-                f"update_parameters(backprop_from={backprop_from!r}) but the function returned "
-                f"{got}; return a dict holding {backprop_from!r}, or fix backprop_from"
-            )
-        value = out[backprop_from]
+        value = out.get(backprop_from) if isinstance(out, Mapping) else None
         if not isinstance(value, torch.Tensor) or value.grad_fn is None:
-            raise CodeBlockError(
-                f"the output {backprop_from!r} is not a tensor computed with autograd, so it "
-                "cannot be backpropagated; compute it from the parameters (not under no_grad)"
-            )
+            raise backprop_error(out, backprop_from)
         return [value]
     items = out.values() if isinstance(out, Mapping) else [out]
     tensors = [
@@ -141,10 +131,5 @@ def _to_backprop(out: Any, backprop_from: str | None) -> list[torch.Tensor]:
         and (v.dtype.is_floating_point or v.dtype.is_complex)
     ]
     if not tensors:
-        keys = sorted(out) if isinstance(out, Mapping) else type(out).__name__
-        raise CodeBlockError(
-            f"update_parameters found nothing to backpropagate in the outputs {keys}: no "
-            "one-element float tensor computed with autograd. Return the loss, e.g. "
-            "{'loss': loss}, or name it with backprop_from='loss'."
-        )
+        raise backprop_error(out, None)
     return tensors

@@ -9,14 +9,14 @@ dict).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
-from ppe_core.errors import RuntimeOptionError, RuntimeOptionTypeError
+from ppe_core.errors import ConfigurationError, RuntimeOptionError, RuntimeOptionTypeError
 
-__all__ = ["OptionSpec", "RuntimeOptions", "positive_int"]
+__all__ = ["OptionSpec", "RuntimeOptions", "positive_int", "reject_unknown"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,13 +91,8 @@ class RuntimeOptions:
             RuntimeOptionTypeError: a value of the wrong type.
         """
         given = dict(options or {})
-        unknown = sorted(set(given) - set(self.specs), key=str)
-        if unknown:
-            raise RuntimeOptionError(
-                f"{self.owner} does not understand the runtime option(s) "
-                f"{', '.join(map(repr, unknown))}; accepted options: {self._listing()}. "
-                "Remove them from ppe.to(options=...) / runtime_options, or fix the spelling."
-            )
+        listing = ", ".join(f"{s.name} ({s.type_names()})" for s in self)
+        reject_unknown(self.owner, given, self.specs, listing)
         resolved: dict[str, Any] = {}
         for name, spec in self.specs.items():
             value = given.get(name)
@@ -118,14 +113,29 @@ class RuntimeOptions:
             resolved[name] = value
         return resolved
 
-    def _listing(self) -> str:
-        return ", ".join(f"{s.name} ({s.type_names()})" for s in self) or "(none)"
-
     def markdown_table(self) -> str:
         """The options as a Markdown table (option, types, default, meaning) for docs."""
         rows = ["| option | accepts | default | meaning |", "|---|---|---|---|"]
         rows += [f"| `{s.name}` | {s.type_names()} | `{s.default!r}` | {s.doc} |" for s in self]
         return "\n".join(rows)
+
+
+def reject_unknown(
+    owner: str,
+    options: Mapping[str, Any],
+    accepted: Iterable[str],
+    listing: str,
+    error: type[ConfigurationError] = RuntimeOptionError,
+) -> None:
+    """Raise ``error`` naming the keys of ``options`` not in ``accepted``, with ``listing``
+    (the accepted options in words) and the fix."""
+    unknown = sorted(set(options) - set(accepted), key=str)
+    if unknown:
+        raise error(
+            f"{owner} does not understand the runtime option(s) "
+            f"{', '.join(map(repr, unknown))}; accepted options: {listing or '(none)'}. "
+            "Remove them from ppe.to(options=...) / runtime_options, or fix the spelling."
+        )
 
 
 def _type_name(t: type) -> str:

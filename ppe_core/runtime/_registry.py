@@ -15,24 +15,28 @@ import torch
 
 from ppe_core._registry import Registrant, Registry, describe
 from ppe_core.errors import (
-    ArgumentTypeError,
     ConfigurationError,
     RuntimeNotFoundError,
     RuntimeReplacedWarning,
 )
 from ppe_core.runtime._runtime import BaseRuntime, DeviceLike, PyTorchRuntime
+from ppe_core.runtime._runtime_checks import (
+    check_runtime_registration,
+    device_error,
+    unknown_device_hint,
+)
 
 __all__ = [
     "RuntimeRegistry",
     "RuntimeReplacedWarning",
     "active_registry",
-    "autocast_device_type_of",
     "device_type_of",
     "is_torch_device_type",
     "set_registry_source",
 ]
 
-_source: Callable[[], RuntimeRegistry] | None = None
+#: Returns the active registry; set once by ``ppe_core``'s ``__init__``, before any lookup.
+_source: Callable[[], RuntimeRegistry]
 
 
 def set_registry_source(source: Callable[[], RuntimeRegistry]) -> None:
@@ -44,37 +48,16 @@ def set_registry_source(source: Callable[[], RuntimeRegistry]) -> None:
 
 def active_registry() -> RuntimeRegistry:
     """The registry ``ppe.to`` resolves with (``ppe.runtime.runtime_registry``)."""
-    if _source is None:  # pragma: no cover - ppe_core's __init__ always sets it
-        raise ConfigurationError("no runtime registry is active; import ppe_core first")
     return _source()
-
-
-def autocast_device_type_of(runtime: BaseRuntime) -> str:
-    """The device type ``torch.autocast`` uses for ``runtime``'s models.
-
-    The runtime's ``autocast_device_type`` attribute when it has one (a device type PyTorch
-    does not know computes on another type's kernels; see
-    :attr:`~ppe_core.runtime.DeviceRuntime.autocast_device_type`), else the type of its
-    ``device_spec``.
-    """
-    named = getattr(runtime, "autocast_device_type", None)
-    return named if isinstance(named, str) else device_type_of(runtime.device_spec)
 
 
 def device_type_of(device: DeviceLike) -> str:
     """The device type of ``"cuda:1"``, ``torch.device("cuda", 1)`` or ``"cpu"``."""
     if isinstance(device, torch.device):
         return device.type
-    if isinstance(device, str):
-        if not device:
-            raise ConfigurationError(
-                "device is an empty string; pass a device such as 'cpu', 'cuda:0' or 'auto'"
-            )
+    if isinstance(device, str) and device:
         return device.split(":", 1)[0]
-    raise ArgumentTypeError(
-        f"device must be a str or a torch.device, got {type(device).__name__} {device!r}; pass "
-        "e.g. device='cpu', device='cuda:0' or torch.device('cuda', 0)"
-    )
+    raise device_error(device)
 
 
 @functools.cache
@@ -164,19 +147,7 @@ class RuntimeRegistry(Registry[type[BaseRuntime]]):
             return super().register(name, obj, replace=replace)
 
     def _validate(self, name: str, obj: object) -> None:
-        if not (isinstance(obj, type) and issubclass(obj, BaseRuntime)):
-            what = "an instance" if isinstance(obj, BaseRuntime) else "not a runtime class"
-            raise ArgumentTypeError(
-                f"runtime for {name!r} must be a subclass of ppe_core.runtime.BaseRuntime, "
-                f"got {obj!r} ({what}); register the class itself, e.g. "
-                f"register({name!r}, MyRuntime) with class MyRuntime(PyTorchRuntime)"
-            )
-        if ":" in name:
-            raise ConfigurationError(
-                f"runtimes are registered for a device type, not a device: got {name!r}; "
-                f"register {name.split(':', 1)[0]!r} instead (the runtime receives the full "
-                "device spec when constructed)"
-            )
+        check_runtime_registration(name, obj, BaseRuntime)
 
     def get_runtime_class_for_device_spec(self, device: DeviceLike) -> type[BaseRuntime]:
         """The runtime class for ``device``.
@@ -195,12 +166,7 @@ class RuntimeRegistry(Registry[type[BaseRuntime]]):
         problem = self._provider_failure(device_type) if self._provider_failure else None
         if problem is None and is_torch_device_type(device_type):
             return PyTorchRuntime
-        hint = problem or (
-            f"{device_type!r} is not a PyTorch device type either. Install the plugin that "
-            "provides it (first-party plugins: pip install ppe-cpu / pip install ppe-cuda), "
-            "or register one with ppe_core.runtime.runtime_registry.register"
-            f"({device_type!r}, MyRuntime)."
-        )
+        hint = problem or unknown_device_hint(device_type)
         raise RuntimeNotFoundError(self._not_found_message(device_type, hint))
 
 

@@ -11,6 +11,8 @@ import torch
 
 from ppe_core.errors import ConfigurationError, RuntimeOptionError
 from ppe_core.runtime._execute import run_code_block
+from ppe_core.runtime._option_specs import reject_unknown
+from ppe_core.runtime._runtime_checks import check_grad_scaler, check_map_output
 
 _Tensor = torch.Tensor
 
@@ -24,6 +26,7 @@ __all__ = [
     "DeviceLike",
     "PyTorchRuntime",
     "RuntimeOptionError",
+    "autocast_kwargs",
     "get_runtime",
     "iter_runtime_modules",
     "named_runtime_modules",
@@ -31,9 +34,8 @@ __all__ = [
 ]
 
 DeviceLike = str | torch.device
-_TAG = "_ppe_runtime"
 #: PPE's name for the attribute ``ppe.to`` sets on every module it moves.
-_RUNTIME_TAG_NAME = _TAG
+_RUNTIME_TAG_NAME = "_ppe_runtime"
 
 
 class BaseRuntime:
@@ -63,14 +65,8 @@ class BaseRuntime:
         self.options: dict[str, Any] = dict(options or {})
         accepted = type(self).__dict__.get("accepted_options")
         if accepted is not None:
-            unknown = sorted(set(self.options) - accepted)
-            if unknown:
-                listed = ", ".join(sorted(accepted)) or "(none)"
-                raise ConfigurationError(
-                    f"{type(self).__name__} does not understand the runtime option(s) "
-                    f"{', '.join(map(repr, unknown))}; accepted options: {listed}. "
-                    "Remove them from runtime_options / ppe.to(options=...)."
-                )
+            listing = ", ".join(sorted(accepted))
+            reject_unknown(type(self).__name__, self.options, accepted, listing, ConfigurationError)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         """Pickles the runtime with the module it tags; a runtime that cannot be pickled
@@ -84,7 +80,7 @@ class BaseRuntime:
             reduced = super().__reduce_ex__(protocol)
             pickle.dumps(reduced, protocol)  # its state may hold unpicklable objects
         except Exception:
-            return (_no_runtime, ())
+            return (type(None), ())  # NoneType() is None: no runtime
         finally:
             _CHECKING.discard(key)
         return reduced
@@ -214,11 +210,7 @@ class BaseRuntime:
         for data in iterable:
             out = func(data)
             if out_keys is not None:
-                if not isinstance(out, Mapping):
-                    raise ConfigurationError(
-                        f"ppe.map was given out_keys={sorted(out_keys)}, but the function "
-                        f"returned {type(out).__name__}, not a dict; return a dict or omit out_keys"
-                    )
+                check_map_output(out, out_keys)
                 out = {key: out[key] for key in out_keys}
             yield map_tensors(out, lambda t: t.to(device))
 
@@ -261,14 +253,10 @@ class PyTorchRuntime(BaseRuntime):
                 "device type with an optional index, e.g. 'cpu', 'cuda' or 'cuda:1'."
             ) from exc
         self._on_cpu = self._device.type == "cpu"
-        self._autocast_kwargs = _autocast_kwargs(self.options.get("autocast"), self._device.type)
+        #: ``torch.autocast`` arguments code blocks run under (``None``: off).
+        self.autocast = autocast_kwargs(self.options.get("autocast"), self._device.type)
         scaler = self.options.get("grad_scaler")
-        if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
-            raise RuntimeOptionError(
-                f"runtime option 'grad_scaler' must be a torch.amp.GradScaler, got "
-                f"{type(scaler).__name__}; e.g. options={{'grad_scaler': "
-                f"torch.amp.GradScaler({self._device.type!r})}}"
-            )
+        check_grad_scaler(scaler, self._device.type)
         self._grad_scaler: torch.amp.GradScaler | None = scaler
 
     @property
@@ -306,7 +294,7 @@ class PyTorchRuntime(BaseRuntime):
 
     def execute(self, code_block: CodeBlock, batch: Any) -> Any:
         """Run a code block as :meth:`BaseRuntime.execute`, with the autocast/scaler options."""
-        return run_code_block(code_block, batch, self._autocast_kwargs, self._grad_scaler)
+        return run_code_block(code_block, batch, self.autocast, self._grad_scaler)
 
     @classmethod
     def trace(cls, event_name: str | None, arg: Any) -> AbstractContextManager[Any]:
@@ -316,8 +304,11 @@ class PyTorchRuntime(BaseRuntime):
         return torch.autograd.profiler.record_function(event_name)
 
 
-def _autocast_kwargs(option: Any, device_type: str) -> dict[str, Any] | None:
-    """``torch.autocast`` keyword arguments for the ``autocast`` option (``None``: off)."""
+def autocast_kwargs(option: Any, device_type: str) -> dict[str, Any] | None:
+    """``torch.autocast`` keyword arguments for the ``autocast`` option (``None``: off), for
+    every runtime: ``True`` or a dict of ``torch.autocast`` arguments, whose ``device_type``
+    defaults to ``device_type`` and ``enabled=False`` switches it off (PPE's
+    ``_autocast.py``). ``DeviceRuntime`` adds its forms on top (``device_autocast_kwargs``)."""
     if option is None or option is False:
         return None
     if option is not True and not isinstance(option, Mapping):
@@ -328,9 +319,7 @@ def _autocast_kwargs(option: Any, device_type: str) -> dict[str, Any] | None:
         )
     kwargs = {} if option is True else dict(option)
     kwargs.setdefault("device_type", device_type)
-    if not kwargs.pop("enabled", True):
-        return None
-    return kwargs
+    return kwargs if kwargs.pop("enabled", True) else None
 
 
 def map_tensors(
@@ -370,11 +359,6 @@ def map_tensors(
 _CHECKING: set[int] = set()
 
 
-def _no_runtime() -> None:
-    """What an unpicklable runtime's tag unpickles to: no runtime (see ``__reduce_ex__``)."""
-    return None
-
-
 def tag_module(module: torch.nn.Module, runtime: BaseRuntime) -> None:
     """Record ``runtime`` on ``module`` and every submodule, as ``ppe.to`` does after a move.
 
@@ -382,7 +366,7 @@ def tag_module(module: torch.nn.Module, runtime: BaseRuntime) -> None:
     later call on a submodule re-tags that branch.
     """
     for sub in module.modules():
-        object.__setattr__(sub, _TAG, runtime)
+        object.__setattr__(sub, _RUNTIME_TAG_NAME, runtime)
 
 
 def get_runtime(module: object) -> BaseRuntime | None:
@@ -392,9 +376,9 @@ def get_runtime(module: object) -> BaseRuntime | None:
     own tag counts, not an attribute inherited from its class.
     """
     if isinstance(module, torch.nn.Module):
-        runtime = module.__dict__.get(_TAG)
+        runtime = module.__dict__.get(_RUNTIME_TAG_NAME)
     else:
-        runtime = getattr(module, _TAG, None)
+        runtime = getattr(module, _RUNTIME_TAG_NAME, None)
     return runtime if isinstance(runtime, BaseRuntime) else None
 
 
@@ -443,4 +427,4 @@ _module_runtime_tag = get_runtime
 
 def _set_module_runtime_tag(module: torch.nn.Module, runtime: BaseRuntime) -> None:
     """Tag ``module`` alone (not its submodules) with ``runtime``, as PPE's helper does."""
-    object.__setattr__(module, _TAG, runtime)
+    object.__setattr__(module, _RUNTIME_TAG_NAME, runtime)

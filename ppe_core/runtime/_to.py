@@ -17,6 +17,7 @@ import torch
 from ppe_core.errors import ArgumentTypeError, ConfigurationError
 from ppe_core.runtime._registry import RuntimeRegistry, active_registry
 from ppe_core.runtime._runtime import BaseRuntime, DeviceLike, iter_runtime_modules, tag_module
+from ppe_core.runtime._runtime_checks import check_runtime_class
 
 __all__ = ["runtime_for", "to"]
 
@@ -51,14 +52,8 @@ def runtime_for(
         ConfigurationError: ``"auto"`` without a default device, or options the runtime
             rejects.
     """
-    if runtime_class is not None and not (
-        isinstance(runtime_class, type) and issubclass(runtime_class, BaseRuntime)
-    ):
-        raise ArgumentTypeError(
-            f"runtime_class must be a subclass of ppe_core.runtime.BaseRuntime, got "
-            f"{runtime_class!r}; pass the class (not an instance), or omit it to use the runtime "
-            "registered for the device"
-        )
+    if runtime_class is not None:
+        check_runtime_class(runtime_class, BaseRuntime)
     device = registry.resolve_device(device)
     for module in modules:
         for _, _, runtime in iter_runtime_modules(module):
@@ -139,10 +134,10 @@ def to(
             f"{type(module_or_tensor).__name__}; pass the model (ppe.to(model, 'cpu')). Batches "
             "need no ppe.to: the trainer moves them with the runtime's convert_batch"
         )
+    modules = [] if isinstance(module_or_tensor, torch.Tensor) else [module_or_tensor]
+    runtime = runtime_for(active_registry(), device, options, runtime_class, modules)
     if isinstance(module_or_tensor, torch.Tensor):
-        runtime = runtime_for(active_registry(), device, options, runtime_class)
         return runtime.move_tensor(module_or_tensor)
-    runtime = runtime_for(active_registry(), device, options, runtime_class, [module_or_tensor])
     moved = runtime.move_module(module_or_tensor)
     tag_module(moved, runtime)
     return moved

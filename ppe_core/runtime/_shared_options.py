@@ -1,8 +1,9 @@
-"""The device-independent runtime options (``autocast``, ``channels_last``, ``compile``) that
-:class:`~ppe_core.runtime.DeviceRuntime` gives every device plugin.
-
-Their declarations (:class:`OptionSpec`, validated by :class:`RuntimeOptions`) live in
-``_option_specs.py``; re-exported here, their former path.
+"""The options PPE's runtimes lack, which :class:`~ppe_core.runtime.DeviceRuntime` gives every
+device plugin: their declarations (:func:`shared_option_specs`) and what they do: autocast
+over a module's ``forward``, channels-last modules and batches, ``torch.compile`` in place,
+non-blocking copies, and the forms the ``autocast`` option takes beyond PPE's (a dtype alone, the
+device's default dtype, both checked). PPE's runtimes take ``autocast`` and ``grad_scaler`` for
+code blocks only, passing the dict to ``torch.autocast`` as it is.
 """
 
 from __future__ import annotations
@@ -13,46 +14,96 @@ from typing import Any
 import torch
 
 from ppe_core.errors import RuntimeOptionError, RuntimeOptionTypeError
-from ppe_core.runtime._option_specs import OptionSpec, RuntimeOptions, positive_int
+from ppe_core.runtime._option_specs import OptionSpec
+from ppe_core.runtime._runtime import autocast_kwargs
 
 __all__ = [
-    "OptionSpec",
-    "RuntimeOptionTypeError",
-    "RuntimeOptions",
-    "autocast_available",
-    "positive_int",
+    "AUTOCAST_DTYPES",
+    "AutocastForward",
+    "BatchMover",
+    "compile_in_place",
+    "compile_kwargs",
+    "device_autocast_kwargs",
+    "set_autocast_forward",
+    "shared_option_specs",
 ]
 
 
-# Device-independent option implementations used by the device plugins ---------------------
+def shared_option_specs(
+    device_type: str, autocast_dtype: torch.dtype, *, non_blocking: bool = False
+) -> tuple[OptionSpec, ...]:
+    """The specs of ``autocast``, ``grad_scaler``, ``channels_last`` and ``compile`` (and
+    ``non_blocking`` for devices with asynchronous copies), worded for ``device_type``."""
+    dtype = str(autocast_dtype).removeprefix("torch.")
+    specs = [
+        OptionSpec(
+            "autocast",
+            (bool, torch.dtype, Mapping),
+            False,
+            f"Run the model's forward under `torch.autocast('{device_type}')`: `True` is "
+            f"{dtype}, or a dtype, or a dict of `torch.autocast` arguments.",
+            "torch.bfloat16",
+        ),
+        OptionSpec(
+            "grad_scaler",
+            (torch.amp.GradScaler,),
+            None,
+            "A `torch.amp.GradScaler` for code blocks (as `PyTorchRuntime`); saved in snapshots.",
+            f"torch.amp.GradScaler({device_type!r})",
+        ),
+        OptionSpec(
+            "channels_last",
+            (bool,),
+            False,
+            "Module and 4-D batch tensors in channels-last memory format (faster CNNs).",
+        ),
+        OptionSpec(
+            "compile",
+            (bool, Mapping),
+            False,
+            "`torch.compile` the module in place: `True`, or a dict of `torch.compile` "
+            "arguments. `state_dict` keys are unchanged.",
+            "{'backend': 'inductor'}",
+            on_move=True,
+        ),
+    ]
+    if non_blocking:
+        specs.append(
+            OptionSpec(
+                "non_blocking",
+                (bool,),
+                False,
+                "Host-to-device batch copies with `non_blocking=True` (asynchronous from "
+                "pinned memory: `DataLoader(pin_memory=True)`).",
+            )
+        )
+    return tuple(specs)
+
+
 #: The dtypes ``torch.autocast`` lowers to on the devices the first-party plugins serve.
 AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def autocast_kwargs(
+def device_autocast_kwargs(
     value: Any, device_type: str, default_dtype: torch.dtype, owner: str
 ) -> dict[str, Any] | None:
-    """The ``autocast`` option (``True``, a dtype or a dict) as ``torch.autocast`` kwargs.
+    """A ``DeviceRuntime``'s ``autocast`` option as ``torch.autocast`` kwargs (``None``: off).
 
-    Returns ``None`` when autocast is off (``False``, or a dict with ``enabled=False``). The
-    result always names ``device_type`` and ``dtype``, the form ``PyTorchRuntime`` and the
-    code-block path understand.
+    The forms of :func:`~ppe_core.runtime._runtime.autocast_kwargs`, plus a dtype alone. The
+    result always names ``device_type`` (this runtime's: another is refused) and ``dtype``
+    (``default_dtype`` unless given; one of :data:`AUTOCAST_DTYPES`), the form
+    ``PyTorchRuntime`` and the code-block path understand.
     """
-    if value is None or value is False:
+    kwargs = autocast_kwargs(
+        {"dtype": value} if isinstance(value, torch.dtype) else value, device_type
+    )
+    if kwargs is None:
         return None
-    if value is True:
-        kwargs: dict[str, Any] = {}
-    elif isinstance(value, torch.dtype):
-        kwargs = {"dtype": value}
-    else:
-        kwargs = dict(value)
-    if not kwargs.pop("enabled", True):
-        return None
-    given_type = kwargs.setdefault("device_type", device_type)
-    if given_type != device_type:
+    if kwargs["device_type"] != device_type:
         raise RuntimeOptionError(
-            f"{owner} option 'autocast' names device_type={given_type!r}, but this runtime runs "
-            f"on {device_type!r}; drop device_type or use the {given_type!r} device's runtime"
+            f"{owner} option 'autocast' names device_type={kwargs['device_type']!r}, but this "
+            f"runtime runs on {device_type!r}; drop device_type or use the "
+            f"{kwargs['device_type']!r} device's runtime"
         )
     dtype = kwargs.setdefault("dtype", default_dtype)
     if dtype not in AUTOCAST_DTYPES:
@@ -61,33 +112,6 @@ def autocast_kwargs(
             f"{dtype!r}; e.g. options={{'autocast': torch.bfloat16}}"
         )
     return kwargs
-
-
-def autocast_available(device_type: str) -> bool:
-    """Whether ``torch.autocast`` supports ``device_type`` (``True`` where torch cannot say)."""
-    available = getattr(torch.amp, "is_autocast_available", None)  # torch>=2.4
-    if available is None:
-        return True
-    try:
-        return bool(available(device_type))
-    except RuntimeError:  # a device type PyTorch does not know at all
-        return False
-
-
-def require_autocast(device_type: str, what: str, owner: str) -> None:
-    """Raise a clear error if ``torch.autocast`` has no implementation for ``device_type``.
-
-    Called once, where autocast is switched on, so torch's own error ("unsupported autocast
-    device_type") never reaches the first training step.
-    """
-    if autocast_available(device_type):
-        return
-    raise RuntimeOptionError(
-        f"{what} asks for autocast on device type {device_type!r}, which torch.autocast does "
-        f"not support; name the torch device type autocast runs on in the runtime class "
-        f"({owner}): autocast_device_type = 'cpu' in a DeviceRuntime subclass whose tensors "
-        "compute on the host, or the type whose kernels it uses; or switch autocast off"
-    )
 
 
 def compile_kwargs(value: Any) -> dict[str, Any] | None:
