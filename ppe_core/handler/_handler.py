@@ -123,8 +123,8 @@ class Handler(HandlerScalerState, BaseHandler):
     ) -> None:
         super().__init__(logic, options)
         self._entry_runtime = entry_runtime
+        # Found by _discover, with the per-step callback lists, at setup or at first use.
         self._modules: list[tuple[str, torch.nn.Module, BaseRuntime]] = []
-        self._discovered = False  # True once _discover has set the per-step callback lists
         self._eval_initialized = False
 
     def consume_options(self, options: dict[str, Any]) -> None:
@@ -153,12 +153,11 @@ class Handler(HandlerScalerState, BaseHandler):
         self._train_post = _overriding(self._modules, "train_post_step")
         self._eval_pre = _overriding(self._modules, "eval_pre_step")
         self._eval_post = _overriding(self._modules, "eval_post_step")
-        self._discovered = True
 
     def _each_runtime(self, models: Mapping[str, torch.nn.Module], method: str) -> None:
         """Calls ``runtime.<method>(module)`` for every tagged module (callbacks called outside
         a run, or before setup, find the runtimes on first use)."""
-        if not self._discovered:
+        if not self._modules:
             self._discover(models)
         for _, module, runtime in self._modules:
             getattr(runtime, method)(module)
@@ -229,7 +228,7 @@ class Handler(HandlerScalerState, BaseHandler):
         Given a ``complete_fn`` (PPE's protocol, see :func:`step_function`), it gets the
         outputs instead and the caller runs the post-step.
         """
-        if not self._discovered:
+        if not self._modules:
             self._discover(trainer.models)
         for module, runtime in self._train_pre:
             runtime.train_pre_step(trainer, module, batch_idx, batch)
@@ -245,7 +244,7 @@ class Handler(HandlerScalerState, BaseHandler):
 
     def train_post_step(self, trainer: Any, batch_idx: int, batch: Any, outputs: Any) -> None:
         """Every runtime's ``train_post_step``, then the outputs reported as ``train/<key>``."""
-        if not self._discovered:  # called by hand, outside a run
+        if not self._modules:  # called by hand, outside a run
             self._discover(trainer.models)
         for module, runtime in self._train_post:
             runtime.train_post_step(trainer, module, batch_idx, batch, outputs)
@@ -272,7 +271,7 @@ class Handler(HandlerScalerState, BaseHandler):
     ) -> Any:
         """One whole evaluation step (the evaluator holds ``torch.no_grad``); returns the
         outputs. ``complete_fn`` works as in :meth:`train_step`, with :meth:`eval_post_step`."""
-        if not self._discovered:
+        if not self._modules:
             self._discover(evaluator.models)
         for module, runtime in self._eval_pre:
             runtime.eval_pre_step(evaluator, module, batch_idx, batch)
@@ -286,7 +285,7 @@ class Handler(HandlerScalerState, BaseHandler):
 
     def eval_post_step(self, evaluator: Any, batch_idx: int, batch: Any, outputs: Any) -> None:
         """Every runtime's ``eval_post_step``, then the outputs reported as ``val/<key>``."""
-        if not self._discovered:  # called by hand, outside a run
+        if not self._modules:  # called by hand, outside a run
             self._discover(evaluator.models)
         for module, runtime in self._eval_post:
             runtime.eval_post_step(evaluator, module, batch_idx, batch, outputs)
