@@ -345,6 +345,11 @@ FILES: dict[str, tuple[str, str]] = {
         "float epoch counts, a KeyError or a bare warning)",
     ),
     _TR + "_due.py": (SAME, "due-iteration checks for every-iteration extensions"),
+    _TR + "_early_stopping_state.py": (
+        BEYOND,
+        "EarlyStoppingTrigger's state in snapshots: best value, count, inner triggers and "
+        "summary (PPE saves none: a resumed run restarts the count)",
+    ),
     _TR + "_factory.py": (SAME, "get_trigger"),
     _TR + "_function.py": (SAME, "FunctionTrigger"),
     _TR + "_interval.py": (SAME, "IntervalTrigger, ManualScheduleTrigger"),
