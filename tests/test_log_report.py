@@ -190,6 +190,44 @@ def test_resume_continues_the_log_without_loss_or_duplicates(tmp_path: Path) -> 
     assert json.loads((tmp_path / "run" / "log").read_text()) == got
 
 
+def test_entry_listeners_get_each_new_entry_once_after_it_is_written(tmp_path: Path) -> None:
+    def add_lr(entry: dict[str, Any]) -> None:
+        entry["lr"] = 0.05
+
+    log_report = LogReport(trigger=(2, "iteration"), postprocess=add_lr)
+    got: list[tuple[dict[str, Any], int]] = []
+    later: list[int] = []
+
+    def listener(entry: dict[str, Any]) -> None:
+        # Called after the entry is stored and in the file (the json log is the whole array).
+        got.append((entry, len(json.loads((tmp_path / "log").read_text()))))
+
+    log_report.add_entry_listener(listener)
+    log_report.add_entry_listener(listener)  # twice: still called once per entry
+    manager = _manager(tmp_path, [log_report])
+    _train(manager, iterations=6)
+    log_report.add_entry_listener(lambda entry: later.append(entry["iteration"]))
+    log_report.remove_entry_listener(listener)
+    log_report.remove_entry_listener(listener)  # not there any more: no error
+    _train(manager, iterations=4)
+
+    assert [entry for entry, _ in got] == log_report.log[:3]
+    assert [entry["iteration"] for entry, _ in got] == [2, 4, 6]
+    assert [count for _, count in got] == [1, 2, 3]
+    assert all(entry["lr"] == 0.05 for entry, _ in got)  # postprocess ran first
+    assert later == [8, 10]
+
+    # Restored entries are not emitted again: a listener sees only what this run adds.
+    resumed_report = LogReport(trigger=(2, "iteration"))
+    resumed = _manager(tmp_path / "resumed", [resumed_report])
+    resumed.load_state_dict(manager.state_dict())
+    seen: list[int] = []
+    resumed_report.add_entry_listener(lambda entry: seen.append(entry["iteration"]))
+    _train(resumed)
+    assert seen == [12]
+    assert [e["iteration"] for e in resumed_report.log] == [2, 4, 6, 8, 10, 12]
+
+
 def test_state_dict_is_plain_data(tmp_path: Path) -> None:
     log_report = LogReport()
     _train(_manager(tmp_path, [log_report]), iterations=6)

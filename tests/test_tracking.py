@@ -15,6 +15,7 @@ from helpers import linear_manager
 from ppe_core.errors import ConfigurationError, TrackerWarning
 from ppe_core.reporting import report
 from ppe_core.tracking import BaseTracker, TrackerEntry
+from ppe_core.training import make_extension
 from ppe_core.training.extensions import snapshot
 from ppe_core.training.extensions._log_report import LogReport
 from ppe_core.writing import ProcessWriter, ThreadWriter, Writer
@@ -125,17 +126,33 @@ def test_every_entry_reaches_the_backend_by_iteration_off_the_training_thread(
     assert report_.params_sent
 
 
-def test_the_tracker_is_not_consulted_on_steps_without_an_entry(tmp_path: Path) -> None:
-    consulted: list[int] = []
+def test_the_tracker_takes_each_entry_as_it_is_emitted_and_is_never_called_per_step(
+    tmp_path: Path,
+) -> None:
+    # LogReport hands each entry to the tracker when it emits it: the manager never calls the
+    # tracker (its trigger never fires), so a step without an entry pays nothing for it.
+    called: list[int] = []
+    queued_at: dict[int, int] = {}
 
     class Counting(RecordingTracker):
-        def has_new_entries(self, manager: Any) -> bool:
-            consulted.append(manager.iteration)
-            return super().has_new_entries(manager)
+        def __call__(self, manager: Any) -> None:
+            called.append(manager.iteration)
+            super().__call__(manager)
 
     tracker = Counting()
-    log_report = _run(tmp_path, tracker, trigger=(1, "epoch"))
-    assert consulted == [4, 8, 12]  # the epoch ends only, like LogReport's entries
+    log_report = LogReport(trigger=(1, "epoch"))
+
+    @make_extension(trigger=(1, "iteration"), priority=-100)  # after both
+    def watch(manager: Any) -> None:
+        queued_at[manager.iteration] = tracker.report.queued
+
+    manager = linear_manager(
+        tmp_path, [log_report, tracker, watch], max_epochs=3, iters_per_epoch=ITERS_PER_EPOCH
+    )
+    _train(manager)
+    assert called == []
+    # Queued in the step that emitted the entry (epoch ends: 4, 8, 12), not later.
+    assert [queued_at[i] for i in range(1, 13)] == [0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3]
     assert tracker.steps == [entry["iteration"] for entry in log_report.log] == [4, 8, 12]
 
 

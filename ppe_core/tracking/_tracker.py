@@ -23,7 +23,8 @@ from ppe_core.tracking._channel import Outbox as _Outbox
 from ppe_core.tracking._channel import TrackerReport
 from ppe_core.tracking._sender import ProcessSender, unsendable_reason
 from ppe_core.training._extension import PRIORITY_READER, Extension
-from ppe_core.training.extensions._log_reader import NewEntriesTrigger, find_log_report
+from ppe_core.training.extensions._log_reader import find_log_report
+from ppe_core.training.triggers import get_trigger
 from ppe_core.writing import Writer
 
 if TYPE_CHECKING:
@@ -73,8 +74,9 @@ class TrackerEntry:
 class BaseTracker(Extension):
     """Base class of experiment-tracker extensions: LogReport's entries, never blocking a step.
 
-    When the registered LogReport emits an entry, the tracker puts it on a bounded queue (no
-    call on steps without an entry: its trigger follows LogReport's entry schedule). A daemon
+    When the registered LogReport emits an entry, it hands it to the tracker (its entry
+    listener), which puts it on a bounded queue; the manager never calls the tracker, so a
+    step without an entry pays nothing for it. A daemon
     worker thread takes the entries in batches (``batch_size`` entries, or what waited
     ``send_interval`` seconds) and hands them to the backend methods below,
     retrying a failed call with exponential backoff. The training thread never calls the
@@ -95,7 +97,7 @@ class BaseTracker(Extension):
     With ``sender="process"`` the backend methods run in a sender process instead of a
     thread, so the backend's client never holds the training process's GIL: the training
     thread appends each entry to a plain deque and a pump thread hands batches over through a
-    pipe (one pickle per batch). The child is ``python -m ppe_core.tracking._sender`` (the
+    pipe (one pickle per batch). The child is ``python -m ppe_core.tracking._child`` (the
     script is never re-run), rebuilt from this instance pickled without its runtime state
     (:meth:`__getstate__`): the subclass must be importable (not defined in ``__main__``)
     and picklable once constructed, and create its client lazily in the backend methods.
@@ -178,7 +180,8 @@ class BaseTracker(Extension):
         ):
             if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds < 0:
                 raise ConfigurationError(f"{name} {arg} must be seconds >= 0, got {seconds!r}")
-        self.trigger = NewEntriesTrigger(self)
+        # Never consulted: LogReport hands each entry over as it emits it (_take).
+        self.trigger = get_trigger(None)
         self._log_report_name = log_report
         self._extra_params = dict(params or {})
         self._artifact_patterns = (artifacts,) if isinstance(artifacts, str) else tuple(artifacts)
@@ -340,19 +343,6 @@ class BaseTracker(Extension):
         """The counts so far (final once :meth:`finalize` returned)."""
         return dataclasses.replace(self._counts, queued=self._queued, dropped=self._dropped)
 
-    # The NewEntriesTrigger contract: consulted only when LogReport can have a new entry.
-    @property
-    def scheduled_log_report(self) -> LogReport | None:
-        """The LogReport whose entry schedule decides when this extension is due."""
-        return self._log_report
-
-    def has_new_entries(self, manager: ManagerView) -> bool:
-        """Whether the LogReport holds entries not queued yet."""
-        log_report = self._log_report  # _resolve, inline: this runs at every entry
-        if log_report is None:
-            log_report = self._resolve(manager)
-        return log_report.num_entries > self._seen
-
     def _resolve(self, manager: ManagerView) -> LogReport:
         if self._log_report is None:
             self._log_report = find_log_report(manager, self._log_report_name, type(self).__name__)
@@ -365,6 +355,7 @@ class BaseTracker(Extension):
         again. Nothing here touches the network: the run opens on the worker.
         """
         log_report = self._resolve(manager)
+        log_report.remove_entry_listener(self._take)  # an earlier run's (one call per entry)
         if not self._restored:
             self._seen = log_report.num_entries
         if self._run_key is None:
@@ -373,6 +364,7 @@ class BaseTracker(Extension):
         self._active = group_world()[1] == 0
         if not self._active:
             return
+        log_report.add_entry_listener(self._take)
         self._params = {**self.run_params(manager), **self._extra_params}
         self._out_dir = manager.out
         self._process = self._sender_pid = None
@@ -390,6 +382,7 @@ class BaseTracker(Extension):
                 )
                 self._sender_pid = self._process.pid
                 self._offer = self._process.offer
+                self._queue_new(log_report)
                 return
             self._sender_mode = "thread"
             warnings.warn(
@@ -400,13 +393,25 @@ class BaseTracker(Extension):
                 stacklevel=2,
             )
         self.start_worker(self._send_interval)
+        self._queue_new(log_report)
 
     def __call__(self, manager: ManagerView) -> None:
-        """Queues the entries LogReport emitted since the last call; never waits."""
-        log_report = self._log_report  # _resolve, inline: this runs at every entry
-        if log_report is None:
-            log_report = self._resolve(manager)
-        self._queue_new(log_report)
+        """Queues the entries LogReport holds and this tracker has not seen; never waits.
+
+        Training never calls it (its trigger never fires): LogReport hands each entry over
+        as it emits it. Calling it by hand is harmless.
+        """
+        if self._active:
+            self._queue_new(self._resolve(manager))
+
+    def _take(self, entry: Mapping[str, Any]) -> None:
+        # LogReport's entry listener, on the training thread once per entry: the whole cost a
+        # tracker adds to a step (a sender process or worker does the rest).
+        self._seen += 1
+        if self._offer(entry):
+            self._queued += 1
+        else:
+            self._drop(1)
         if self._counts.failed and not self._failure_warned:
             counts = self._counts
             self._failure_warned = True
@@ -415,34 +420,24 @@ class BaseTracker(Extension):
                 f"{self._max_retries} retries ({counts.last_error}); training goes on, later "
                 "entries are still tried, and the total is reported when training ends",
                 TrackerWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
 
     def _queue_new(self, log_report: LogReport) -> None:
-        total = log_report.num_entries
-        seen = self._seen
-        if total <= seen:
-            return
-        self._seen = total
-        if not self._active:
-            return
-        offer = self._offer
-        if total - seen == 1:  # one new entry (LogReport emits one per call): no loop
-            if offer(log_report.entries_since(seen)[0]):
+        # The entries LogReport holds beyond those seen: a resumed run's backlog (restored
+        # entries its snapshot had not handed over yet).
+        seen, self._seen = self._seen, log_report.num_entries
+        dropped = 0
+        for entry in log_report.entries_since(seen):
+            if self._offer(entry):
                 self._queued += 1
-                return
-            dropped = 1
-        else:
-            queued = dropped = 0
-            for entry in log_report.entries_since(seen):
-                if offer(entry):
-                    queued += 1
-                else:
-                    dropped += 1
-            self._queued += queued
-            if not dropped:
-                return
-        self._dropped += dropped
+            else:
+                dropped += 1
+        if dropped:
+            self._drop(dropped)
+
+    def _drop(self, count: int) -> None:
+        self._dropped += count
         if not self._drop_warned:
             self._drop_warned = True
             warnings.warn(
@@ -471,7 +466,7 @@ class BaseTracker(Extension):
             return
         self._process = None
         if self._log_report is not None:
-            self._queue_new(self._log_report)
+            self._log_report.remove_entry_listener(self._take)
         deadline = time.monotonic() + self._flush_timeout
         if self._artifact_patterns:
             # A snapshot of the last iteration may still be on a background writer (extensions
@@ -521,7 +516,7 @@ class BaseTracker(Extension):
 
     def __setstate__(self, state: Mapping[str, Any]) -> None:
         self.__dict__.update(state)
-        self.trigger = NewEntriesTrigger(self)
+        self.trigger = get_trigger(None)
         self._log_report = None
         self._worker = None
         self._process = None
@@ -530,7 +525,10 @@ class BaseTracker(Extension):
 
     def state_dict(self) -> dict[str, Any]:
         """The run id and key, and how many LogReport entries were already handed over."""
-        return {"run_id": self._run_id, "run_key": self._run_key, "entries_seen": self._seen}
+        seen = self._seen
+        if not self._active and self._log_report is not None:
+            seen = self._log_report.num_entries  # off rank 0 nothing is handed over: all seen
+        return {"run_id": self._run_id, "run_key": self._run_key, "entries_seen": seen}
 
     def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
         """Restores :meth:`state_dict`: the next run resumes that tracker run."""

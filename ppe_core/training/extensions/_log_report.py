@@ -249,6 +249,8 @@ class LogReport(Extension):
         self._extending: Any = None  # a Writer (Any: the manager's writer is typed Any)
         self._reopens = 0
         self._due = DueCheck(self._trigger)
+        # Called with each new entry (trackers): a tuple, so no listener costs one empty loop.
+        self._listeners: tuple[Callable[[dict[str, Any]], object], ...] = ()
 
     def __call__(self, manager: ManagerView) -> None:
         """Accumulates this iteration's observation; emits an entry when the trigger fires."""
@@ -275,6 +277,8 @@ class LogReport(Extension):
         self._log.append(entry)
         self._summary = DictSummary()
         self._write(manager, entry)
+        for listener in self._listeners:
+            listener(entry)
 
     def _write(self, manager: ManagerView, entry: Mapping[str, Any]) -> None:
         writer: Any = self._writer if self._writer is not None else getattr(manager, "writer", None)
@@ -321,6 +325,21 @@ class LogReport(Extension):
         adds = isinstance(writer, Writer) and (self._format != "json" or writer.writes_local_files)
         self._extending = writer if adds else None
         self._reopens = getattr(writer, "append_reopens", 0)
+
+    def add_entry_listener(self, listener: Callable[[dict[str, Any]], object]) -> None:
+        """Calls ``listener`` with each entry emitted from now on, once it is stored and written.
+
+        It runs on the training thread inside the step that emits the entry, so it must be
+        cheap and must not change the entry: a tracker hands the entry to its queue there, and
+        needs no trigger of its own (nothing is consulted on the steps without an entry).
+        Adding a listener twice calls it once.
+        """
+        if listener not in self._listeners:
+            self._listeners = (*self._listeners, listener)
+
+    def remove_entry_listener(self, listener: Callable[[dict[str, Any]], object]) -> None:
+        """Stops calling ``listener`` (no error when it was not added)."""
+        self._listeners = tuple(item for item in self._listeners if item != listener)
 
     @property
     def log(self) -> list[dict[str, Any]]:
