@@ -16,22 +16,11 @@ from ppe_core.errors import (
     ConfigurationError,
     ShardedStateError,
     SnapshotError,
-    SnapshotRanksError,
 )
 from ppe_core.training._ranks import object_device
 from ppe_core.training.extensions._snapshot_base import _Snapshot
 from ppe_core.training.extensions._snapshot_manifest import write_bytes
 from ppe_core.training.extensions._snapshot_sharding import sharded_paths
-
-
-def _raise_disagreement(snapshot: _Snapshot, lacking: tuple[int, ...] | None) -> None:
-    """For the modes that need every rank: fail at start instead of hanging at a save."""
-    raise SnapshotRanksError(
-        f"{snapshot._ranks_message(lacking)}. This mode needs every rank at each snapshot, "
-        "so training would hang at the first one. Register the same snapshot, with the same "
-        "trigger, on every rank, or use snapshot_mode=SnapshotMode.DEFAULT, which needs no "
-        "other rank."
-    )
 
 
 def require_process_group(mode: str, more: str = "") -> None:
@@ -60,7 +49,7 @@ class _DistributedSnapshot(_Snapshot):
                 f"{saver_rank}"
             )
 
-    _disagree = _raise_disagreement
+    _needs_every_rank = True
 
     def __call__(self, manager: Any) -> None:
         super().__call__(manager)
@@ -77,7 +66,7 @@ class _EveryRankSnapshot(_Snapshot):
     def _is_saver(self) -> bool:
         return True  # every rank writes its own shards
 
-    _disagree = _raise_disagreement
+    _needs_every_rank = True
 
     def _gather_rank_states(self, manager: Any) -> list[Any] | None:
         return None  # each rank's part holds its own resume data

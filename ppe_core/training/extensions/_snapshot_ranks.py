@@ -4,8 +4,9 @@ PPE's snapshots issue no collective of their own. ppe-core's gather every rank's
 to the saver (each rank resumes bit-exactly) and check that autoload chose the same snapshot
 on every rank; both are collectives, so a snapshot issues them only when every rank has it, as
 the managers agreed when the extensions started (``training/_ranks.py``). Otherwise the
-DEFAULT mode warns and saves without them, and the modes that need every rank raise
-(``_snapshot_modes``). ``_snapshot_base._Snapshot`` builds on this class.
+DEFAULT mode warns and saves without them, and the modes that need every rank
+(``_snapshot_modes``, ``_needs_every_rank``) raise. ``_snapshot_base._Snapshot`` builds on
+this class.
 """
 
 from __future__ import annotations
@@ -95,7 +96,18 @@ class SnapshotRanks(Extension):
             )
         return f"snapshot {self.name!r} (SnapshotMode.{self._mode}) {where}"
 
+    #: Whether the mode needs every rank at each snapshot (it would hang without one), so a
+    #: disagreement fails at start instead of warning (``_snapshot_modes``).
+    _needs_every_rank = False
+
     def _disagree(self, lacking: tuple[int, ...] | None) -> None:
+        if self._needs_every_rank:
+            raise SnapshotRanksError(
+                f"{self._ranks_message(lacking)}. This mode needs every rank at each snapshot, "
+                "so training would hang at the first one. Register the same snapshot, with the "
+                "same trigger, on every rank, or use snapshot_mode=SnapshotMode.DEFAULT, which "
+                "needs no other rank."
+            )
         warnings.warn(
             SnapshotRanksWarning(
                 f"{self._ranks_message(lacking)}. It takes its snapshots without any "
