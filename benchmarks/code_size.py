@@ -171,14 +171,25 @@ FILES: dict[str, tuple[str, str]] = {
         "how the Trainer/Evaluator reach the plugin host (setup/teardown hooks)",
     ),
     _T + "__init__.py": (SAME, "the training namespace"),
+    _T + "_eval_progress.py": (
+        BEYOND,
+        "the Evaluator's progress bar off a terminal: one plain summary line per pass in logs "
+        "and pipes (PPE draws its terminal bar, control codes included, everywhere)",
+    ),
     _T + "_evaluator.py": (SAME, "Evaluator, DistributedEvaluator"),
     _T + "_extension.py": (SAME, "Extension, ExtensionEntry, make_extension"),
+    _T + "_handler_failures.py": (
+        BEYOND,
+        "every extension's on_error and finalize runs even when one raises, failures warned "
+        "while an error is handled (PPE: the first failure propagates, the rest do not run)",
+    ),
     _T + "_ignite.py": (SAME, "IgniteExtensionsManager (in PPE's manager.py)"),
     _T + "_manager.py": (SAME, "ExtensionsManager"),
     _T + "_manager_checks.py": (
         BEYOND,
-        "the manager's checks PPE lacks: iters_per_epoch, writer, step_optimizers names, a "
-        "finalized manager, models read outside needs_model_state",
+        "the manager's checks PPE lacks: iters_per_epoch, writer, state objects, "
+        "step_optimizers names, a finalized manager, models read outside needs_model_state, "
+        "a Trainer's manager arguments (PPE: a TypeError when run() starts)",
     ),
     _T + "_manager_protocol.py": (COMPAT, "PPE's path of the manager protocols"),
     _T + "_metric_checks.py": (
@@ -189,12 +200,13 @@ FILES: dict[str, tuple[str, str]] = {
     _T + "_protocols.py": (SAME, "the manager protocols"),
     _T + "_ranks.py": (
         BEYOND,
-        "ranks agree at start which extensions issue collectives (no hang on mismatch)",
+        "ranks agree at start which extensions issue collectives, and a distributed "
+        "evaluation's reported keys before its means are reduced (no hang on mismatch)",
     ),
     _T + "_resume.py": (
         BEYOND,
         "bit-exact resume: RNG states and epoch order, per rank, verified on load (a changed "
-        "epoch length warns)",
+        "epoch length warns), kept under the state's '_ppe_core' key",
     ),
     _T + "_run_lock.py": (BEYOND, "run lock: one live run per output directory"),
     _T + "_sample_means.py": (
@@ -206,15 +218,17 @@ FILES: dict[str, tuple[str, str]] = {
     _T + "_state.py": (SAME, "the manager's state_dict and load_state_dict (PPE's layout)"),
     _T + "_state_mismatch.py": (
         BEYOND,
-        "a state that does not fit a model or optimizer explained: its name, missing and "
-        "unexpected keys, a data-parallel prefix, another optimizer type (PPE: torch's error)",
+        "a state that lacks an entry or does not fit a model or optimizer explained, checked "
+        "before anything loads: its name, missing and unexpected keys, a data-parallel prefix, "
+        "another optimizer type (PPE: a bare KeyError, torch's error)",
     ),
     _T + "_stop.py": (SAME, "the stop trigger, consulted once per iteration"),
     _T + "_stop_reason.py": (BEYOND, "why training ended: stop_reason (PPE only stops)"),
     _T + "_epoch_length.py": (
         BEYOND,
-        "epochs of unknown length (loaders without len()), read ahead; each epoch's end checked "
-        "against the length (PPE ends a short epoch in silence)",
+        "epochs of unknown length (loaders without len()), read ahead, the manager's length "
+        "learnt then; each epoch's end and a loaded state's length checked against it, pass "
+        "lengths checked (PPE ends a short epoch in silence, takes len(loader) unchecked)",
     ),
     _T + "_trainer.py": (SAME, "Trainer"),
     _T + "_trigger_util.py": (COMPAT, "PPE's private path of the trigger type aliases"),

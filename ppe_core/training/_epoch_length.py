@@ -1,26 +1,33 @@
 """Epochs whose length is known only when the loader runs out (an ``IterableDataset``, a
 generator, a stream): the manager counts with a provisional length until then, and the Trainer
 reads the first epoch one batch ahead. Every epoch's end is checked against the length (PPE
-ends a short epoch in silence)."""
+ends a short epoch in silence), and so is a loaded state's (a changed length warns). A pass's
+length itself comes from :func:`optional_length` (PPE takes ``len(loader)`` unchecked)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ppe_core.errors import ConfigurationError
+from ppe_core.training._protocols import StateObjectProtocol
+from ppe_core.training._resume import EpochLength
+from ppe_core.training._state import ManagerState
 from ppe_core.training.triggers import NEVER, Trigger, next_due
 from ppe_core.training.triggers._due import DueCheck
 
 if TYPE_CHECKING:
     from ppe_core.training._manager import ExtensionsManager
     from ppe_core.training._resume import TrainerState
+    from ppe_core.training._stop import StopCondition
 
 __all__ = [
     "PROVISIONAL_EPOCH_LENGTH",
+    "EpochLengthState",
     "check_epoch_end",
     "check_triggers",
     "due_checks",
+    "optional_length",
     "run_first_epoch",
 ]
 
@@ -30,6 +37,30 @@ PROVISIONAL_EPOCH_LENGTH = 2**48
 
 #: What ``next(batches, _END)`` returns when the loader has run out.
 _END: Any = object()
+
+
+def optional_length(loader: Iterable[Any], given: int | None, argument: str) -> int | None:
+    """The number of batches to take from ``loader``: ``given``, else ``len(loader)``, else
+    None for a loader without ``len()`` (it is read until it runs out); a clear error for a
+    ``given`` that is not a positive int and for an empty loader."""
+    if given is not None:
+        if not isinstance(given, int) or isinstance(given, bool) or given < 1:
+            raise ConfigurationError(
+                f"{argument} must be a positive int, got {given!r}; pass the number of batches "
+                f"to take per pass, or leave it out for len(loader)"
+            )
+        return given
+    try:
+        length = len(loader)  # type: ignore[arg-type]
+    except TypeError:  # an IterableDataset's loader, a generator, a stream
+        return None
+    if length < 1:
+        raise ConfigurationError(
+            f"the loader ({type(loader).__name__}) is empty: len() is {length}. Check the "
+            "dataset, and batch_size with drop_last=True (a dataset smaller than one batch "
+            "yields nothing)."
+        )
+    return length
 
 
 def _inner_triggers(extension: object) -> Iterator[tuple[str, object]]:
@@ -82,6 +113,79 @@ def check_triggers(named: Iterable[tuple[str, Any, object]], iteration: int) -> 
                     "'iteration'), a whole number of epochs, or pass "
                     "trainer.run(..., train_len=<batches per epoch>)"
                 )
+
+
+class EpochLengthState(ManagerState):
+    """The manager's epoch length, known or learnt, and a loaded state's compared with it.
+
+    The ExtensionsManager's base class (below it, :class:`ManagerState` saves and loads the
+    state). The length is given, or (a Trainer over a loader without ``len()``) unknown until
+    the first epoch's loader runs out: :meth:`set_epoch_length`. It is saved as resume data,
+    so that a state loaded into a run with another length warns.
+    """
+
+    _iters_per_epoch: int
+    _stop: StopCondition
+    _invalidate_schedule: Callable[[], None]
+    # False while the epoch length is a placeholder: IgniteExtensionsManager before start,
+    # a Trainer's first epoch over a loader without len() (set_epoch_length).
+    _epoch_length_known = True
+    _learns_epoch_length = False  # set_epoch_length(None): learnt when the loader ends
+
+    def __init__(self, state_objects: Mapping[str, StateObjectProtocol]) -> None:
+        super().__init__(state_objects)
+        # Saved with the state so that a resume with another epoch length warns.
+        self._epoch_length = EpochLength(
+            lambda: self._iters_per_epoch if self._epoch_length_known else None
+        )
+        self.add_resume_state("manager", self._epoch_length)
+
+    @property
+    def epoch_length_known(self) -> bool:
+        """False while the first epoch over a loader without ``len()`` has not run out."""
+        return self._epoch_length_known
+
+    def set_epoch_length(self, iters_per_epoch: int | None) -> None:
+        """Sets the epoch length; None: unknown until the loader runs out (no ``len()``).
+
+        While unknown the manager counts with a provisional length beyond any run, so no
+        epoch-based trigger is due; the trainer sets the real length when the first epoch's
+        loader runs out, before that epoch's last iteration ends, so the end-of-epoch
+        extensions and ``max_epochs`` fire in that iteration as they would with a known length.
+
+        Raises:
+            ConfigurationError: A registered trigger needs the length inside the first epoch
+                (``(0.5, 'epoch')``), which an unknown length cannot give.
+        """
+        if iters_per_epoch is None:
+            entries: list[tuple[str, Any, object]] = [
+                (s.name, s.entry.extension, s.entry.trigger) for s in self._schedule.slots()
+            ]
+            entries.append(("the stop trigger", None, self._stop.trigger))
+            check_triggers(entries, self._iteration)
+            self._iters_per_epoch = PROVISIONAL_EPOCH_LENGTH
+            self._epoch_length_known = False
+            self._learns_epoch_length = True
+        else:
+            self._iters_per_epoch = iters_per_epoch
+            self._epoch_length_known = True
+            # Extensions that schedule an inner trigger (LogReport's) computed its next due
+            # iteration with the provisional length.
+            for due in due_checks(s.entry.extension for s in self._schedule.slots()):
+                due.reset()
+        self._invalidate_schedule()
+
+    def _load_epoch_length(self, to_load: Mapping[str, Any], *, stacklevel: int) -> None:
+        """After a state was loaded: warns if it had another epoch length (a known one), or
+        takes its length when this run learns it and the saved run had learnt it already."""
+        if self._epoch_length.loaded is None:
+            # A state without ppe-core's entry: PPE's IgniteExtensionsManager saves the length.
+            self._epoch_length.load_state_dict({"iters_per_epoch": to_load.get("_epoch_length")})
+        if self._epoch_length_known:
+            self._epoch_length.check(self._iteration, stacklevel=stacklevel + 1)
+        elif self._learns_epoch_length and self._epoch_length.loaded is not None:
+            saved, self._epoch_length.loaded = self._epoch_length.loaded, None
+            self.set_epoch_length(saved)
 
 
 def check_epoch_end(

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import sys
-import time
-import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -14,12 +11,15 @@ import torch
 
 from ppe_core._active_host import active_host
 from ppe_core.distributed import is_distributed, run_collective, timeout_error
-from ppe_core.errors import ConfigurationError, DistributedNotInitializedError
+from ppe_core.errors import DistributedNotInitializedError
 from ppe_core.handler._handler import step_function
 from ppe_core.handler._logic import keep_modes
 from ppe_core.reporting import DictSummary, Reporter, report
+from ppe_core.training._epoch_length import optional_length
+from ppe_core.training._eval_progress import make_bar
 from ppe_core.training._manager import default_transform_model, named_models
 from ppe_core.training._metric_checks import check_metrics, metric_result_error
+from ppe_core.training._ranks import check_same_keys
 from ppe_core.training._sample_means import add_per_sample
 
 if TYPE_CHECKING:
@@ -29,30 +29,6 @@ __all__ = ["DistributedEvaluator", "DistributedNotInitializedError", "Evaluator"
 
 #: ``metric(batch, outputs) -> {name: value}``; values are reported as ``val/<name>``.
 Metric = Callable[[Any, Any], Mapping[str, Any]]
-
-
-def optional_length(loader: Iterable[Any], given: int | None, argument: str) -> int | None:
-    """The number of batches to take from ``loader``: ``given``, else ``len(loader)``, else
-    None for a loader without ``len()`` (it is read until it runs out); a clear error for a
-    ``given`` that is not a positive int and for an empty loader."""
-    if given is not None:
-        if not isinstance(given, int) or isinstance(given, bool) or given < 1:
-            raise ConfigurationError(
-                f"{argument} must be a positive int, got {given!r}; pass the number of batches "
-                f"to take per pass, or leave it out for len(loader)"
-            )
-        return given
-    try:
-        length = len(loader)  # type: ignore[arg-type]
-    except TypeError:  # an IterableDataset's loader, a generator, a stream
-        return None
-    if length < 1:
-        raise ConfigurationError(
-            f"the loader ({type(loader).__name__}) is empty: len() is {length}. Check the "
-            "dataset, and batch_size with drop_last=True (a dataset smaller than one batch "
-            "yields nothing)."
-        )
-    return length
 
 
 def _observing_reporter(models: Mapping[str, torch.nn.Module]) -> Reporter:
@@ -168,7 +144,7 @@ class Evaluator:
         self.setup(loader)
         host.evaluator_setup(self)
         error: BaseException | None = None
-        bar = _make_bar(length) if self.progress_bar else None
+        bar = make_bar(length) if self.progress_bar else None
         summary = self.summary = DictSummary()
         reporter = self._reporter
         # One whole step per batch, whatever the handler (chosen once); metrics run before the
@@ -237,41 +213,6 @@ class DistributedEvaluator(Evaluator):
             raise timed_out from exc
 
 
-def _make_bar(total: int | None) -> Any:
-    """A tqdm bar on a terminal or in Jupyter; one plain summary line anywhere else."""
-    from ppe_core.training.extensions._console import in_notebook, is_terminal
-
-    out = sys.stdout
-    if is_terminal(out) or in_notebook():
-        from tqdm.auto import tqdm  # imported when used: keeps ``import ppe_core`` cheap
-
-        return tqdm(total=total, desc="validation", unit="batch", leave=False, file=out)
-    return _PlainBar(total, out)
-
-
-class _PlainBar:
-    """For logs and pipes: no cursor control, a single line when the pass ends."""
-
-    def __init__(self, total: int | None, out: Any) -> None:
-        self._total = total
-        self._done = 0
-        self._out = out
-        self._start = time.perf_counter()
-
-    def update(self, n: int) -> None:
-        self._done += n
-
-    def close(self) -> None:
-        seconds = time.perf_counter() - self._start
-        rate = self._done / seconds if seconds > 0 else float("inf")
-        print(
-            f"validation: {self._done}{'' if self._total is None else f'/{self._total}'} "
-            f"batches in {seconds:.2f}s ({rate:.1f} it/s)",
-            file=self._out,
-            flush=True,
-        )
-
-
 def _all_reduce_summary(
     summary: DictSummary, move: Callable[[torch.Tensor], torch.Tensor], unit: int = 1
 ) -> DictSummary:
@@ -281,22 +222,14 @@ def _all_reduce_summary(
     :func:`~ppe_core.training._sample_means.add_per_sample`); they are scaled to samples before
     summing, so the result is the mean over every sample of every rank, whatever the ranks'
     batch sizes. The ranks must have reported the same keys; a first small reduction checks
-    that, so a mismatch raises on every rank instead of hanging in the collective.
+    that (:func:`~ppe_core.training._ranks.check_same_keys`), so a mismatch raises on every
+    rank instead of hanging in the collective.
     """
     import torch.distributed as dist
 
     state = summary.state_dict()
     keys = sorted(state)
-    digest = zlib.crc32("\0".join(keys).encode())
-    check = move(torch.tensor([len(keys), -len(keys), digest, -digest], dtype=torch.float64))
-    run_collective(dist.all_reduce, check, op=dist.ReduceOp.MAX)  # often the last before exit
-    high_n, low_n, high_d, low_d = check.tolist()
-    if high_n != -low_n or high_d != -low_d:
-        raise ConfigurationError(
-            f"the ranks reported different values during distributed evaluation (this rank: "
-            f"{keys}); every rank must report the same keys, e.g. give each rank batches from a "
-            "DistributedSampler and report values unconditionally"
-        )
+    check_same_keys(keys, move)
     flat = [unit * state[k][field] for k in keys for field in ("_x", "_x2", "_n")]
     values = move(torch.tensor(flat, dtype=torch.float64))
     run_collective(dist.all_reduce, values)

@@ -6,8 +6,9 @@ import os
 import time
 import types
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -25,13 +26,14 @@ from ppe_core.errors import (
     StateVersionWarning,
 )
 from ppe_core.reporting import Observation, Reporter
-from ppe_core.training import _epoch_length
+from ppe_core.training._epoch_length import EpochLengthState
 from ppe_core.training._extension import (
     Extension,
     ExtensionEntry,
     ExtensionLike,
     check_priority,
 )
+from ppe_core.training._handler_failures import call_each
 from ppe_core.training._manager_checks import (
     check_iters_per_epoch,
     check_step_optimizers,
@@ -41,10 +43,9 @@ from ppe_core.training._manager_checks import (
 )
 from ppe_core.training._protocols import StateObjectProtocol
 from ppe_core.training._ranks import agree_on_collectives, device_of
-from ppe_core.training._resume import EpochLength
 from ppe_core.training._run_lock import RunLock, acquire_run_lock
 from ppe_core.training._schedule import Schedule
-from ppe_core.training._state import PPE_CORE_STATE_KEY, ManagerState, TransformModel
+from ppe_core.training._state import PPE_CORE_STATE_KEY, TransformModel
 from ppe_core.training._stop import StopCondition, StopReason, max_epochs_trigger
 from ppe_core.training.triggers import TriggerLike, get_trigger
 
@@ -151,7 +152,7 @@ class _IterationContext:
             self._manager.abort_iteration(exc)
 
 
-class ExtensionsManager(ManagerState):
+class ExtensionsManager(EpochLengthState):
     """Keeps the training state and runs extensions when their triggers fire.
 
     Use it around your own loop; each ``with manager.run_iteration():`` block is one iteration.
@@ -172,9 +173,10 @@ class ExtensionsManager(ManagerState):
 
     The manager composes two parts, each in its own module: the schedule of due extensions
     (``_schedule.Schedule``) and the one stop condition (``_stop.StopCondition``, whose answer
-    says why training ended: :attr:`stop_reason`); its base class ``_state.ManagerState``
-    saves and loads the state dictionary. Trainers drive it through :meth:`begin_iteration`,
-    :meth:`end_iteration` and :meth:`handle_training_error` (the
+    says why training ended: :attr:`stop_reason`); its base classes keep the epoch length,
+    known or learnt from a loader without ``len()`` (``_epoch_length.EpochLengthState``), and
+    save and load the state dictionary (``_state.ManagerState``). Trainers drive it through
+    :meth:`begin_iteration`, :meth:`end_iteration` and :meth:`handle_training_error` (the
     :class:`~ppe_core.training._protocols.IterationDriver` protocol).
 
     Args:
@@ -239,15 +241,6 @@ class ExtensionsManager(ManagerState):
         self.max_epochs = max_epochs
         self._iters_per_epoch = iters_per_epoch
         super().__init__(state_objects or {})
-        # Saved with the state so that a resume with another epoch length warns.
-        self._epoch_length = EpochLength(
-            lambda: self._iters_per_epoch if self._epoch_length_known else None
-        )
-        self.add_resume_state("manager", self._epoch_length)
-        # False while the epoch length is a placeholder: IgniteExtensionsManager before start,
-        # a Trainer's first epoch over a loader without len() (set_epoch_length).
-        self._epoch_length_known = True
-        self._learns_epoch_length = False  # set_epoch_length(None): learnt when the loader ends
 
         self.observation: Observation = {}
         self.reporter = Reporter()
@@ -339,41 +332,6 @@ class ExtensionsManager(ManagerState):
     def iters_per_epoch(self) -> int:
         """Iterations in one epoch (a provisional, huge count while unknown)."""
         return self._iters_per_epoch
-
-    @property
-    def epoch_length_known(self) -> bool:
-        """False while the first epoch over a loader without ``len()`` has not run out."""
-        return self._epoch_length_known
-
-    def set_epoch_length(self, iters_per_epoch: int | None) -> None:
-        """Sets the epoch length; None: unknown until the loader runs out (no ``len()``).
-
-        While unknown the manager counts with a provisional length beyond any run, so no
-        epoch-based trigger is due; the trainer sets the real length when the first epoch's
-        loader runs out, before that epoch's last iteration ends, so the end-of-epoch
-        extensions and ``max_epochs`` fire in that iteration as they would with a known length.
-
-        Raises:
-            ConfigurationError: A registered trigger needs the length inside the first epoch
-                (``(0.5, 'epoch')``), which an unknown length cannot give.
-        """
-        if iters_per_epoch is None:
-            entries: list[tuple[str, Any, object]] = [
-                (s.name, s.entry.extension, s.entry.trigger) for s in self._schedule.slots()
-            ]
-            entries.append(("the stop trigger", None, self._stop.trigger))
-            _epoch_length.check_triggers(entries, self._iteration)
-            self._iters_per_epoch = _epoch_length.PROVISIONAL_EPOCH_LENGTH
-            self._epoch_length_known = False
-            self._learns_epoch_length = True
-        else:
-            self._iters_per_epoch = iters_per_epoch
-            self._epoch_length_known = True
-            # Extensions that schedule an inner trigger (LogReport's) computed its next due
-            # iteration with the provisional length.
-            for due in _epoch_length.due_checks(s.entry.extension for s in self._schedule.slots()):
-                due.reset()
-        self._invalidate_schedule()
 
     @property
     def is_before_training(self) -> bool:
@@ -685,11 +643,12 @@ class ExtensionsManager(ManagerState):
         try:
             if exc is not self._handled_error:  # on_error runs once per exception
                 self._handled_error = exc
-                for slot in self._schedule.slots():
-                    try:
-                        slot.entry.extension.on_error(self, exc, exc.__traceback__)
-                    except Exception as handler_exc:
-                        self._warn_handler_failure("on_error", slot.name, handler_exc, exc)
+                tb = exc.__traceback__
+                calls = [
+                    (s.name, partial(s.entry.extension.on_error, self, exc, tb))
+                    for s in self._schedule.slots()
+                ]
+                call_each("on_error", calls, exc)
         finally:
             self._close_scope()
             if not isinstance(exc, Exception):
@@ -767,25 +726,16 @@ class ExtensionsManager(ManagerState):
             return
         self._finalized = True
         self._ready = False
-        failures: list[tuple[str, Exception]] = []
-        if self._started:
-            for slot in self._schedule.slots():
-                try:
-                    slot.entry.extension.finalize(self)
-                except Exception as failure:
-                    failures.append((slot.name, failure))
+        slots = self._schedule.slots() if self._started else ()
+        calls: list[tuple[str, Callable[[], object]]] = [
+            (s.name, partial(s.entry.extension.finalize, self)) for s in slots
+        ]
         if self.writer is not None:
-            try:
-                self.writer.finalize()
-            except Exception as failure:
-                failures.append(("<writer>", failure))
-        self._release_run_lock()  # after the writer: its pending saves are on disk
-        if not failures:
-            return
-        if original is None:
-            raise failures[0][1]
-        for name, error in failures:
-            self._warn_handler_failure("finalize", name, error, original)
+            calls.append(("<writer>", self.writer.finalize))
+        try:
+            call_each("finalize", calls, original)
+        finally:
+            self._release_run_lock()  # after the writer: its pending saves are on disk
 
     def _take_run_lock(self) -> None:
         """Locks the output directory for this run when the run writes there.
@@ -807,18 +757,6 @@ class ExtensionsManager(ManagerState):
         run_lock, self._run_lock = self._run_lock, None
         if run_lock is not None:
             run_lock.release()
-
-    @staticmethod
-    def _warn_handler_failure(
-        kind: str, name: str, handler_exc: Exception, original: BaseException
-    ) -> None:
-        warnings.warn(
-            ExtensionErrorHandlerWarning(
-                f"{kind} of {name!r} raised {type(handler_exc).__name__}: {handler_exc} while "
-                f"handling {type(original).__name__}"
-            ),
-            stacklevel=4,
-        )
 
     # ----------------------------------------------------------------- scheduling
 
@@ -900,15 +838,7 @@ class ExtensionsManager(ManagerState):
                 ),
                 stacklevel=3,
             )
-        if self._epoch_length.loaded is None:
-            # A state without ppe-core's entry: PPE's IgniteExtensionsManager saves the length.
-            self._epoch_length.load_state_dict({"iters_per_epoch": to_load.get("_epoch_length")})
-        if self._epoch_length_known:
-            self._epoch_length.check(self._iteration, stacklevel=3)
-        elif self._learns_epoch_length and self._epoch_length.loaded is not None:
-            # A loader without len(): the saved run had learned its epoch length already.
-            saved, self._epoch_length.loaded = self._epoch_length.loaded, None
-            self.set_epoch_length(saved)
+        self._load_epoch_length(to_load, stacklevel=3)
 
 
 if TYPE_CHECKING:

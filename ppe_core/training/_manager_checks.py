@@ -1,13 +1,17 @@
 """The ExtensionsManager's checks that PPE's manager does not make, with their messages.
 
-PPE's manager takes any ``iters_per_epoch`` (0 divides by zero later) and any writer, fails
-with a bare ``KeyError`` on an unknown ``step_optimizers`` name, and lets a finalized manager
-or a model read outside ``needs_model_state`` (a ppe-core feature) go on. ppe-core raises
-at once, saying what to pass instead; the manager calls these where the check belongs.
+PPE's manager takes any ``iters_per_epoch`` (0 divides by zero later), any writer and any
+state object (it fails when saving), fails with a bare ``KeyError`` on an unknown
+``step_optimizers`` name, and lets a finalized manager or a model read outside
+``needs_model_state`` (a ppe-core feature) go on. ppe-core raises at once, saying what to
+pass instead; the manager calls these where the check belongs. A Trainer's manager
+arguments are checked when the Trainer is made (PPE: a ``TypeError`` when ``run()`` builds
+the manager).
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Collection, Sequence
 
 from ppe_core.errors import (
@@ -19,6 +23,8 @@ from ppe_core.errors import (
 
 __all__ = [
     "check_iters_per_epoch",
+    "check_manager_kwargs",
+    "check_state_object",
     "check_step_optimizers",
     "check_writer",
     "finalized_error",
@@ -39,6 +45,21 @@ def check_iters_per_epoch(iters_per_epoch: object) -> None:
         )
 
 
+def check_manager_kwargs(given: Collection[str], known: Collection[str]) -> None:
+    """Raises ``ArgumentTypeError`` naming the arguments of ``given`` a Trainer does not take
+    (``known``: the manager's it forwards), each with the closest known one."""
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hints.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+        raise ArgumentTypeError(
+            f"Trainer got unexpected argument(s) {', '.join(hints)}; besides handler, evaluator, "
+            f"models and profile it takes ExtensionsManager's: {', '.join(sorted(known))}"
+        )
+
+
 def check_writer(writer: object) -> None:
     """Raises ``ArgumentTypeError`` unless ``writer`` has ``initialize()`` and ``finalize()``."""
     if not all(callable(getattr(writer, m, None)) for m in ("initialize", "finalize")):
@@ -46,6 +67,15 @@ def check_writer(writer: object) -> None:
             f"writer must be a ppe_core.writing writer (with initialize() and finalize()), "
             f"got {type(writer).__name__}; pass e.g. ppe.writing.SimpleWriter(out_dir=...), "
             "or leave it out to write to out_dir"
+        )
+
+
+def check_state_object(name: str, obj: object) -> None:
+    """Raises ``ArgumentTypeError`` unless ``obj`` has ``state_dict`` and ``load_state_dict``."""
+    if not all(callable(getattr(obj, m, None)) for m in ("state_dict", "load_state_dict")):
+        raise ArgumentTypeError(
+            f"state object {name!r} must have state_dict() and load_state_dict(), got "
+            f"{type(obj).__name__}"
         )
 
 

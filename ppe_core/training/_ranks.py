@@ -9,6 +9,9 @@ ranks exchange that once (one ``all_gather_object``: every rank that trains has 
 ppe-core's Trainer and in PPE's hand-written loops alike); each extension then asks its
 manager's :meth:`~ppe_core.training.ExtensionsManager.ranks_lacking`.
 
+A distributed evaluation agrees likewise, before it all-reduces its means, that every rank
+reported the same keys (:func:`check_same_keys`; PPE reduces whatever each rank holds).
+
 An extension declares its collectives with a ``collectives`` attribute: a string naming what
 it issues and when (e.g. ``"snapshot(mode=DEFAULT, autoload=True)"``); None or absent: none.
 """
@@ -17,15 +20,17 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterable
+import zlib
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 
-from ppe_core.distributed import group_world
+from ppe_core.distributed import group_world, run_collective
+from ppe_core.errors import ConfigurationError
 
-__all__ = ["agree_on_collectives", "device_of", "object_device"]
+__all__ = ["agree_on_collectives", "check_same_keys", "device_of", "object_device"]
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
@@ -92,3 +97,27 @@ def agree_on_collectives(
         name: tuple(r for r, theirs in enumerate(everyone) if theirs.get(name) != signature)
         for name, signature in mine.items()
     }
+
+
+def check_same_keys(keys: Sequence[str], move: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Raises on every rank unless every rank passes the same ``keys`` (one small all-reduce).
+
+    A distributed evaluation calls it before reducing its per-key sums, which would otherwise
+    hang or mix values when ranks reported different keys. ``move`` puts the tensor where the
+    backend needs it (NCCL: on the rank's device).
+
+    Raises:
+        ConfigurationError: The ranks' keys differ.
+    """
+    import torch.distributed as dist
+
+    digest = zlib.crc32("\0".join(keys).encode())
+    check = move(torch.tensor([len(keys), -len(keys), digest, -digest], dtype=torch.float64))
+    run_collective(dist.all_reduce, check, op=dist.ReduceOp.MAX)  # often the last before exit
+    high_n, low_n, high_d, low_d = check.tolist()
+    if high_n != -low_n or high_d != -low_d:
+        raise ConfigurationError(
+            f"the ranks reported different values during distributed evaluation (this rank: "
+            f"{list(keys)}); every rank must report the same keys, e.g. give each rank batches "
+            "from a DistributedSampler and report values unconditionally"
+        )

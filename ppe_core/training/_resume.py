@@ -11,16 +11,22 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ppe_core.distributed import group_world
-from ppe_core.errors import EpochLengthChangedWarning, WorldSizeMismatchWarning
+from ppe_core.errors import (
+    ConfigurationError,
+    EpochLengthChangedWarning,
+    WorldSizeMismatchWarning,
+)
 
 if TYPE_CHECKING:
-    from ppe_core.training._protocols import ResumeStateHost
+    from ppe_core.training._protocols import ResumeStateHost, StateObjectProtocol
 
 __all__ = [
     "RANKS_KEY",
+    "VERSION_KEY",
     "WORLD_SIZE_KEY",
     "EpochLength",
     "EpochLengthChangedWarning",
+    "ResumeStates",
     "TrainerState",
     "WorldSizeMismatchWarning",
     "attach_resume_state",
@@ -33,6 +39,52 @@ WORLD_SIZE_KEY = "world_size"
 #: Under ``state['_ppe_core']``: every rank's own resume data, in rank order (a snapshot
 #: gathers them); the entries beside it are the saving rank's, as in a single process.
 RANKS_KEY = "ranks"
+#: Under ``state['_ppe_core']``: the ppe-core version that saved the state.
+VERSION_KEY = "version"
+# Keys of state['_ppe_core'] that are not resume states added by add_resume_state.
+_RESERVED_KEYS = frozenset({VERSION_KEY, WORLD_SIZE_KEY, RANKS_KEY})
+
+
+class ResumeStates:
+    """The resume data a manager saves under ``state['_ppe_core']``, by name.
+
+    PPE's ``load_state_dict`` ignores that key, so the state still loads into PPE; PPE's
+    states lack it, and the objects then keep their state.
+    """
+
+    def __init__(self) -> None:
+        self._objects: dict[str, StateObjectProtocol] = {}
+
+    def add(self, name: str, obj: StateObjectProtocol) -> None:
+        """Saves ``obj`` under ``name`` from now on.
+
+        Raises:
+            ConfigurationError: ``name`` is a key ppe-core writes there itself.
+        """
+        if name in _RESERVED_KEYS:
+            raise ConfigurationError(
+                f"the resume-state name {name!r} is reserved ({sorted(_RESERVED_KEYS)} "
+                "are written by ppe-core itself); pass another name"
+            )
+        self._objects[name] = obj
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every object's state by name, empty states left out."""
+        states = {name: obj.state_dict() for name, obj in self._objects.items()}
+        return {name: state for name, state in states.items() if state}
+
+    def load_state_dict(self, saved: Mapping[str, Any], extensions: Mapping[str, Any]) -> None:
+        """Restores each object that ``saved`` (this rank's entries) has a state for.
+
+        Args:
+            saved: This rank's entries of the loaded ``state['_ppe_core']``.
+            extensions: The loaded ``state['extensions']``: before the ``'_ppe_core'`` key,
+                ppe-core kept the trainer state there, as an extension named ``_<name>``.
+        """
+        for name, obj in self._objects.items():
+            state = saved.get(name, extensions.get(f"_{name}", {}).get("extension"))
+            if state is not None:
+                obj.load_state_dict(state)
 
 
 def record_ranks(

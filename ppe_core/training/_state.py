@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ppe_core._version import __version__
-from ppe_core.errors import (
-    ArgumentTypeError,
-    ConfigurationError,
-    StateDictKeyError,
-    StateVersionWarning,
-)
+from ppe_core.errors import StateVersionWarning
+from ppe_core.training._manager_checks import check_state_object
 from ppe_core.training._protocols import StateObjectProtocol
-from ppe_core.training._resume import RANKS_KEY, WORLD_SIZE_KEY, rank_resume_states
-from ppe_core.training._state_mismatch import load_model_state, load_optimizer_state
+from ppe_core.training._resume import VERSION_KEY, ResumeStates, rank_resume_states
+from ppe_core.training._state_mismatch import (
+    load_model_state,
+    load_optimizer_state,
+    require_iteration,
+    require_states,
+)
 
 if TYPE_CHECKING:
     from ppe_core.training._schedule import Schedule
@@ -38,12 +39,8 @@ TransformModel = Callable[[str, torch.nn.Module], torch.nn.Module]
 PPE_CORE_STATE_KEY = "_ppe_core"
 #: The PPE release whose state format ppe-core writes, saved as ``state['ppe_version']``: PPE
 #: warns on load unless that field equals its own version, so ppe-core's version goes under
-#: ``state['_ppe_core']['version']`` instead.
+#: ``state['_ppe_core']['version']`` (:data:`VERSION_KEY`) instead.
 PPE_FORMAT_VERSION = "0.9.0"
-#: The key of ppe-core's own version in ``state['_ppe_core']``.
-VERSION_KEY = "version"
-# Keys of state['_ppe_core'] that are not resume states added by add_resume_state.
-_RESERVED_RESUME_KEYS = frozenset({VERSION_KEY, WORLD_SIZE_KEY, RANKS_KEY})
 # PPE releases whose states load without a StateVersionWarning (the format is the same).
 _COMPATIBLE_PPE_VERSIONS = ("0.9.",)
 
@@ -84,7 +81,7 @@ class ManagerState:
         # State objects a state may lack (added by ppe-core for PPE's layout, not by the user).
         self._optional: set[str] = set()
         # ppe-core's own resume data, saved under PPE_CORE_STATE_KEY.
-        self._internal: dict[str, StateObjectProtocol] = {}
+        self._resume_states = ResumeStates()
         for name, obj in state_objects.items():
             self.add_state_object(name, obj)
 
@@ -103,14 +100,7 @@ class ManagerState:
         Raises:
             ArgumentTypeError: ``obj`` lacks ``state_dict`` or ``load_state_dict``.
         """
-        if not (
-            callable(getattr(obj, "state_dict", None))
-            and callable(getattr(obj, "load_state_dict", None))
-        ):
-            raise ArgumentTypeError(
-                f"state object {name!r} must have state_dict() and load_state_dict(), got "
-                f"{type(obj).__name__}"
-            )
+        check_state_object(name, obj)
         self._objects[name] = obj
         if optional:
             self._optional.add(name)
@@ -129,12 +119,7 @@ class ManagerState:
             ConfigurationError: ``name`` is a key ppe-core writes there itself (``version``,
                 ``world_size``, ``ranks``).
         """
-        if name in _RESERVED_RESUME_KEYS:
-            raise ConfigurationError(
-                f"the resume-state name {name!r} is reserved ({sorted(_RESERVED_RESUME_KEYS)} "
-                "are written by ppe-core itself); pass another name"
-            )
-        self._internal[name] = obj
+        self._resume_states.add(name, obj)
 
     def resume_state_dict(self) -> dict[str, Any]:
         """This process's own resume data: what :meth:`state_dict` keeps under ``'_ppe_core'``.
@@ -143,8 +128,7 @@ class ManagerState:
         rank's RNG and loader states); a snapshot gathers it from every rank so that each rank
         resumes with its own.
         """
-        internal = {name: obj.state_dict() for name, obj in self._internal.items()}
-        return {name: value for name, value in internal.items() if value}
+        return self._resume_states.state_dict()
 
     def state_dict(self, *, transform_models: TransformModel | None = None) -> dict[str, Any]:
         """Returns the training state in PPE's layout (see the class docstring).
@@ -188,18 +172,14 @@ class ManagerState:
             StateDictMismatchError: A model's or optimizer's state does not fit it.
         """
         transform = self._transform_model if transform_models is None else transform_models
-        model_states = _require(to_load, "models", self._models)
-        optimizer_states = _require(to_load, "optimizers", self._optimizers)
-        if "_start_iteration" not in to_load:
-            raise StateDictKeyError(
-                "the state has no '_start_iteration' entry; pass what trainer.state_dict() or "
-                "manager.state_dict() returned (or a snapshot file loaded with torch.load)"
-            )
+        model_states = require_states(to_load, "models", self._models)
+        optimizer_states = require_states(to_load, "optimizers", self._optimizers)
+        require_iteration(to_load)
         _check_version(to_load.get("ppe_version"))
         object_states: Mapping[str, Any] = {}
         if "state_objects" in to_load and self._objects:
             required = [n for n in self._objects if n not in self._optional]
-            object_states = _require(to_load, "state_objects", required)
+            object_states = require_states(to_load, "state_objects", required)
         for name, model in self._models.items():
             load_model_state(name, transform(name, model), model_states[name])
         for name, optimizer in self._optimizers.items():
@@ -214,32 +194,10 @@ class ManagerState:
         for name, entry in self._schedule.entries.items():
             if name in extension_states:
                 entry.load_state_dict(extension_states[name])
-        for name, obj in self._internal.items():
-            # Before the '_ppe_core' key, ppe-core kept the trainer state among the extensions.
-            legacy = extension_states.get(f"_{name}", {}).get("extension")
-            saved = internal_states.get(name, legacy)
-            if saved is not None:
-                obj.load_state_dict(saved)
+        self._resume_states.load_state_dict(internal_states, extension_states)
         iteration = self._start_iteration = self._iteration = int(to_load["_start_iteration"])
         self.execution = int(to_load.get("_start_execution", iteration))
         return missing
-
-
-def _require(to_load: Mapping[str, Any], key: str, registered: Iterable[str]) -> Mapping[str, Any]:
-    states = to_load.get(key)
-    if not isinstance(states, Mapping):
-        raise StateDictKeyError(
-            f"the state has no {key!r} mapping (its keys: {sorted(map(str, to_load))}); pass "
-            "what trainer.state_dict() or manager.state_dict() returned, not a model's own "
-            "state_dict (load that with model.load_state_dict)"
-        )
-    missing = [name for name in registered if name not in states]
-    if missing:
-        raise StateDictKeyError(
-            f"the state's {key!r} lacks {missing} (it holds {sorted(states)}); register "
-            f"the {key} under the names they were saved with"
-        )
-    return states
 
 
 def _check_version(saved: object) -> None:

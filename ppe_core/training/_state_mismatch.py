@@ -1,23 +1,58 @@
-"""Loading a model's or optimizer's state with the mismatch explained.
+"""Loading a manager's state with what is missing or does not fit explained.
 
-PPE hands a snapshot's state to ``load_state_dict`` and lets torch's error speak. ppe-core
+PPE indexes the state (a bare ``KeyError`` for a missing model, optimizer or iteration), hands
+each part to ``load_state_dict`` and lets torch's error speak. ppe-core checks every required
+entry before loading anything and says which is missing; for a part that does not fit it
 names the model or optimizer, lists the missing and unexpected keys, recognises a
 data-parallel ``module.`` prefix and a state saved from another optimizer type, and says how
-to fix it. The manager's state (``_state.py``) loads through these two functions.
+to fix it. The manager's state (``_state.py``) loads through these functions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from ppe_core.errors import StateDictMismatchError
+from ppe_core.errors import StateDictKeyError, StateDictMismatchError
 
-__all__ = ["load_model_state", "load_optimizer_state"]
+__all__ = ["load_model_state", "load_optimizer_state", "require_iteration", "require_states"]
 
 _MAX_KEYS = 8  # keys listed in a mismatch message; the rest are counted
+
+
+def require_states(
+    to_load: Mapping[str, Any], key: str, registered: Iterable[str]
+) -> Mapping[str, Any]:
+    """``to_load[key]``, checked to be a mapping holding every name in ``registered``.
+
+    Raises:
+        StateDictKeyError: ``to_load[key]`` is missing or not a mapping, or lacks a name.
+    """
+    states = to_load.get(key)
+    if not isinstance(states, Mapping):
+        raise StateDictKeyError(
+            f"the state has no {key!r} mapping (its keys: {sorted(map(str, to_load))}); pass "
+            "what trainer.state_dict() or manager.state_dict() returned, not a model's own "
+            "state_dict (load that with model.load_state_dict)"
+        )
+    missing = [name for name in registered if name not in states]
+    if missing:
+        raise StateDictKeyError(
+            f"the state's {key!r} lacks {missing} (it holds {sorted(states)}); register "
+            f"the {key} under the names they were saved with"
+        )
+    return states
+
+
+def require_iteration(to_load: Mapping[str, Any]) -> None:
+    """Raises ``StateDictKeyError`` unless ``to_load`` holds the iteration count."""
+    if "_start_iteration" not in to_load:
+        raise StateDictKeyError(
+            "the state has no '_start_iteration' entry; pass what trainer.state_dict() or "
+            "manager.state_dict() returned (or a snapshot file loaded with torch.load)"
+        )
 
 
 def _key_list(keys: Sequence[str]) -> str:

@@ -24,11 +24,13 @@ from ppe_core.errors import (
 from ppe_core.training._epoch_length import (
     PROVISIONAL_EPOCH_LENGTH,
     check_epoch_end,
+    optional_length,
     run_first_epoch,
 )
-from ppe_core.training._evaluator import Evaluator, optional_length
+from ppe_core.training._evaluator import Evaluator
 from ppe_core.training._extension import PRIORITY_WRITER, Extension, ExtensionEntry
 from ppe_core.training._manager import named_models
+from ppe_core.training._manager_checks import check_manager_kwargs
 from ppe_core.training._resume import TrainerState, attach_resume_state
 from ppe_core.training.triggers import get_trigger
 
@@ -102,23 +104,6 @@ def manager_arguments() -> list[str]:
     return [k for k in inspect.signature(ExtensionsManager).parameters if k not in skip]
 
 
-def _check_manager_kwargs(kwargs: Mapping[str, Any]) -> None:
-    """Reject what ExtensionsManager would reject, now rather than when run() starts."""
-    import difflib
-
-    known = set(manager_arguments())
-    unknown = sorted(set(kwargs) - known)
-    if unknown:
-        hints = []
-        for key in unknown:
-            close = difflib.get_close_matches(key, sorted(known), n=1)
-            hints.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
-        raise ArgumentTypeError(
-            f"Trainer got unexpected argument(s) {', '.join(hints)}; besides handler, evaluator, "
-            f"models and profile it takes ExtensionsManager's: {', '.join(sorted(known))}"
-        )
-
-
 class Trainer:
     """Trains models over a loader for a number of epochs, running extensions on triggers.
 
@@ -162,7 +147,7 @@ class Trainer:
             dict(optimizers) if isinstance(optimizers, Mapping) else {"main": optimizers}
         )
         extensions = kwargs.pop("extensions", None)
-        _check_manager_kwargs(kwargs)
+        check_manager_kwargs(kwargs, manager_arguments())
         self._kwargs = kwargs
         self._out_dir: str = kwargs.get("out_dir", "result")
         stop_trigger = kwargs.pop("stop_trigger", None)
