@@ -187,15 +187,17 @@ FILES: dict[str, tuple[str, str]] = {
     _T + "_manager.py": (SAME, "ExtensionsManager"),
     _T + "_manager_checks.py": (
         BEYOND,
-        "the manager's checks PPE lacks: iters_per_epoch, writer, state objects, "
-        "step_optimizers names, a finalized manager, models read outside needs_model_state, "
-        "a Trainer's manager arguments (PPE: a TypeError when run() starts)",
+        "the manager's checks PPE lacks: iters_per_epoch, a negative max_epochs, writer, state "
+        "objects, extensions and priorities, step_optimizers and extension names, extend()'s "
+        "ignored keyword arguments, a finalized manager, models read outside "
+        "needs_model_state, a Trainer's manager arguments (PPE: a TypeError when run() starts)",
     ),
     _T + "_manager_protocol.py": (COMPAT, "PPE's path of the manager protocols"),
     _T + "_metric_checks.py": (
         BEYOND,
-        "evaluators' metrics checked where given (PPE fails at the first batch), and the "
-        "extension Evaluator's two-argument metrics told from PPE's three-argument ones",
+        "evaluators' metrics, and a Trainer's evaluators, checked where given (PPE fails at the "
+        "first batch), and the extension Evaluator's two-argument metrics told from PPE's "
+        "three-argument ones",
     ),
     _T + "_protocols.py": (SAME, "the manager protocols"),
     _T + "_ranks.py": (

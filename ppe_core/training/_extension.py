@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import operator
 import types
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ppe_core.errors import ArgumentTypeError, ExtensionNameError
+from ppe_core.training._manager_checks import check_priority, not_an_extension_error
 
 # Re-exported for ppe.training.extension, PPE's path for it.
 from ppe_core.training._protocols import ExtensionsManagerProtocol as ExtensionsManagerProtocol
@@ -185,32 +185,8 @@ def _as_extension(ext: object) -> Extension:
     if isinstance(ext, Extension):
         return ext
     if not callable(ext) or (isinstance(ext, type) and issubclass(ext, Extension)):
-        if isinstance(ext, type):
-            got = f"the class {ext.__name__}; pass an instance, e.g. {ext.__name__}()"
-        elif isinstance(ext, (list, tuple)):
-            got = f"a {type(ext).__name__}; register each item separately"
-        else:
-            got = f"{type(ext).__name__} {ext!r}"
-        raise ArgumentTypeError(
-            f"an extension must be a ppe.training.extension.Extension or a callable taking the "
-            f"manager, got {got}"
-        )
+        raise not_an_extension_error(ext)
     return _WrappedExtension(ext)
-
-
-def check_priority(priority: object) -> int:
-    """Returns ``priority`` as an int, or raises naming the problem.
-
-    Raises:
-        ArgumentTypeError: ``priority`` is not an integer.
-    """
-    try:
-        return operator.index(priority)  # type: ignore[arg-type]
-    except TypeError:
-        raise ArgumentTypeError(
-            f"an extension priority must be an int, got {type(priority).__name__} "
-            f"{priority!r}; use e.g. ppe.training.PRIORITY_READER (higher runs first)"
-        ) from None
 
 
 def _no_hook(*args: object) -> None:

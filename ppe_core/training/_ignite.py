@@ -141,7 +141,7 @@ class IgniteExtensionsManager(ExtensionsManager):
             for slot in self._schedule.slots():
                 slot.entry.extension.finalize(self)
         finally:
-            self._release_run_lock()
+            self._run_lock.release()
 
     def state_dict(self, *, transform_models: TransformModel | None = None) -> dict[str, Any]:
         """The state of :meth:`ExtensionsManager.state_dict`, with the engine's epoch length."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 import types
 import warnings
@@ -27,23 +26,20 @@ from ppe_core.errors import (
 )
 from ppe_core.reporting import Observation, Reporter
 from ppe_core.training._epoch_length import EpochLengthState
-from ppe_core.training._extension import (
-    Extension,
-    ExtensionEntry,
-    ExtensionLike,
-    check_priority,
-)
+from ppe_core.training._extension import Extension, ExtensionEntry, ExtensionLike
 from ppe_core.training._handler_failures import call_each
 from ppe_core.training._manager_checks import (
     check_iters_per_epoch,
+    check_priority,
     check_step_optimizers,
     check_writer,
     finalized_error,
     model_unavailable_error,
+    warn_ignored_arguments,
 )
 from ppe_core.training._protocols import StateObjectProtocol
 from ppe_core.training._ranks import agree_on_collectives, device_of
-from ppe_core.training._run_lock import RunLock, acquire_run_lock
+from ppe_core.training._run_lock import ManagerRunLock
 from ppe_core.training._schedule import Schedule
 from ppe_core.training._state import PPE_CORE_STATE_KEY, TransformModel
 from ppe_core.training._stop import StopCondition, StopReason, max_epochs_trigger
@@ -224,20 +220,14 @@ class ExtensionsManager(EpochLengthState):
         enable_trace: bool = False,
         state_objects: Mapping[str, StateObjectProtocol] | None = None,
     ) -> None:
-        if transform_model is None:
-            transform_model = identity_transform_model
         check_iters_per_epoch(iters_per_epoch)
         self._models = named_models(models)
         self._optimizers: dict[str, torch.optim.Optimizer] = (
             dict(optimizers) if isinstance(optimizers, Mapping) else {"main": optimizers}
         )
-        self._transform_model = transform_model
-        transformed = {name: transform_model(name, m) for name, m in self._models.items()}
+        self._transform_model = transform = transform_model or identity_transform_model
+        transformed = {name: transform(name, m) for name, m in self._models.items()}
         self._models_view: Mapping[str, torch.nn.Module] = types.MappingProxyType(transformed)
-        self._raw_models_view: Mapping[str, torch.nn.Module] = types.MappingProxyType(self._models)
-        self._optimizers_view: Mapping[str, torch.optim.Optimizer] = types.MappingProxyType(
-            self._optimizers
-        )
         self.max_epochs = max_epochs
         self._iters_per_epoch = iters_per_epoch
         super().__init__(state_objects or {})
@@ -281,7 +271,7 @@ class ExtensionsManager(EpochLengthState):
         self._ranks_lacking: dict[str, tuple[int, ...]] | None = None
 
         # The output directory's run lock while this manager runs (see _take_run_lock).
-        self._run_lock: RunLock | None = None
+        self._run_lock = ManagerRunLock()
 
         self._plain_context = _IterationContext(self, ())
         self._contexts: dict[tuple[str, ...], _IterationContext] = {}
@@ -361,12 +351,12 @@ class ExtensionsManager(EpochLengthState):
         """The models as registered, without ``transform_model`` (read-only mapping)."""
         if not self._schedule.model_available:
             raise model_unavailable_error(self._iteration)
-        return self._raw_models_view
+        return types.MappingProxyType(self._models)
 
     @property
     def optimizers(self) -> Mapping[str, torch.optim.Optimizer]:
         """The optimizers by name (read-only mapping)."""
-        return self._optimizers_view
+        return types.MappingProxyType(self._optimizers)
 
     def set_optimizer(self, name: str, optimizer: torch.optim.Optimizer) -> None:
         """Registers (or replaces) the optimizer ``name``; it is saved and observed from now on.
@@ -448,14 +438,7 @@ class ExtensionsManager(EpochLengthState):
         Raises:
             ExtensionNameError: The name is empty or reserved (``"training"``).
         """
-        if kwargs:
-            warnings.warn(
-                IgnoredArgumentWarning(
-                    f"extend() ignores the keyword arguments {sorted(kwargs)} (accepted for PPE "
-                    "compatibility only)"
-                ),
-                stacklevel=2,
-            )
+        warn_ignored_arguments(kwargs)
         entry = extension if isinstance(extension, ExtensionEntry) else ExtensionEntry(extension)
         if trigger is not None:
             entry.set_trigger(trigger)
@@ -514,7 +497,7 @@ class ExtensionsManager(EpochLengthState):
                 if not getattr(slot.entry.trigger, "finished", False):
                     slot.entry.extension.initialize(self)
         except BaseException:
-            self._release_run_lock()  # the run never started: another may use the directory
+            self._run_lock.release()  # the run never started: another may use the directory
             raise
         self.observation = {}
         with self.reporter.scope(self.observation):
@@ -735,28 +718,16 @@ class ExtensionsManager(EpochLengthState):
         try:
             call_each("finalize", calls, original)
         finally:
-            self._release_run_lock()  # after the writer: its pending saves are on disk
+            self._run_lock.release()  # after the writer: its pending saves are on disk
 
     def _take_run_lock(self) -> None:
-        """Locks the output directory for this run when the run writes there.
-
-        Only the manager's extensions write (through the writer or into :attr:`out`), so a
-        manager without extensions takes no lock, nor does one whose output directory is not
-        on this machine (a writer with a remote ``fs=``: the writer's ``initialize`` created no
-        local directory). See ``_run_lock`` for what the lock guarantees.
+        """Locks the output directory for this run when the run writes there (see
+        ``_run_lock``: only the extensions write, so a manager without any takes no lock).
 
         Raises:
             OutputDirectoryInUseError: Another live process trains into the same directory.
         """
-        if self._run_lock is not None or self.writer is None or not self._schedule.entries:
-            return
-        if os.path.isdir(self.out or "."):
-            self._run_lock = acquire_run_lock(self.out)
-
-    def _release_run_lock(self) -> None:
-        run_lock, self._run_lock = self._run_lock, None
-        if run_lock is not None:
-            run_lock.release()
+        self._run_lock.take(self.out, self.writer is not None and bool(self._schedule.entries))
 
     # ----------------------------------------------------------------- scheduling
 

@@ -1,8 +1,10 @@
 """The ExtensionsManager's checks that PPE's manager does not make, with their messages.
 
-PPE's manager takes any ``iters_per_epoch`` (0 divides by zero later), any writer and any
-state object (it fails when saving), fails with a bare ``KeyError`` on an unknown
-``step_optimizers`` name, and lets a finalized manager or a model read outside
+PPE's manager takes any ``iters_per_epoch`` (0 divides by zero later), a negative
+``max_epochs``, any writer, state object, extension and priority (it fails when saving or
+running them), fails with a bare ``KeyError`` on an unknown ``step_optimizers`` name and with
+a bare ``ValueError`` on an unknown extension name, ignores ``extend()``'s extra keyword
+arguments in silence, and lets a finalized manager or a model read outside
 ``needs_model_state`` (a ppe-core feature) go on. ppe-core raises at once, saying what to
 pass instead; the manager calls these where the check belongs. A Trainer's manager
 arguments are checked when the Trainer is made (PPE: a ``TypeError`` when ``run()`` builds
@@ -12,11 +14,16 @@ the manager).
 from __future__ import annotations
 
 import difflib
-from collections.abc import Collection, Sequence
+import operator
+import warnings
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
 from ppe_core.errors import (
     ArgumentTypeError,
     ConfigurationError,
+    ExtensionNameError,
+    IgnoredArgumentWarning,
     ManagerStateError,
     ModelStateUnavailableError,
 )
@@ -24,11 +31,16 @@ from ppe_core.errors import (
 __all__ = [
     "check_iters_per_epoch",
     "check_manager_kwargs",
+    "check_max_epochs",
+    "check_priority",
     "check_state_object",
     "check_step_optimizers",
     "check_writer",
     "finalized_error",
     "model_unavailable_error",
+    "not_an_extension_error",
+    "unknown_extension_error",
+    "warn_ignored_arguments",
 ]
 
 
@@ -42,6 +54,67 @@ def check_iters_per_epoch(iters_per_epoch: object) -> None:
         raise ConfigurationError(
             f"iters_per_epoch must be >= 1, got {iters_per_epoch}; pass the number of "
             "iterations per epoch, usually len(loader) (an empty loader gives 0)"
+        )
+
+
+def check_max_epochs(max_epochs: object) -> None:
+    """Raises ``ConfigurationError`` for a negative integer ``max_epochs``."""
+    if isinstance(max_epochs, int) and not isinstance(max_epochs, bool) and max_epochs < 0:
+        raise ConfigurationError(
+            f"max_epochs must be >= 0, got {max_epochs}; pass the number of epochs to "
+            "train (0 only for a manager that just loads a state)"
+        )
+
+
+def check_priority(priority: object) -> int:
+    """Returns ``priority`` as an int, or raises naming the problem.
+
+    Raises:
+        ArgumentTypeError: ``priority`` is not an integer.
+    """
+    try:
+        return operator.index(priority)  # type: ignore[arg-type]
+    except TypeError:
+        raise ArgumentTypeError(
+            f"an extension priority must be an int, got {type(priority).__name__} "
+            f"{priority!r}; use e.g. ppe.training.PRIORITY_READER (higher runs first)"
+        ) from None
+
+
+def not_an_extension_error(ext: object) -> ArgumentTypeError:
+    """What registering ``ext``, neither an Extension instance nor a callable, raises."""
+    if isinstance(ext, type):
+        got = f"the class {ext.__name__}; pass an instance, e.g. {ext.__name__}()"
+    elif isinstance(ext, (list, tuple)):
+        got = f"a {type(ext).__name__}; register each item separately"
+    else:
+        got = f"{type(ext).__name__} {ext!r}"
+    return ArgumentTypeError(
+        f"an extension must be a ppe.training.extension.Extension or a callable taking the "
+        f"manager, got {got}"
+    )
+
+
+def unknown_extension_error(name: str, registered: Collection[str]) -> ExtensionNameError:
+    """What ``get_extension(name)`` raises when no extension has that name."""
+    close = difflib.get_close_matches(name, list(registered), n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return ExtensionNameError(
+        f"no extension named {name!r} is registered (registered: "
+        f"{sorted(registered) or 'none'}); {hint}register it first with "
+        f"extend(..., name={name!r}) or ask for one of the registered names"
+    )
+
+
+def warn_ignored_arguments(kwargs: Mapping[str, Any]) -> None:
+    """Warns that ``extend()`` ignores ``kwargs`` (PPE accepts and ignores them in silence)."""
+    if kwargs:
+        warnings.warn(
+            IgnoredArgumentWarning(
+                f"extend() ignores the keyword arguments {sorted(kwargs)} (accepted for PPE "
+                "compatibility only)"
+            ),
+            stacklevel=3,
         )
 
 

@@ -1,6 +1,7 @@
 """Evaluators' metrics, checked where they are given (PPE calls whatever it is given, to fail
 at the first batch), and the extension Evaluator's metrics of two arguments ``(batch,
-outputs)`` told apart from PPE's three ``(batch, outputs, last_iteration)``."""
+outputs)`` told apart from PPE's three ``(batch, outputs, last_iteration)``. A Trainer's
+evaluators are checked likewise when given."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ __all__ = [
     "check_metric",
     "check_metrics",
     "metric_result_error",
+    "not_an_evaluator_error",
     "takes_last_iteration",
 ]
 
@@ -77,3 +79,11 @@ def check_metric(
             f"every metric must be a callable {signature}, got {type(metric).__name__} {metric!r}"
         )
     return metric
+
+
+def not_an_evaluator_error(name: str, evaluator: object) -> ArgumentTypeError:
+    """What a Trainer given ``evaluator`` (not an engine Evaluator) under ``name`` raises."""
+    return ArgumentTypeError(
+        f"evaluator {name!r} must be created with ppe.engine.create_evaluator, "
+        f"got {type(evaluator).__name__}"
+    )

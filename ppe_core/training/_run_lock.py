@@ -31,6 +31,7 @@ from ppe_core.errors import OutputDirectoryInUseError, RunLockWarning
 
 __all__ = [
     "RUN_LOCK_FILENAME",
+    "ManagerRunLock",
     "OutputDirectoryInUseError",
     "RunLock",
     "RunLockWarning",
@@ -197,6 +198,33 @@ def acquire_run_lock(out_dir: str) -> RunLock | None:
             # Garbage collection released the last other share between the two lines above:
             # that lock is gone, so take the directory afresh.
     return RunLock(path)
+
+
+class ManagerRunLock:
+    """A manager's run lock: taken when its extensions start, released when it is finalized."""
+
+    def __init__(self) -> None:
+        self._lock: RunLock | None = None
+
+    def take(self, out_dir: str, writes: bool) -> None:
+        """Locks ``out_dir`` for this run when the run writes there (``writes``).
+
+        Only a manager's extensions write (through the writer or into its ``out``), so a
+        manager without extensions takes no lock, nor does one whose output directory is not
+        on this machine (a writer with a remote ``fs=``: the writer's ``initialize`` created no
+        local directory).
+
+        Raises:
+            OutputDirectoryInUseError: Another live process trains into the same directory.
+        """
+        if self._lock is None and writes and os.path.isdir(out_dir or "."):
+            self._lock = acquire_run_lock(out_dir)
+
+    def release(self) -> None:
+        """Releases the lock if held (later calls do nothing)."""
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
 
 
 def _lock_file(directory: str, path: str) -> int | None:

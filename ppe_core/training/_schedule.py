@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import difflib
 import itertools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ppe_core._record import record
-from ppe_core.errors import ExtensionNameError
 from ppe_core.training._extension import ExtensionEntry
+from ppe_core.training._manager_checks import unknown_extension_error
 from ppe_core.training.triggers import NEVER, next_due
 
 if TYPE_CHECKING:
@@ -95,13 +94,7 @@ class Schedule:
         """
         entry = self.entries.get(name)
         if entry is None:
-            close = difflib.get_close_matches(name, list(self.entries), n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ExtensionNameError(
-                f"no extension named {name!r} is registered (registered: "
-                f"{sorted(self.entries) or 'none'}); {hint}register it first with "
-                f"extend(..., name={name!r}) or ask for one of the registered names"
-            )
+            raise unknown_extension_error(name, self.entries)
         return entry.extension
 
     def slots(self) -> Iterator[Slot]:

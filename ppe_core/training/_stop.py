@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ppe_core.errors import ConfigurationError
+from ppe_core.training._manager_checks import check_max_epochs
 from ppe_core.training._stop_reason import StopKind, StopReason
 from ppe_core.training.triggers import Trigger, get_trigger, next_due
 
@@ -41,14 +41,9 @@ def max_epochs_trigger(max_epochs: int) -> Trigger:
     Raises:
         ConfigurationError: ``max_epochs`` is negative (or not a number).
     """
-    if isinstance(max_epochs, int) and not isinstance(max_epochs, bool):
-        if max_epochs == 0:
-            return _NoEpochs()
-        if max_epochs < 0:
-            raise ConfigurationError(
-                f"max_epochs must be >= 0, got {max_epochs}; pass the number of epochs to "
-                "train (0 only for a manager that just loads a state)"
-            )
+    check_max_epochs(max_epochs)
+    if max_epochs == 0 and isinstance(max_epochs, int) and not isinstance(max_epochs, bool):
+        return _NoEpochs()
     return get_trigger((max_epochs, "epoch"))
 
 

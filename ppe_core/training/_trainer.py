@@ -15,12 +15,12 @@ from ppe_core._record import record
 from ppe_core.distributed import timeout_error
 from ppe_core.errors import (
     AmbiguousEvaluatorError,
-    ArgumentTypeError,
     ConfigurationError,
     ManagerStateError,
     UnknownOptimizerError,
     ValLoaderIgnoredWarning,
 )
+from ppe_core.handler._handler import step_function
 from ppe_core.training._epoch_length import (
     PROVISIONAL_EPOCH_LENGTH,
     check_epoch_end,
@@ -31,6 +31,7 @@ from ppe_core.training._evaluator import Evaluator
 from ppe_core.training._extension import PRIORITY_WRITER, Extension, ExtensionEntry
 from ppe_core.training._manager import named_models
 from ppe_core.training._manager_checks import check_manager_kwargs
+from ppe_core.training._metric_checks import not_an_evaluator_error
 from ppe_core.training._resume import TrainerState, attach_resume_state
 from ppe_core.training.triggers import get_trigger
 
@@ -48,6 +49,8 @@ __all__ = [
 
 
 EvaluatorSpec = Evaluator | tuple[Evaluator, Any] | Mapping[str, Evaluator | tuple[Evaluator, Any]]
+#: A train step: ``step(trainer, batch_idx, batch)``.
+_Step = Callable[[Any, int, Any], Any]
 
 
 class _EvaluatorExtension(Extension):
@@ -86,10 +89,7 @@ def _normalize_evaluators(spec: EvaluatorSpec | None) -> dict[str, tuple[Evaluat
     for name, value in items.items():
         evaluator, trigger = value if isinstance(value, tuple) else (value, (1, "epoch"))
         if not isinstance(evaluator, Evaluator):
-            raise ArgumentTypeError(
-                f"evaluator {name!r} must be created with ppe.engine.create_evaluator, "
-                f"got {type(evaluator).__name__}"
-            )
+            raise not_an_evaluator_error(name, evaluator)
         result[name] = (evaluator, get_trigger(trigger))
     return result
 
@@ -334,23 +334,6 @@ class Trainer:
         self._manager = manager
         return manager
 
-    def _step_function(self) -> Callable[[Any, int, Any], Any]:
-        """The handler's whole step, wrapped in a profiler record only when asked for."""
-        from ppe_core.handler._handler import step_function
-
-        step = step_function(self.handler, "train")
-        if not (self._enable_profile or self._enable_trace):
-            return step
-        enable, trace = self._enable_profile, self._enable_trace
-
-        def recorded(trainer: Any, batch_idx: int, batch: Any) -> Any:
-            # A torch.profiler range, a TimeSummary entry (enable_profile) and a tracer event
-            # (enable_trace), as ppe.profiler.record gives.
-            with record("ppe.training.Trainer:train_step", enable=enable, trace=trace):
-                return step(trainer, batch_idx, batch)
-
-        return recorded
-
     # The loop -------------------------------------------------------------------------------
     def run(
         self,
@@ -405,7 +388,13 @@ class Trainer:
             evaluator.setup(val_loader)  # type: ignore[arg-type]  # checked above
         # One whole step per call, post-step included, whatever the handler (chosen once).
         begin, end = manager.begin_iteration, manager.end_iteration
-        train_step = self._step_function()
+        train_step = step_function(handler, "train")
+        # With enable_profile/enable_trace: PPE's sections around each step (the iteration,
+        # the data fetch, run_iteration, train_step); nothing is added to the loop otherwise.
+        scopes = None
+        if self._enable_profile or self._enable_trace:
+            scopes = _StepScopes(self._enable_profile, self._enable_trace)
+            begin, end, train_step = scopes.wrap(begin, end, train_step)
         # Extensions that watch the steps (Throughput counts samples) wrap the step function
         # once per run; none registered, the loop is unchanged.
         for _, entry in manager.extensions:
@@ -413,12 +402,6 @@ class Trainer:
             if wrap is not None:
                 train_step = wrap(train_step)
         profile = self._profile
-        # With enable_profile/enable_trace: PPE's sections around each step (the iteration,
-        # the data fetch, run_iteration); nothing is added to the loop otherwise.
-        scopes = None
-        if self._enable_profile or self._enable_trace:
-            scopes = _StepScopes(self._enable_profile, self._enable_trace)
-            begin, end = scopes.wrap(begin, end)
         manager.start_extensions()
         host.trainer_setup(self)
         error: BaseException | None = None
@@ -480,10 +463,10 @@ class _StepScopes:
 
     As PPE records them: ``ppe.training.Trainer:iteration`` around the whole step, inside it
     ``ppe.training.Trainer:get_data`` around fetching the batch and
-    ``ppe.training.Trainer:run_iteration`` around the manager's iteration (the train step and
-    the extensions). The loop's own steps stay as they are: the batch iterator and the
-    manager's begin/end calls are wrapped, and sections left open by an error are closed by
-    :meth:`close`.
+    ``ppe.training.Trainer:run_iteration`` around the manager's iteration (the train step,
+    itself in ``ppe.training.Trainer:train_step``, and the extensions). The loop's own steps
+    stay as they are: the batch iterator, the manager's begin/end calls and the step function
+    are wrapped, and sections left open by an error are closed by :meth:`close`.
     """
 
     def __init__(self, time: bool, trace: bool) -> None:
@@ -514,13 +497,18 @@ class _StepScopes:
             yield batch
 
     def wrap(
-        self, begin: Callable[..., Any], end: Callable[..., bool]
-    ) -> tuple[Callable[..., Any], Callable[..., bool]]:
-        """``begin``/``end`` of the manager's iteration inside ``run_iteration``."""
+        self, begin: Callable[..., Any], end: Callable[..., bool], step: _Step
+    ) -> tuple[Callable[..., Any], Callable[..., bool], _Step]:
+        """``begin``/``end`` of the manager's iteration inside ``run_iteration``, and the
+        step function inside ``train_step``."""
 
         def begin_section(*args: Any) -> Any:
             self._enter("ppe.training.Trainer:run_iteration")
             return begin(*args)
+
+        def step_section(trainer: Any, batch_idx: int, batch: Any) -> Any:
+            with record("ppe.training.Trainer:train_step", enable=self._time, trace=self._trace):
+                return step(trainer, batch_idx, batch)
 
         def end_section(*args: Any) -> bool:
             stop = end(*args)
@@ -528,7 +516,7 @@ class _StepScopes:
             self._exit()  # iteration
             return stop
 
-        return begin_section, end_section
+        return begin_section, end_section, step_section
 
     def close(self) -> None:
         """Closes the sections an error (or an early stop) left open, innermost first."""
