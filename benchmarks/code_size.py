@@ -187,10 +187,11 @@ FILES: dict[str, tuple[str, str]] = {
     _T + "_manager.py": (SAME, "ExtensionsManager"),
     _T + "_manager_checks.py": (
         BEYOND,
-        "the manager's checks PPE lacks: iters_per_epoch, a negative max_epochs, writer, state "
-        "objects, extensions and priorities, step_optimizers and extension names, extend()'s "
-        "ignored keyword arguments, a finalized manager, models read outside "
-        "needs_model_state, a Trainer's manager arguments (PPE: a TypeError when run() starts)",
+        "the manager's checks PPE lacks: models in a dict, iters_per_epoch, a negative "
+        "max_epochs, writer, state objects, extensions and priorities, step_optimizers and "
+        "extension names, extend()'s ignored keyword arguments, make_extension's, a finalized "
+        "manager, models read outside needs_model_state, the ignite engine and package, a "
+        "Trainer's manager arguments and max_epochs (PPE: a TypeError when run() starts)",
     ),
     _T + "_manager_protocol.py": (COMPAT, "PPE's path of the manager protocols"),
     _T + "_metric_checks.py": (
@@ -208,7 +209,8 @@ FILES: dict[str, tuple[str, str]] = {
     _T + "_resume.py": (
         BEYOND,
         "bit-exact resume: RNG states and epoch order, per rank, verified on load (a changed "
-        "epoch length warns), kept under the state's '_ppe_core' key",
+        "epoch length warns), kept under the state's '_ppe_core' key; ResumeStateHost, where "
+        "a trainer registers them",
     ),
     _T + "_run_lock.py": (BEYOND, "run lock: one live run per output directory"),
     _T + "_sample_means.py": (

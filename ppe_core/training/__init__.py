@@ -23,7 +23,7 @@ _EXPORTS: dict[str, str] = {
     "ExtensionsManagerProtocol": "ppe_core.training._protocols",
     "StateObjectProtocol": "ppe_core.training._protocols",
     "IterationDriver": "ppe_core.training._protocols",
-    "ResumeStateHost": "ppe_core.training._protocols",
+    "ResumeStateHost": "ppe_core.training._resume",
     "StopReason": "ppe_core.training.manager",
 }
 _SUBMODULES = frozenset({"extension", "extensions", "manager", "metrics", "trigger", "triggers"})

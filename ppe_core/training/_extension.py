@@ -6,8 +6,12 @@ import types
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ppe_core.errors import ArgumentTypeError, ExtensionNameError
-from ppe_core.training._manager_checks import check_priority, not_an_extension_error
+from ppe_core.errors import ExtensionNameError
+from ppe_core.training._manager_checks import (
+    check_make_extension_kwargs,
+    check_priority,
+    not_an_extension_error,
+)
 
 # Re-exported for ppe.training.extension, PPE's path for it.
 from ppe_core.training._protocols import ExtensionsManagerProtocol as ExtensionsManagerProtocol
@@ -233,13 +237,7 @@ def make_extension(
         def log_norm(manager):
             ...
     """
-    unknown = sorted(set(kwargs) - set(_MAKE_EXTENSION_FLAGS))
-    if unknown:
-        raise ArgumentTypeError(
-            f"make_extension() got unexpected keyword arguments {unknown}; it accepts trigger, "
-            "default_name, priority, finalizer, initializer, on_error, needs_model_state, "
-            "is_async and runs_last (set other attributes on the function yourself)"
-        )
+    check_make_extension_kwargs(kwargs, _MAKE_EXTENSION_FLAGS)
 
     def decorator(ext: _F) -> _F:
         attributes: dict[str, Any] = {
@@ -301,7 +299,6 @@ class ExtensionEntry:
         )
         self.call_before_training = call_before_training
         self.trigger: Trigger = get_trigger(self.extension.trigger if trigger is None else trigger)
-        self.name: str = ""
         self.set_name(
             name if name is not None else (self.extension.name or self.extension.default_name)
         )

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ppe_core.errors import ArgumentTypeError, IgniteNotInstalledError
 from ppe_core.training._extension import Extension, ExtensionEntry, ExtensionLike
 from ppe_core.training._manager import ExtensionsManager, TransformModel
+from ppe_core.training._manager_checks import check_engine
 from ppe_core.training._protocols import StateObjectProtocol
 
 if TYPE_CHECKING:
@@ -66,18 +66,7 @@ class IgniteExtensionsManager(ExtensionsManager):
         enable_trace: bool = False,
         state_objects: Mapping[str, StateObjectProtocol] | None = None,
     ) -> None:
-        try:
-            import ignite.engine
-        except ModuleNotFoundError as exc:
-            raise IgniteNotInstalledError(
-                "IgniteExtensionsManager needs pytorch-ignite: pip install pytorch-ignite "
-                "(or use ExtensionsManager with your own loop)"
-            ) from exc
-        if not isinstance(engine, ignite.engine.Engine):
-            raise ArgumentTypeError(
-                f"engine must be an ignite.engine.Engine, got {type(engine).__name__}; pass "
-                "e.g. ignite.engine.create_supervised_trainer(model, optimizer, loss_fn)"
-            )
+        check_engine(engine)
         # The epoch length is only known when the engine starts (len of its data).
         super().__init__(
             models,

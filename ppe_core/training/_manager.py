@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from ppe_core.errors import (
-    ArgumentTypeError,
     ExtensionErrorHandlerWarning,
     IgniteNotInstalledError,
     IgnoredArgumentWarning,
@@ -35,6 +34,7 @@ from ppe_core.training._manager_checks import (
     check_writer,
     finalized_error,
     model_unavailable_error,
+    not_a_model_error,
     warn_ignored_arguments,
 )
 from ppe_core.training._protocols import StateObjectProtocol
@@ -46,7 +46,8 @@ from ppe_core.training._stop import StopCondition, StopReason, max_epochs_trigge
 from ppe_core.training.triggers import TriggerLike, get_trigger
 
 if TYPE_CHECKING:
-    from ppe_core.training._protocols import IterationDriver, ManagerView, ResumeStateHost
+    from ppe_core.training._protocols import IterationDriver, ManagerView
+    from ppe_core.training._resume import ResumeStateHost
 
 __all__ = [
     "PPE_CORE_STATE_KEY",
@@ -91,16 +92,7 @@ def named_models(
     named: dict[str, Any] = dict(models) if isinstance(models, Mapping) else {"main": models}
     for name, model in named.items():
         if not isinstance(model, torch.nn.Module):
-            got = (
-                f"the class {model.__name__}, not an instance"
-                if isinstance(model, type)
-                else type(model).__name__
-            )
-            raise ArgumentTypeError(
-                f"{argument} must be a torch.nn.Module or a dict of them (each model must be "
-                f"an instance of torch.nn.Module), but {argument}[{name!r}] is {got}; pass "
-                f"e.g. {argument}=MyModel() or {argument}={{'main': MyModel()}}"
-            )
+            raise not_a_model_error(argument, name, model)
     return named
 
 
@@ -258,8 +250,8 @@ class ExtensionsManager(EpochLengthState):
         #: Iterations run by this process since the (possibly restored) start; PPE's name.
         self.execution = 0
         self._start_iteration = 0
+        # When the extensions started (None: not yet).
         self._start_time: float | None = None
-        self._started = False
         self._finalized = False
         # True once started and until finalized: the one check on the hot path.
         self._ready = False
@@ -273,8 +265,8 @@ class ExtensionsManager(EpochLengthState):
         # The output directory's run lock while this manager runs (see _take_run_lock).
         self._run_lock = ManagerRunLock()
 
-        self._plain_context = _IterationContext(self, ())
-        self._contexts: dict[tuple[str, ...], _IterationContext] = {}
+        # run_iteration()'s context managers, by the optimizers they step.
+        self._contexts: dict[tuple[str, ...], _IterationContext] = {(): _IterationContext(self, ())}
 
         self._out = out_dir
         if writer is None:
@@ -299,7 +291,7 @@ class ExtensionsManager(EpochLengthState):
         Reading it starts the extensions first (as in PPE) so that an extension restoring a
         snapshot in ``initialize`` has run.
         """
-        if not self._started:
+        if self._start_time is None:
             self.start_extensions()
         return self._iteration
 
@@ -382,7 +374,7 @@ class ExtensionsManager(EpochLengthState):
         the iteration; the trigger itself is only consulted at the iterations its
         ``next_check`` announces.
         """
-        if not self._started:
+        if self._start_time is None:
             self.start_extensions()
         return self._stop.read(self, self._iteration, self._iters_per_epoch)
 
@@ -399,9 +391,7 @@ class ExtensionsManager(EpochLengthState):
         function) give None.
         """
         get_length = getattr(self._stop.trigger, "get_training_length", None)
-        if get_length is None:
-            return None
-        length: tuple[float, str] = get_length()
+        length: tuple[float, str] | None = None if get_length is None else get_length()
         return length
 
     # ----------------------------------------------------------------- registration
@@ -454,7 +444,7 @@ class ExtensionsManager(EpochLengthState):
         entry.set_name(unique)
         self._schedule.add(unique, entry)
         self._invalidate_schedule()
-        if self._started and not getattr(entry.trigger, "finished", False):
+        if self._start_time is not None and not getattr(entry.trigger, "finished", False):
             entry.extension.initialize(self)
 
     def get_extension(self, name: str) -> Extension:
@@ -483,10 +473,9 @@ class ExtensionsManager(EpochLengthState):
         Raises:
             OutputDirectoryInUseError: Another live process trains into the same directory.
         """
-        if self._started:
+        if self._start_time is not None:
             return
         self._take_run_lock()  # before any initialize: autoload reads the directory
-        self._started = True
         self._start_time = time.perf_counter()
         try:
             # Before any extension initializes: extensions that issue collectives ask the result.
@@ -544,7 +533,7 @@ class ExtensionsManager(EpochLengthState):
             ConfigurationError: A name in ``step_optimizers`` is not a registered optimizer.
         """
         if step_optimizers is None:
-            return self._plain_context
+            return self._contexts[()]
         names = (step_optimizers,) if isinstance(step_optimizers, str) else tuple(step_optimizers)
         context = self._contexts.get(names)
         if context is None:
@@ -709,7 +698,7 @@ class ExtensionsManager(EpochLengthState):
             return
         self._finalized = True
         self._ready = False
-        slots = self._schedule.slots() if self._started else ()
+        slots = self._schedule.slots() if self._start_time is not None else ()
         calls: list[tuple[str, Callable[[], object]]] = [
             (s.name, partial(s.entry.extension.finalize, self)) for s in slots
         ]

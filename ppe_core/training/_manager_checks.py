@@ -1,14 +1,15 @@
 """The ExtensionsManager's checks that PPE's manager does not make, with their messages.
 
 PPE's manager takes any ``iters_per_epoch`` (0 divides by zero later), a negative
-``max_epochs``, any writer, state object, extension and priority (it fails when saving or
-running them), fails with a bare ``KeyError`` on an unknown ``step_optimizers`` name and with
-a bare ``ValueError`` on an unknown extension name, ignores ``extend()``'s extra keyword
-arguments in silence, and lets a finalized manager or a model read outside
-``needs_model_state`` (a ppe-core feature) go on. ppe-core raises at once, saying what to
+``max_epochs``, any writer, state object, extension, priority and ignite engine (it fails
+when saving or running them), explains a model that is not a module only for a single one,
+fails with a bare ``KeyError`` on an unknown ``step_optimizers`` name and with a bare
+``ValueError`` on an unknown extension name, ignores ``extend()``'s extra keyword arguments
+in silence, and lets a finalized manager or a model read outside ``needs_model_state`` (a
+ppe-core feature) go on. ppe-core raises at once, saying what to
 pass instead; the manager calls these where the check belongs. A Trainer's manager
 arguments are checked when the Trainer is made (PPE: a ``TypeError`` when ``run()`` builds
-the manager).
+the manager), and so are ``make_extension``'s keyword arguments (PPE has none).
 """
 
 from __future__ import annotations
@@ -23,13 +24,16 @@ from ppe_core.errors import (
     ArgumentTypeError,
     ConfigurationError,
     ExtensionNameError,
+    IgniteNotInstalledError,
     IgnoredArgumentWarning,
     ManagerStateError,
     ModelStateUnavailableError,
 )
 
 __all__ = [
+    "check_engine",
     "check_iters_per_epoch",
+    "check_make_extension_kwargs",
     "check_manager_kwargs",
     "check_max_epochs",
     "check_priority",
@@ -37,7 +41,9 @@ __all__ = [
     "check_step_optimizers",
     "check_writer",
     "finalized_error",
+    "missing_max_epochs_error",
     "model_unavailable_error",
+    "not_a_model_error",
     "not_an_extension_error",
     "unknown_extension_error",
     "warn_ignored_arguments",
@@ -54,6 +60,61 @@ def check_iters_per_epoch(iters_per_epoch: object) -> None:
         raise ConfigurationError(
             f"iters_per_epoch must be >= 1, got {iters_per_epoch}; pass the number of "
             "iterations per epoch, usually len(loader) (an empty loader gives 0)"
+        )
+
+
+def not_a_model_error(argument: str, name: str, model: object) -> ArgumentTypeError:
+    """What a models argument (``argument``) whose entry ``name`` is not a module raises."""
+    got = (
+        f"the class {model.__name__}, not an instance"
+        if isinstance(model, type)
+        else type(model).__name__
+    )
+    return ArgumentTypeError(
+        f"{argument} must be a torch.nn.Module or a dict of them (each model must be "
+        f"an instance of torch.nn.Module), but {argument}[{name!r}] is {got}; pass "
+        f"e.g. {argument}=MyModel() or {argument}={{'main': MyModel()}}"
+    )
+
+
+def check_engine(engine: object) -> None:
+    """Raises unless pytorch-ignite is installed and ``engine`` is its ``Engine``.
+
+    Raises:
+        IgniteNotInstalledError: pytorch-ignite is not installed (an ``ImportError``; PPE's
+            manager module fails to import without it).
+        ArgumentTypeError: ``engine`` is not an ignite ``Engine``.
+    """
+    try:
+        import ignite.engine
+    except ModuleNotFoundError as exc:
+        raise IgniteNotInstalledError(
+            "IgniteExtensionsManager needs pytorch-ignite: pip install pytorch-ignite "
+            "(or use ExtensionsManager with your own loop)"
+        ) from exc
+    if not isinstance(engine, ignite.engine.Engine):
+        raise ArgumentTypeError(
+            f"engine must be an ignite.engine.Engine, got {type(engine).__name__}; pass "
+            "e.g. ignite.engine.create_supervised_trainer(model, optimizer, loss_fn)"
+        )
+
+
+def missing_max_epochs_error() -> ConfigurationError:
+    """What a Trainer made without ``max_epochs`` raises when it starts."""
+    return ConfigurationError(
+        "the trainer needs max_epochs (the number of epochs to train); pass "
+        "Trainer(..., max_epochs=10) or use ppe.engine.create_trainer"
+    )
+
+
+def check_make_extension_kwargs(kwargs: Mapping[str, Any], flags: Collection[str]) -> None:
+    """Raises ``ArgumentTypeError`` for a ``make_extension`` keyword argument not in ``flags``."""
+    unknown = sorted(set(kwargs) - set(flags))
+    if unknown:
+        raise ArgumentTypeError(
+            f"make_extension() got unexpected keyword arguments {unknown}; it accepts trigger, "
+            "default_name, priority, finalizer, initializer, on_error, needs_model_state, "
+            "is_async and runs_last (set other attributes on the function yourself)"
         )
 
 

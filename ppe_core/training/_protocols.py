@@ -78,20 +78,6 @@ class StateObjectProtocol(Protocol):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
 
 
-class ResumeStateHost(Protocol):
-    """Where a trainer registers what it needs saved beyond the models and optimizers.
-
-    ``ExtensionsManager`` implements it; ``attach_resume_state`` uses it for the Trainer's RNG
-    and loader states and its handler's state.
-    """
-
-    def add_state_object(
-        self, name: str, obj: StateObjectProtocol, *, optional: bool = False
-    ) -> None: ...
-
-    def add_resume_state(self, name: str, obj: StateObjectProtocol) -> None: ...
-
-
 class IterationDriver(Protocol):
     """What a training loop calls on its manager, per iteration and when training fails.
 

@@ -1,12 +1,14 @@
 """What a snapshot needs beyond weights to resume bit-exactly: RNG states and epoch order,
-for each rank under torch.distributed, and the epoch length, checked on load."""
+for each rank under torch.distributed, and the epoch length, checked on load; kept under the
+state's ``'_ppe_core'`` key (:class:`ResumeStates`) by a manager that a trainer reaches as a
+:class:`ResumeStateHost`."""
 
 from __future__ import annotations
 
 import random
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -18,7 +20,7 @@ from ppe_core.errors import (
 )
 
 if TYPE_CHECKING:
-    from ppe_core.training._protocols import ResumeStateHost, StateObjectProtocol
+    from ppe_core.training._protocols import StateObjectProtocol
 
 __all__ = [
     "RANKS_KEY",
@@ -26,6 +28,7 @@ __all__ = [
     "WORLD_SIZE_KEY",
     "EpochLength",
     "EpochLengthChangedWarning",
+    "ResumeStateHost",
     "ResumeStates",
     "TrainerState",
     "WorldSizeMismatchWarning",
@@ -178,6 +181,20 @@ class EpochLength:
             ),
             stacklevel=stacklevel + 1,
         )
+
+
+class ResumeStateHost(Protocol):
+    """Where a trainer registers what it needs saved beyond the models and optimizers.
+
+    ``ExtensionsManager`` implements it; ``attach_resume_state`` uses it for the Trainer's RNG
+    and loader states and its handler's state.
+    """
+
+    def add_state_object(
+        self, name: str, obj: StateObjectProtocol, *, optional: bool = False
+    ) -> None: ...
+
+    def add_resume_state(self, name: str, obj: StateObjectProtocol) -> None: ...
 
 
 def attach_resume_state(manager: ResumeStateHost, state: TrainerState, handler: Any) -> None:

@@ -142,7 +142,7 @@ class ManagerState:
                 the manager's ``transform_model`` by default.
         """
         transform = self._transform_model if transform_models is None else transform_models
-        state: dict[str, Any] = {
+        return {
             "_start_iteration": self._iteration,
             "_start_execution": self.execution,
             "models": {name: transform(name, m).state_dict() for name, m in self._models.items()},
@@ -150,9 +150,8 @@ class ManagerState:
             "state_objects": {name: obj.state_dict() for name, obj in self._objects.items()},
             "extensions": {name: e.state_dict() for name, e in self._schedule.entries.items()},
             "ppe_version": PPE_FORMAT_VERSION,
+            PPE_CORE_STATE_KEY: {VERSION_KEY: __version__, **self.resume_state_dict()},
         }
-        state[PPE_CORE_STATE_KEY] = {VERSION_KEY: __version__, **self.resume_state_dict()}
-        return state
 
     def _load_state(
         self, to_load: Mapping[str, Any], transform_models: TransformModel | None

@@ -30,7 +30,7 @@ from ppe_core.training._epoch_length import (
 from ppe_core.training._evaluator import Evaluator
 from ppe_core.training._extension import PRIORITY_WRITER, Extension, ExtensionEntry
 from ppe_core.training._manager import named_models
-from ppe_core.training._manager_checks import check_manager_kwargs
+from ppe_core.training._manager_checks import check_manager_kwargs, missing_max_epochs_error
 from ppe_core.training._metric_checks import not_an_evaluator_error
 from ppe_core.training._resume import TrainerState, attach_resume_state
 from ppe_core.training.triggers import get_trigger
@@ -62,12 +62,9 @@ class _EvaluatorExtension(Extension):
     def __init__(self, trainer: Trainer, evaluator: Evaluator) -> None:
         self._trainer = trainer
         self._evaluator = evaluator
-        #: The validation data of the current ``run()`` (the trainer sets them when it starts).
-        self.loader: Iterable[Any] | None = None
-        self.eval_len: int | None = None
 
     def __call__(self, manager: Any) -> None:
-        trainer, evaluator, loader = self._trainer, self._evaluator, self.loader
+        trainer, evaluator, loader = self._trainer, self._evaluator, self._trainer._val_loader
         if loader is None:  # run() checks this; the extension may also be called by hand
             raise ConfigurationError("the evaluator extension needs run(train_loader, val_loader)")
         handler: Any = evaluator.handler
@@ -75,7 +72,7 @@ class _EvaluatorExtension(Extension):
         try:
             # The evaluator reports its means into the manager's observation (the current
             # reporter while extensions run).
-            evaluator.run(loader, eval_len=self.eval_len)
+            evaluator.run(loader, eval_len=trainer._eval_len)
         finally:
             handler.train_validation_end(trainer, evaluator)
 
@@ -160,10 +157,9 @@ class Trainer:
         self._manager: ExtensionsManager | None = None
         self._state = TrainerState(lambda: getattr(self.handler, "runtimes", []))
         self._pending_state: dict[str, Any] | None = None
-        self._evaluator_extensions = {
-            name: _EvaluatorExtension(self, evaluator)
-            for name, (evaluator, _) in self._evaluators.items()
-        }
+        # The validation data of the current run(), for the evaluators' extensions.
+        self._val_loader: Iterable[Any] | None = None
+        self._eval_len: int | None = None
         for extension in extensions or []:
             self.extend(extension)
 
@@ -307,10 +303,7 @@ class Trainer:
         from ppe_core.training._manager import ExtensionsManager
 
         if "max_epochs" not in self._kwargs:
-            raise ConfigurationError(
-                "the trainer needs max_epochs (the number of epochs to train); pass "
-                "Trainer(..., max_epochs=10) or use ppe.engine.create_trainer"
-            )
+            raise missing_max_epochs_error()
         manager = ExtensionsManager(
             self.models,
             self.optimizers,
@@ -321,8 +314,8 @@ class Trainer:
         # PPE's trainer also reports each step's duration as ``elapsed_time``; ppe-core leaves
         # it out (docs/migration.md): LogReport/PrintReport overwrite the key with the run's
         # elapsed time anyway, and it would cost clock reads and a summary entry per step.
-        for name, extension in self._evaluator_extensions.items():
-            manager.extend(extension, name=name, trigger=self._evaluators[name][1])
+        for name, (evaluator, trigger) in self._evaluators.items():
+            manager.extend(_EvaluatorExtension(self, evaluator), name=name, trigger=trigger)
         for extension, extension_kwargs in self._extensions:
             manager.extend(extension, **extension_kwargs)
         if iters_per_epoch is None:
@@ -369,8 +362,7 @@ class Trainer:
         sized = iters_per_epoch is not None
         if val_loader is not None:
             eval_len = optional_length(val_loader, eval_len, "eval_len")
-        for extension in self._evaluator_extensions.values():
-            extension.loader, extension.eval_len = val_loader, eval_len
+        self._val_loader, self._eval_len = val_loader, eval_len
         manager = self._manager or self._setup_manager(iters_per_epoch)
         handler: Any = self.handler
         host = active_host()
