@@ -61,6 +61,8 @@ PART_DIRS = ("ppe_core/training", "ppe_core/runtime", "ppe_core/handler")
 EXTRA_MODULES: dict[str, str] = {
     "ppe_core/reporting.py": "reporting",
     "ppe_core/_reporting.py": "reporting",
+    "ppe_core/_reporting_checks.py": "reporting",
+    "ppe_core/_summary_exact.py": "reporting",
     "ppe_core/_resolve.py": "runtime",
     "ppe_core/_registry.py": "runtime",
     "ppe_core/_map.py": "runtime",
@@ -80,6 +82,19 @@ FILES: dict[str, tuple[str, str]] = {
     # reporting
     "ppe_core/reporting.py": (SAME, "the public face at PPE's path (PPE's holds the code)"),
     "ppe_core/_reporting.py": (SAME, "Reporter, report, Summary, DictSummary"),
+    "ppe_core/_reporting_checks.py": (
+        BEYOND,
+        "reporting's explained errors: an unregistered observer, no current reporter, the mean "
+        "of nothing, a non-number or a tensor of several elements added to a Summary, a "
+        "malformed (value, weight) entry (PPE: a bare KeyError, IndexError, ZeroDivisionError "
+        "or ValueError, or the arithmetic's error or a vector mean)",
+    ),
+    "ppe_core/_summary_exact.py": (
+        BEYOND,
+        "a Summary's unmerged accumulators beside PPE's sums in its snapshot state: a resumed "
+        "run sums bit for bit like an uninterrupted one (PPE saves the merged sums only, and a "
+        "resumed run rounds differently)",
+    ),
     # runtime
     "ppe_core/_resolve.py": (SAME, "runtime resolution with the active registry (ppe.to's)"),
     "ppe_core/_registry.py": (

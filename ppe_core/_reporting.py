@@ -13,17 +13,12 @@ from typing import TYPE_CHECKING, Any, SupportsFloat, TypeAlias
 
 import torch
 
-from ppe_core.errors import (
-    ArgumentTypeError,
-    ConfigurationError,
-    EmptySummaryError,
-    NoCurrentReporterError,
-    UnknownObserverError,
-)
+from ppe_core import _reporting_checks as _checks
+from ppe_core._reporting_checks import is_host_number as _is_host_number
+from ppe_core._summary_exact import EXACT_KEY, exact_entry, read_exact
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
-    from types import TracebackType
 
 Observation: TypeAlias = dict[str, Any]
 """A mapping from reported names (``"main/loss"``) to the reported values."""
@@ -88,12 +83,7 @@ class Reporter:
         _local.reporters.append(self)
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         """Restores the previously current reporter."""
         _local.reporters.pop()
 
@@ -173,11 +163,7 @@ class Reporter:
         if observer is not None:
             name = self._observer_names.get(id(observer))
             if name is None:
-                raise UnknownObserverError(
-                    f"{type(observer).__name__} object at {id(observer):#x} is not registered "
-                    f"with this Reporter ({len(self._observer_names)} observers are); register it "
-                    "first with reporter.add_observer(name, observer)"
-                )
+                raise _checks.unknown_observer(observer, len(self._observer_names))
             prefix = name + "/"
         observation = self.observation
         for key, value in values.items():
@@ -195,10 +181,7 @@ class Reporter:
         if last is not None and last[0]() is value:
             return last[1]
         detached = value.detach()
-        try:
-            self._last_detach = (weakref.ref(value), detached)
-        except TypeError:  # a tensor type without weak references: no reuse, still correct
-            self._last_detach = None
+        self._last_detach = (weakref.ref(value), detached)
         return detached
 
 
@@ -214,18 +197,16 @@ class _ReportScope:
 
     def __enter__(self) -> Observation:
         reporter = self._reporter
+        self._previous = reporter.observation
+        reporter.observation = self._observation
         if self._make_current:
-            self._previous = reporter.push(self._observation)
-        else:
-            self._previous = reporter.observation
-            reporter.observation = self._observation
+            _local.reporters.append(reporter)
         return self._observation
 
     def __exit__(self, *exc_info: object) -> None:
         if self._make_current:
-            self._reporter.pop(self._previous)
-        else:
-            self._reporter.observation = self._previous
+            _local.reporters.pop()
+        self._reporter.observation = self._previous
 
 
 def get_current_reporter() -> Reporter:
@@ -236,10 +217,7 @@ def get_current_reporter() -> Reporter:
     """
     reporters = _local.reporters
     if not reporters:
-        raise NoCurrentReporterError(
-            "no Reporter is current in this thread; enter one first with `with reporter:` or "
-            "`with reporter.scope(observation):`"
-        )
+        raise _checks.no_current_reporter()
     return reporters[-1]
 
 
@@ -321,13 +299,6 @@ def _host_values_to(
     return host if device.type == "cpu" else host.to(device, non_blocking=True)
 
 
-def _is_host_number(value: object) -> bool:
-    """Whether ``value`` is a Python or NumPy number or array (what PPE's arithmetic takes)."""
-    if isinstance(value, numbers.Number):
-        return True
-    return hasattr(value, "ndim") and hasattr(value, "__mul__") and hasattr(value, "dtype")
-
-
 def _result_dtype(dtype: torch.dtype) -> torch.dtype:
     # PPE starts its sums at 0.0, so integer and bool values give default-dtype float means.
     return dtype if dtype.is_floating_point else torch.get_default_dtype()
@@ -354,9 +325,6 @@ def _mean_of(shift: torch.Tensor, s1: torch.Tensor, n: Any) -> torch.Tensor:
     return result
 
 
-#: Extra Summary state entry holding the unmerged accumulators (PPE ignores it).
-_EXACT_KEY = "_ppe_core_exact"
-
 _DeviceSums: TypeAlias = tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]
 """A summary's device accumulators: ``(shift, sum w*d, sum w*d*d, total weight)``."""
 
@@ -376,9 +344,6 @@ class Summary:
     __slots__ = ("_deferred", "_dev", "_dtype", "_n", "_pending", "_pending_weights", "_x", "_x2")
 
     def __init__(self) -> None:
-        self._reset()
-
-    def _reset(self) -> None:
         self._x: Any = 0.0
         self._x2: Any = 0.0
         self._n: Any = 0
@@ -404,18 +369,14 @@ class Summary:
             ConfigurationError: A tensor value has more than one element.
             ArgumentTypeError: ``value`` or ``weight`` is not a number.
         """
-        if callable(value) and not isinstance(value, torch.Tensor):
+        if callable(value):  # (tensors are not callable)
             self._deferred.append((value, weight))
             return
         if not isinstance(value, torch.Tensor):
             if isinstance(weight, torch.Tensor):
                 value = _host_values_to([float(value)], None, weight.device).reshape(())
             elif not (_is_host_number(value) and _is_host_number(weight)):
-                raise ArgumentTypeError(
-                    f"Summary.add() takes a number or a one-element tensor as value and weight, "
-                    f"got {type(value).__name__} {value!r} (weight {weight!r}); add numbers, "
-                    "e.g. summary.add(loss) or summary.add(accuracy, weight=batch_size)"
-                )
+                raise _checks.not_a_number(value, weight)
             else:
                 wv: Any = weight * value  # type: ignore[operator]
                 self._x += wv
@@ -423,10 +384,7 @@ class Summary:
                 self._n += weight
                 return
         if value.numel() != 1:
-            raise ConfigurationError(
-                f"Summary.add() takes a scalar, got a tensor of shape {tuple(value.shape)}; "
-                "reduce it first, e.g. report({'loss': loss.mean()})"
-            )
+            raise _checks.not_a_scalar(value)
         if weight.__class__ is int and weight == 1:  # (a tensor compared with == makes a tensor)
             self.add_tensor(value)
             return
@@ -527,9 +485,7 @@ class Summary:
         n: Any = self._n
         # Only a plain number can be tested without a sync (or an ambiguous array truth value).
         if isinstance(self._n, numbers.Number) and n == 0:
-            raise EmptySummaryError(
-                "the summary is empty (total weight 0); add() values before computing a mean"
-            )
+            raise _checks.empty_summary()
         return divide_scalar(self._x, n)
 
     def _lone_value(self) -> torch.Tensor | None:
@@ -622,14 +578,8 @@ class Summary:
             x += dn * shift + s1
             x2 += s2 + 2.0 * shift * s1 + dn * shift * shift
             n += dn
-            # The accumulators as they are, so a resumed run sums bit-identically: re-merging
-            # the sums on load would round differently. PPE readers ignore this entry.
-            host_parts = (p.cpu() if isinstance(p, _Tensor) else p for p in self._dev)
-            state[_EXACT_KEY] = dict(
-                zip(("shift", "sum", "sum_sq", "n"), host_parts, strict=True),
-                host=[self._x, self._x2, self._n],
-                dtype=str(self._dtype).removeprefix("torch."),
-            )
+            # The accumulators as they are, for a bit-exact resume (PPE readers ignore them).
+            state[EXACT_KEY] = exact_entry(self._dev, [self._x, self._x2, self._n], self._dtype)
         return {"_x": x, "_x2": x2, "_n": _whole(n), **state}
 
     def state_dict(self) -> dict[str, Any]:
@@ -644,22 +594,12 @@ class Summary:
     def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
         """Replaces the accumulated statistics with those of :meth:`state_dict`."""
         x, x2, n = float(to_load["_x"]), float(to_load["_x2"]), float(to_load["_n"])
-        self._reset()
-        exact = to_load.get(_EXACT_KEY)
+        Summary.__init__(self)  # the accumulators start over
+        exact = to_load.get(EXACT_KEY)
         if exact is None:
             self._x, self._x2, self._n = x, x2, _whole(n)
-            return
-        self._x, self._x2, self._n = exact["host"]
-        # "n_tensor": the tensor part of the weight in states written before it joined "n".
-        n = exact["n"] + exact.get("n_tensor", 0)
-        self._dev = (exact["shift"], exact["sum"], exact["sum_sq"], n)
-        dtype = getattr(torch, str(exact["dtype"]), None)
-        if not isinstance(dtype, torch.dtype):
-            raise ConfigurationError(
-                f"a Summary state names an unknown dtype {exact['dtype']!r}; it was not written "
-                "by this ppe-core version, drop its '_ppe_core_exact' entry to load the merged sums"
-            )
-        self._dtype = dtype
+        else:  # the unmerged accumulators: the sums go on bit for bit
+            (self._x, self._x2, self._n), self._dev, self._dtype = read_exact(exact)
 
     def __add__(self, other: Summary) -> Summary:
         """Returns a new summary of both summaries' values (neither operand changes)."""
@@ -768,10 +708,7 @@ class DictSummary:
             weight: Any = 1
             if isinstance(entry, tuple):
                 if len(entry) != 2 or not _is_scalar(entry[1]):
-                    raise ConfigurationError(
-                        f"DictSummary entry {key!r} is a tuple, which means (value, weight), "
-                        f"but got {entry!r}; pass a scalar or a (value, scalar weight) pair"
-                    )
+                    raise _checks.malformed_weighted_entry(key, entry)
                 value, weight = entry
             if callable(value) or _is_scalar(value):
                 summary = summaries.get(key)
