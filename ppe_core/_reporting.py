@@ -557,19 +557,8 @@ class Summary:
         var_t = (s2 / n - mean_d * mean_d).clamp_min(0.0)
         return _mean_of(shift, s1, n).to(self._dtype), var_t.sqrt().to(self._dtype)
 
-    def _device_stats(self) -> torch.Tensor | None:
-        """Evaluates the deferred values, folds, and returns ``[shift, sum w*d, sum w*d*d,
-        tensor weight or 0]`` as one tensor."""
-        self._add_deferred_values()
-        self._fold()
-        if self._dev is None:
-            return None
-        shift, s1, s2, n = self._dev
-        return torch.stack(
-            [shift, s1, s2, n if isinstance(n, _Tensor) else torch.zeros_like(shift)]
-        )
-
     def _host_state(self, stats: list[float] | None) -> dict[str, Any]:
+        """The state, given the device accumulators on the host (as :func:`_states` copies)."""
         x, x2, n = float(self._x), float(self._x2), float(self._n)
         state: dict[str, Any] = {}
         if self._dev is not None and stats is not None:
@@ -588,8 +577,7 @@ class Summary:
         The keys and types are PPE's (``_x``, ``_x2`` floats, ``_n`` an int for whole weights),
         so PPE snapshots load here and ours load in PPE. Deferred values are evaluated first.
         """
-        stats = self._device_stats()
-        return self._host_state(None if stats is None else stats.tolist())
+        return _states({"": self})[""]
 
     def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
         """Replaces the accumulated statistics with those of :meth:`state_dict`."""
@@ -627,6 +615,24 @@ def _merged(a: _DeviceSums, b: _DeviceSums) -> _DeviceSums:
     delta = b_shift - shift
     s2 = s2 + b_s2 + 2.0 * delta * b_s1 + b_n * delta * delta
     return shift, s1 + b_s1 + b_n * delta, s2, n + b_n
+
+
+def _states(summaries: Mapping[str, Summary]) -> dict[str, dict[str, Any]]:
+    """Each summary's :meth:`~Summary.state_dict` (deferred values evaluated, pending tensors
+    folded), the device accumulators of all copied to the host in one transfer per device."""
+    by_device: dict[torch.device, dict[str, torch.Tensor]] = {}
+    for name, summary in summaries.items():
+        summary._add_deferred_values()
+        summary._fold()
+        if summary._dev is not None:
+            shift, s1, s2, n = summary._dev
+            n = n if isinstance(n, _Tensor) else torch.zeros_like(shift)  # host weights: on host
+            by_device.setdefault(shift.device, {})[name] = torch.stack([shift, s1, s2, n])
+    host: dict[str, list[float]] = {}
+    for stats_of in by_device.values():
+        # torch.stack promotes the dtypes; tolist gives plain floats.
+        host.update(zip(stats_of, torch.stack(list(stats_of.values())).tolist(), strict=True))
+    return {name: summary._host_state(host.get(name)) for name, summary in summaries.items()}
 
 
 def _is_scalar(value: object) -> bool:
@@ -751,18 +757,7 @@ class DictSummary:
 
         All entries on one device are copied to the host together, in one transfer.
         """
-        by_device: dict[torch.device, dict[str, torch.Tensor]] = {}
-        for name, summary in self._summaries.items():
-            stats = summary._device_stats()
-            if stats is not None:
-                by_device.setdefault(stats.device, {})[name] = stats
-        host: dict[str, list[float]] = {}
-        for stats_of in by_device.values():
-            # torch.stack promotes the dtypes; tolist gives plain floats.
-            host.update(zip(stats_of, torch.stack(list(stats_of.values())).tolist(), strict=True))
-        return {
-            name: summary._host_state(host.get(name)) for name, summary in self._summaries.items()
-        }
+        return _states(self._summaries)
 
     def load_state_dict(self, to_load: Mapping[str, Mapping[str, Any]]) -> None:
         """Replaces all entries with those of :meth:`state_dict`."""
