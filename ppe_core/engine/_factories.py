@@ -19,6 +19,7 @@ from ppe_core.training._manager import (
     identity_transform_model,
     named_models,
 )
+from ppe_core.training._manager_checks import described
 from ppe_core.training._protocols import StateObjectProtocol
 
 if TYPE_CHECKING:
@@ -37,11 +38,7 @@ def _as_dict(value: Any, kind: type, kind_name: str, argument: str, example: str
     items = dict(value) if isinstance(value, Mapping) else {"main": value}
     for name, item in items.items():
         if not isinstance(item, kind):
-            got = (
-                f"the class {item.__name__}, not an instance"
-                if isinstance(item, type)
-                else type(item).__name__
-            )
+            got = described(item)
             raise ArgumentTypeError(
                 f"{argument} must be a {kind_name} or a dict of them, but {argument}[{name!r}] "
                 f"is {got}; pass e.g. {example}"

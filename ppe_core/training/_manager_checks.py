@@ -40,6 +40,7 @@ __all__ = [
     "check_state_object",
     "check_step_optimizers",
     "check_writer",
+    "described",
     "finalized_error",
     "missing_max_epochs_error",
     "model_unavailable_error",
@@ -63,13 +64,17 @@ def check_iters_per_epoch(iters_per_epoch: object) -> None:
         )
 
 
+def described(value: object) -> str:
+    """What an argument of the wrong type is, for a message: its type's name, or for a class
+    passed where an instance belongs, ``the class X, not an instance``."""
+    if isinstance(value, type):
+        return f"the class {value.__name__}, not an instance"
+    return type(value).__name__
+
+
 def not_a_model_error(argument: str, name: str, model: object) -> ArgumentTypeError:
     """What a models argument (``argument``) whose entry ``name`` is not a module raises."""
-    got = (
-        f"the class {model.__name__}, not an instance"
-        if isinstance(model, type)
-        else type(model).__name__
-    )
+    got = described(model)
     return ArgumentTypeError(
         f"{argument} must be a torch.nn.Module or a dict of them (each model must be "
         f"an instance of torch.nn.Module), but {argument}[{name!r}] is {got}; pass "
