@@ -13,7 +13,8 @@ and ``ast`` (stdlib only; neither ppe-core nor PPE is imported).
 
 The parts: ``ppe_core/training/**``, ``runtime/**``, ``handler/**``, ``reporting.py`` and the
 top-level modules those parts are built from (:data:`EXTRA_MODULES`); PPE 0.9's
-``training/**``, ``runtime/**``, ``handler/**`` and ``reporting.py``, located with
+``training/**``, ``runtime/**``, ``handler/**``, ``reporting.py`` and ``_scalar.py`` (the
+arithmetic its reporting uses, :data:`PPE_EXTRA_MODULES`), located with
 ``importlib`` (skipped with a message when pytorch-pfn-extras is not installed). Every counted
 ppe-core file is classified in :data:`FILES` as ``same`` (behaviour PPE has), ``beyond-ppe``
 (behaviour PPE 0.9 does not have, with the reason) or ``compat`` (PPE's module paths and
@@ -71,7 +72,9 @@ EXTRA_MODULES: dict[str, str] = {
 }
 #: PPE's parts, relative to the ``pytorch_pfn_extras`` package directory.
 PPE_PART_DIRS = ("training", "runtime", "handler")
-PPE_EXTRA_MODULES = ("reporting.py",)
+#: PPE's top-level modules that belong to those parts: ``_scalar.py`` holds the arithmetic its
+#: reporting and training use (``divide_scalar``, ...), which ppe-core keeps in ``_reporting.py``.
+PPE_EXTRA_MODULES: dict[str, str] = {"reporting.py": "reporting", "_scalar.py": "reporting"}
 
 _T = "ppe_core/training/"
 _E = "ppe_core/training/extensions/"
@@ -559,6 +562,8 @@ def part_of(path: str) -> str:
     relative to the repository root or to ``pytorch_pfn_extras``)."""
     if path in EXTRA_MODULES:
         return EXTRA_MODULES[path]
+    if path in PPE_EXTRA_MODULES:
+        return PPE_EXTRA_MODULES[path]
     parts = path.removeprefix("ppe_core/").split("/")
     if parts[0] == "training" and len(parts) > 2 and parts[1] in ("extensions", "triggers"):
         return f"training/{parts[1]}"
@@ -659,13 +664,13 @@ def report(root: Path = ROOT, package: Path | None = None) -> str:
         theirs = {path: count_file(ppe / path) for path in ppe_files(ppe)}
 
     out.append("\nBy part (code lines)\n")
-    head = ["part", "ppe_core", "ppe_core without compat", *(["PPE 0.9"] if ppe else [])]
+    head = ["part", *CLASSES, "ppe_core without compat", *(["PPE 0.9"] if ppe else [])]
     rows = []
     for part in PARTS:
         mine = [p for p in ours if part_of(p) == part]
         row = [
             part,
-            str(_sum(ours[p] for p in mine).code),
+            *(str(_sum(ours[p] for p in mine if FILES[p][0] == cls).code) for cls in CLASSES),
             str(_sum(ours[p] for p in mine if FILES[p][0] != COMPAT).code),
         ]
         if ppe is not None:
