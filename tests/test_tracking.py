@@ -154,6 +154,8 @@ def test_the_tracker_takes_each_entry_as_it_is_emitted_and_is_never_called_per_s
     # Queued in the step that emitted the entry (epoch ends: 4, 8, 12), not later.
     assert [queued_at[i] for i in range(1, 13)] == [0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3]
     assert tracker.steps == [entry["iteration"] for entry in log_report.log] == [4, 8, 12]
+    tracker(manager)  # by hand: every entry was already taken, so nothing is queued twice
+    assert tracker.report.queued == 3
 
 
 def test_with_an_entry_every_iteration_the_tracker_keeps_steps_on_the_fast_path(
