@@ -267,6 +267,22 @@ class MlflowServer:
         self.stop()
         raise RuntimeError("mlflow server did not start in 120 s")
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the server's processes have used so far: every live
+        process of its process group, read from ``/proc`` (0.0 where there is none)."""
+        total = 0
+        for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat", encoding="utf-8") as file_obj:
+                    fields = file_obj.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == self.process.pid:  # its process group
+                total += int(fields[11]) + int(fields[12])  # utime, stime in clock ticks
+        return total / os.sysconf("SC_CLK_TCK") if total else 0.0
+
     def stop(self) -> None:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
@@ -431,6 +447,8 @@ def section_tracking(report: Any, args: argparse.Namespace) -> None:
         for name in factories
     }
     clocks: dict[tuple[str, int, str], list[Clocks]] = {key: [] for key in variants}
+    # The local server's CPU time over the MLflow runs, and the entries they sent it.
+    server_cpu = 0.0
     try:
         for name in factories:  # warm-up: imports, the server's first requests
             timed_run(
@@ -444,12 +462,15 @@ def section_tracking(report: Any, args: argparse.Namespace) -> None:
                         server.process.pid, own_core[1] if key[0] == "own core" else every_cpu
                     )
                 out = tempfile.mkdtemp(dir=root)
+                server_before = server.cpu_seconds()
                 try:
                     per_step, _ = timed_run(data, steps, _tracking_skip(key[1]), extensions, out)
                 finally:
                     if own_core is not None:
                         os.sched_setaffinity(0, every_cpu)
                 clocks[key].append(per_step)
+                if key[2].startswith("MLflowLogger"):
+                    server_cpu += server.cpu_seconds() - server_before
         counted = None if args.quick or not shutil.which("valgrind") else server.uri
         instructions = tracking_instructions(counted) if counted else {}
     finally:
@@ -481,6 +502,23 @@ def section_tracking(report: Any, args: argparse.Namespace) -> None:
             "us/step of LogReport alone; entries sent "
             + ", ".join(f"{r.sent}/{r.queued}" for r in sent)
             + f"; server started in {startup:.0f} s",
+        )
+    received = sum(
+        tracker.report.sent
+        for (_, _, name), made in trackers.items()
+        if name.startswith("MLflowLogger")
+        for tracker in made
+    )
+    if received and server_cpu:
+        step = statistics.median(v[0] for v in clocks["shared CPUs", 1, "LogReport alone"])
+        report.add(
+            "tracking",
+            "local mlflow server, CPU per entry received",
+            f"{server_cpu / received * 1e6:,.0f} us",
+            f"{server_cpu:.1f} s CPU for {received:,} entries over the MLflow runs (its "
+            f"processes, from /proc): with an entry every iteration the server needs "
+            f"{server_cpu / received / step:.1f}x a training step's thread CPU (LogReport "
+            "alone) for each step's entry, on the CPUs training runs on",
         )
     alone = instructions.pop("alone", (0, 0))[0]
     for name, (main, others) in instructions.items():
