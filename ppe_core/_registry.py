@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import MappingProxyType
@@ -27,13 +28,18 @@ class Registry(Generic[T]):
     """A name -> object mapping where duplicates raise and each entry keeps its registrant.
 
     Plugins receive a registry through a ``ppe_register_*`` hook. Users read it through
-    :meth:`entries` (a read-only view) or :meth:`get`.
+    :meth:`entries` (a read-only view) or :meth:`get`. A registry with a
+    :attr:`replaced_warning` lets user code (not a plugin hook) register over a taken name: the
+    new object replaces the old with that warning, naming both (PPE's runtime registry).
 
     Args:
         kind: What the registry holds, used in messages ("runtime", "logic", "extension").
         describe_failures: Returns text about plugins that failed to load, appended to lookup
             errors so a missing name can be traced to its cause.
     """
+
+    #: Warned with when user code replaces a taken name (``None``: a duplicate raises).
+    replaced_warning: type[Warning] | None = None
 
     def __init__(self, kind: str, describe_failures: Callable[[], str] | None = None) -> None:
         self.kind = kind
@@ -81,15 +87,35 @@ class Registry(Generic[T]):
         """Enters ``obj`` as ``name`` if :func:`~ppe_core._registrations.admit` admits it
         (called directly by the public register methods: the caller's frame is found by
         depth)."""
-        admitted = admit(
-            self._entries.get(name), self.kind, name, described, replace, self._current_registrant
-        )
+        previous = self._entries.get(name)
+        if (
+            self.replaced_warning is not None
+            and self._current_registrant is None  # user code, not a plugin's hook
+            and previous is not None
+            and not replace
+        ):
+            if previous.obj is obj:
+                return  # the same object again (e.g. set-up code run twice): nothing changes
+            warnings.warn(
+                self.replaced_warning(
+                    f"{self.kind} for {name!r} replaced: {described} now serves {name!r} "
+                    f"instead of {describe(previous.obj)} (registered by {previous.registrant}). "
+                    f"Pass replace=True to replace it without this warning; unregister({name!r}) "
+                    f"restores the previous {self.kind}."
+                ),
+                stacklevel=3,
+            )
+            replace = True
+        admitted = admit(previous, self.kind, name, described, replace, self._current_registrant)
         if admitted is not None:
             registrant, previous = admitted
             self._entries[name] = RegistryEntry(name, obj, registrant, previous)
 
     def _resolve(self, entry: RegistryEntry[T]) -> T:
-        """Import a lazy entry's target, validate it and store it in place of the placeholder."""
+        """The entry's object; a lazy entry's target is imported, validated and stored in place
+        of the placeholder."""
+        if type(entry.obj) is not LazyTarget:
+            return entry.obj
         lazy = cast(LazyTarget, entry.obj)
         try:
             obj = cast(T, lazy.resolve())
@@ -112,7 +138,7 @@ class Registry(Generic[T]):
             raise RegistryLookupError(self._not_found_message(name))
         if entry.replaced is not None:
             self._entries[name] = entry.replaced
-        return self._resolve(entry) if type(entry.obj) is LazyTarget else entry.obj
+        return self._resolve(entry)
 
     def get(self, name: str) -> T:
         """Return the object registered under ``name``.
@@ -124,13 +150,12 @@ class Registry(Generic[T]):
         entry = self._entries.get(name)
         if entry is None:
             raise RegistryLookupError(self._not_found_message(name))
-        return self._resolve(entry) if type(entry.obj) is LazyTarget else entry.obj
+        return self._resolve(entry)
 
     def entries(self) -> Mapping[str, RegistryEntry[T]]:
         """A read-only view of every entry, by name (lazy registrations are imported first)."""
         for entry in list(self._entries.values()):
-            if type(entry.obj) is LazyTarget:
-                self._resolve(entry)
+            self._resolve(entry)
         return MappingProxyType(self._entries)
 
     def names(self) -> list[str]:

@@ -8,12 +8,11 @@ host's; this package never imports the host: whoever composes the layers (``ppe_
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Callable
 
 import torch
 
-from ppe_core._registry import Registrant, Registry, describe
+from ppe_core._registry import Registry
 from ppe_core.errors import (
     ConfigurationError,
     RuntimeNotFoundError,
@@ -81,7 +80,10 @@ class RuntimeRegistry(Registry[type[BaseRuntime]]):
     :class:`~ppe_core.errors.DuplicateRegistrationError` unless it passes ``replace=True``: two
     installed plugins claiming one device is a conflict to resolve, not to guess. A device type
     a first-party plugin serves is never taken by another plugin's hook without the user's
-    consent (see :class:`~ppe_core._registry.Registry` and docs/plugins.md).
+    consent (see :class:`~ppe_core._registry.Registry` and docs/plugins.md). :meth:`register`
+    raises :class:`~ppe_core.errors.ArgumentTypeError` for an object that is not a runtime
+    class and :class:`~ppe_core.errors.ConfigurationError` for a device (``"cuda:1"``) instead
+    of a device type.
 
     Args:
         describe_failures: As for :class:`~ppe_core._registry.Registry`.
@@ -89,6 +91,8 @@ class RuntimeRegistry(Registry[type[BaseRuntime]]):
             (failed or blocked), or ``None``.
         default_device: Answers ``device="auto"`` (the ``ppe_default_device`` hook).
     """
+
+    replaced_warning = RuntimeReplacedWarning
 
     def __init__(
         self,
@@ -114,37 +118,6 @@ class RuntimeRegistry(Registry[type[BaseRuntime]]):
                 "device such as 'cpu'"
             )
         return self._default_device()
-
-    def register(
-        self, name: str, obj: type[BaseRuntime], *, replace: bool = False
-    ) -> type[BaseRuntime]:
-        """Register ``obj`` for the device type ``name`` and return it.
-
-        Raises:
-            DuplicateRegistrationError: a plugin hook registers a taken device type without
-                ``replace=True``.
-            ArgumentTypeError: ``obj`` is not a runtime class, or ``name`` not a string.
-            ConfigurationError: ``name`` is a device (``"cuda:1"``), not a device type.
-        """
-        if self.registrant is not None:  # inside a plugin's hook
-            return super().register(name, obj, replace=replace)
-        previous = self._entries.get(name) if isinstance(name, str) else None
-        if previous is not None and not replace:
-            if previous.obj is obj:
-                return obj  # the same class again (e.g. set-up code run twice): nothing changes
-            self._validate(name, obj)  # a bad object raises before anything is replaced
-            warnings.warn(
-                RuntimeReplacedWarning(
-                    f"runtime for device type {name!r} replaced: {describe(obj)} now serves "
-                    f"{name!r} instead of {describe(previous.obj)} (registered by "
-                    f"{previous.registrant}). Pass replace=True to replace it without this "
-                    f"warning; unregister({name!r}) restores the previous runtime."
-                ),
-                stacklevel=2,
-            )
-            replace = True
-        with self.registering(Registrant.of_caller(1)):  # our caller, not this override
-            return super().register(name, obj, replace=replace)
 
     def _validate(self, name: str, obj: object) -> None:
         check_runtime_registration(name, obj, BaseRuntime)

@@ -246,28 +246,24 @@ class PyTorchRuntime(BaseRuntime):
         # convert_batch may call tensor.to() directly unless a subclass moves tensors itself.
         self._plain_move = type(self).move_tensor is PyTorchRuntime.move_tensor
         try:
-            self._device = torch.device(device_spec)
+            #: The ``torch.device`` this runtime moves data to.
+            self.device = torch.device(device_spec)
         except (RuntimeError, TypeError, ValueError) as exc:
             raise ConfigurationError(
                 f"{type(self).__name__} cannot use the device {device_spec!r}: {exc}. Pass a "
                 "device type with an optional index, e.g. 'cpu', 'cuda' or 'cuda:1'."
             ) from exc
-        self._on_cpu = self._device.type == "cpu"
+        self._on_cpu = self.device.type == "cpu"
         #: ``torch.autocast`` arguments code blocks run under (``None``: off).
-        self.autocast = autocast_kwargs(self.options.get("autocast"), self._device.type)
+        self.autocast = autocast_kwargs(self.options.get("autocast"), self.device.type)
         scaler = self.options.get("grad_scaler")
-        check_grad_scaler(scaler, self._device.type)
+        check_grad_scaler(scaler, self.device.type)
         self._grad_scaler: torch.amp.GradScaler | None = scaler
-
-    @property
-    def device(self) -> torch.device:
-        """The ``torch.device`` this runtime moves data to."""
-        return self._device
 
     def convert_batch(self, args: Any) -> Any:
         move = self.move_tensor
         if type(args) is dict:  # the common batch: one level of tensors, done inline
-            device, plain = self._device, self._plain_move
+            device, plain = self.device, self._plain_move
             if plain and self._on_cpu:
                 # Every value a CPU tensor already (the CPU runtime's usual batch): a shallow
                 # copy, no per-tensor call. ``is_cpu`` is a flag; ``.device`` builds an object.
@@ -287,10 +283,10 @@ class PyTorchRuntime(BaseRuntime):
         return map_tensors(args, move)
 
     def move_module(self, module: torch.nn.Module) -> torch.nn.Module:
-        return module.to(self._device)
+        return module.to(self.device)
 
     def move_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.to(self._device)
+        return tensor.to(self.device)
 
     def execute(self, code_block: CodeBlock, batch: Any) -> Any:
         """Run a code block as :meth:`BaseRuntime.execute`, with the autocast/scaler options."""
