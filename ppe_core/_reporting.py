@@ -8,13 +8,12 @@ import numbers
 import operator
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, SupportsFloat, TypeAlias
 
 import torch
 
 from ppe_core import _reporting_checks as _checks
-from ppe_core._reporting_checks import is_host_number as _is_host_number
 from ppe_core._summary_exact import EXACT_KEY, exact_entry, read_exact
 
 if TYPE_CHECKING:
@@ -123,7 +122,7 @@ class Reporter:
         Returns:
             A context manager; entering it returns ``observation``.
         """
-        return _ReportScope(self, observation, True)
+        return _ReportScope(self, observation)
 
     def add_observer(self, name: str, observer: object) -> None:
         """Registers ``observer`` so values it reports are prefixed with ``name + "/"``.
@@ -186,27 +185,21 @@ class Reporter:
 
 
 class _ReportScope:
-    """Swaps a reporter's observation for the block (class-based: cheap on the hot path)."""
+    """:meth:`Reporter.push` for the block, :meth:`Reporter.pop` after it (class-based: cheap
+    on the hot path)."""
 
-    __slots__ = ("_make_current", "_observation", "_previous", "_reporter")
+    __slots__ = ("_observation", "_previous", "_reporter")
 
-    def __init__(self, reporter: Reporter, observation: Observation, make_current: bool) -> None:
+    def __init__(self, reporter: Reporter, observation: Observation) -> None:
         self._reporter = reporter
         self._observation = observation
-        self._make_current = make_current
 
     def __enter__(self) -> Observation:
-        reporter = self._reporter
-        self._previous = reporter.observation
-        reporter.observation = self._observation
-        if self._make_current:
-            _local.reporters.append(reporter)
+        self._previous = self._reporter.push(self._observation)
         return self._observation
 
     def __exit__(self, *exc_info: object) -> None:
-        if self._make_current:
-            _local.reporters.pop()
-        self._reporter.observation = self._previous
+        self._reporter.pop(self._previous)
 
 
 def get_current_reporter() -> Reporter:
@@ -239,12 +232,13 @@ def report(values: Mapping[str, Any], observer: object | None = None) -> None:
 def report_scope(observation: Observation) -> AbstractContextManager[Observation]:
     """Returns a context in which the current reporter writes to ``observation``.
 
-    Equivalent to ``get_current_reporter().scope(observation)`` without pushing the reporter again.
+    Equivalent to ``get_current_reporter().scope(observation)``: the current reporter stays
+    current (it is pushed again for the block).
 
     Raises:
         NoCurrentReporterError: No reporter is current.
     """
-    return _ReportScope(get_current_reporter(), observation, False)
+    return _ReportScope(get_current_reporter(), observation)
 
 
 # --- Scalar arithmetic shared with PPE's public helpers --------------------------------------
@@ -318,15 +312,18 @@ def _host_sqrt(var: Any) -> Any:
     return numpy.sqrt(numpy.maximum(var, 0))
 
 
-def _mean_of(shift: torch.Tensor, s1: torch.Tensor, n: Any) -> torch.Tensor:
-    # The sum divided by the weight, as PPE computes it (so small cases round identically);
-    # the shift only serves the variance, where it prevents cancellation.
-    result: torch.Tensor = (s1 + n * shift) / n
-    return result
+_Sums: TypeAlias = tuple[Any, Any, Any, Any]
+"""Accumulators ``(shift, sum w*d, sum w*d*d, total weight)`` of values ``v``, ``d = v - shift``:
+a summary's on its device (the shift prevents cancellation in the variance), or its host sums
+``(0, x, x2, n)``."""
 
 
-_DeviceSums: TypeAlias = tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]
-"""A summary's device accumulators: ``(shift, sum w*d, sum w*d*d, total weight)``."""
+def _merged(a: _Sums, b: Sequence[Any]) -> _Sums:
+    """``a`` and ``b`` as one accumulator, relative to ``a``'s shift (tensors or numbers)."""
+    shift, s1, s2, n = a
+    b_shift, b_s1, b_s2, b_n = b
+    delta = b_shift - shift
+    return shift, s1 + b_s1 + b_n * delta, s2 + b_s2 + (2.0 * b_s1 + b_n * delta) * delta, n + b_n
 
 
 class Summary:
@@ -350,9 +347,9 @@ class Summary:
         self._deferred: list[tuple[Callable[[], Any], Any]] = []
         self._pending: list[torch.Tensor] = []
         self._pending_weights: list[Scalar] | None = None
-        # The device accumulators ``(shift, sum w*d, sum w*d*d, total weight)`` with
-        # ``d = value - shift``; the weight is a host number until a tensor weight is folded.
-        self._dev: _DeviceSums | None = None
+        # The device accumulators (see _Sums); the weight is a host number until a tensor
+        # weight is folded.
+        self._dev: _Sums | None = None
         # The results' dtype: the promotion of the folded values' (bool, which every dtype
         # promotes over, until a value is folded).
         self._dtype = torch.bool
@@ -375,7 +372,7 @@ class Summary:
         if not isinstance(value, torch.Tensor):
             if isinstance(weight, torch.Tensor):
                 value = _host_values_to([float(value)], None, weight.device).reshape(())
-            elif not (_is_host_number(value) and _is_host_number(weight)):
+            elif not (_checks.is_host_number(value) and _checks.is_host_number(weight)):
                 raise _checks.not_a_number(value, weight)
             else:
                 wv: Any = weight * value  # type: ignore[operator]
@@ -451,42 +448,14 @@ class Summary:
             wd = _host_values_to(floats, x.dtype, x.device) * d
         self._dev = (shift, s1 + wd.sum(), s2 + torch.dot(wd, d), n)
 
-    def _add_deferred_values(self) -> None:
+    def _read(self) -> None:
+        """Calls the deferred values and adds their results, then folds: before any read."""
         deferred = self._deferred
         if deferred:
             self._deferred = []
             for fn, weight in deferred:
                 self.add(fn(), weight)
-
-    def _moments(self) -> _DeviceSums | None:
-        """Returns ``(shift, sum w*d, sum w*d*d, total weight)`` on the device, or ``None``.
-
-        Host-side numbers added to the same summary are folded in relative to the shift; all of
-        it is device arithmetic with scalar operands, so nothing waits for the device.
-        """
-        self._add_deferred_values()
         self._fold()
-        if self._dev is None:
-            return None
-        shift, s1, s2, n = self._dev
-        if self._n != 0:
-            hx, hx2, hn = float(self._x), float(self._x2), float(self._n)
-            s1 = s1 + (hx - hn * shift)
-            s2 = s2 + (hx2 - 2.0 * hx * shift + hn * shift * shift)
-            n = n + hn
-        return shift, s1, s2, n
-
-    def _host_mean(self) -> Scalar:
-        """The mean of the numbers added (PPE's arithmetic and types).
-
-        Raises:
-            EmptySummaryError: Their total weight is 0.
-        """
-        n: Any = self._n
-        # Only a plain number can be tested without a sync (or an ambiguous array truth value).
-        if isinstance(self._n, numbers.Number) and n == 0:
-            raise _checks.empty_summary()
-        return divide_scalar(self._x, n)
 
     def _lone_value(self) -> torch.Tensor | None:
         """The one tensor added (with weight 1) when it is all this summary holds, else None."""
@@ -502,21 +471,6 @@ class Summary:
             return None
         return pending[0]
 
-    def lone_cpu_value(self) -> float | None:
-        """The mean as a Python number when this summary holds exactly one CPU tensor of
-        weight 1 (its mean is that value: read directly, no copy); None otherwise.
-
-        The fast path of :meth:`DictSummary.compute_mean_floats` (a LogReport entry per
-        iteration); the number equals ``to_floats(self.compute_mean())``.
-        """
-        value = self._lone_value()
-        if value is None or not value.is_cpu:
-            return None
-        if not value.is_floating_point():  # compute_mean's dtype, then to_floats' read
-            value = value.to(_result_dtype(value.dtype))
-        number: float = value.item()  # a float already: no float() call per entry
-        return number
-
     def compute_mean(self) -> Scalar:
         """Returns the weighted mean, a tensor on the values' device if any value was one.
 
@@ -524,52 +478,44 @@ class Summary:
             EmptySummaryError: Only numbers were added and their total weight is 0.
         """
         value = self._lone_value()
-        if value is not None:
-            # One tensor of weight 1 (LogReport with an entry per iteration): the mean is the
-            # value, what the reduction gives too, without its dozen tensor operations. A copy,
-            # so the result never aliases the reported tensor.
-            if value.ndim != 0:
-                value = value.reshape(())
-            dtype = _result_dtype(value.dtype)
-            return value.clone() if value.dtype == dtype else value.to(dtype)
-        moments = self._moments()
-        if moments is None:
-            return self._host_mean()
-        shift, s1, _, n = moments
-        return _mean_of(shift, s1, n).to(self._dtype)
+        if value is None:
+            return self.make_statistics()[0]
+        # One tensor of weight 1 (LogReport with an entry per iteration): the mean is the
+        # value, what the reduction gives too, without its dozen tensor operations. A copy,
+        # so the result never aliases the reported tensor.
+        if value.ndim != 0:
+            value = value.reshape(())
+        dtype = _result_dtype(value.dtype)
+        return value.clone() if value.dtype == dtype else value.to(dtype)
 
     def make_statistics(self) -> tuple[Scalar, Scalar]:
         """Returns the weighted mean and (population) standard deviation.
 
         Both are tensors when a tensor was added; otherwise the mean is a Python/NumPy number
-        and the deviation a NumPy float, as in PPE.
+        and the deviation a NumPy float, as in PPE. Host numbers added beside tensors are
+        merged into the device sums, relative to their shift: nothing waits for the device.
 
         Raises:
             EmptySummaryError: Only numbers were added and their total weight is 0.
         """
-        moments = self._moments()
-        if moments is None:
-            mean = self._host_mean()
-            var = subtract_scalar(divide_scalar(self._x2, self._n), multiply_scalar(mean, mean))
+        self._read()
+        n: Any = self._n
+        if self._dev is None:
+            # Only a plain number can be tested without a sync (or an ambiguous array truth).
+            if isinstance(self._n, numbers.Number) and n == 0:
+                raise _checks.empty_summary()
+            mean = divide_scalar(self._x, n)
+            var = subtract_scalar(divide_scalar(self._x2, n), multiply_scalar(mean, mean))
             return mean, _host_sqrt(var)
-        shift, s1, s2, n = moments
+        sums = self._dev
+        if n != 0:
+            sums = _merged(sums, (0.0, float(self._x), float(self._x2), float(n)))
+        shift, s1, s2, n = sums
         mean_d = s1 / n
-        var_t = (s2 / n - mean_d * mean_d).clamp_min(0.0)
-        return _mean_of(shift, s1, n).to(self._dtype), var_t.sqrt().to(self._dtype)
-
-    def _host_state(self, stats: list[float] | None) -> dict[str, Any]:
-        """The state, given the device accumulators on the host (as :func:`_states` copies)."""
-        x, x2, n = float(self._x), float(self._x2), float(self._n)
-        state: dict[str, Any] = {}
-        if self._dev is not None and stats is not None:
-            shift, s1, s2, nt = stats
-            dn = nt if isinstance(self._dev[3], _Tensor) else self._dev[3]
-            x += dn * shift + s1
-            x2 += s2 + 2.0 * shift * s1 + dn * shift * shift
-            n += dn
-            # The accumulators as they are, for a bit-exact resume (PPE readers ignore them).
-            state[EXACT_KEY] = exact_entry(self._dev, [self._x, self._x2, self._n], self._dtype)
-        return {"_x": x, "_x2": x2, "_n": _whole(n), **state}
+        var = (s2 / n - mean_d * mean_d).clamp_min(0.0)
+        # The sum divided by the weight, as PPE computes it (so small cases round identically).
+        mean = (s1 + n * shift) / n
+        return mean.to(self._dtype), var.sqrt().to(self._dtype)
 
     def state_dict(self) -> dict[str, Any]:
         """Returns the sums as plain Python numbers (loadable with ``weights_only=True``).
@@ -601,20 +547,12 @@ class Summary:
         self._fold()
         other._fold()
         a, b = self._dev, other._dev
+        if a is not None and b is not None:
+            b = _merged(a, [p.to(a[0].device) if isinstance(p, _Tensor) else p for p in b])
         # Accumulators are never modified in place, so sharing the tensors is safe.
-        result._dev = a if b is None else b if a is None else _merged(a, b)
+        result._dev = b or a
         result._dtype = torch.promote_types(self._dtype, other._dtype)
         return result
-
-
-def _merged(a: _DeviceSums, b: _DeviceSums) -> _DeviceSums:
-    """The accumulators of two summaries as one, ``b``'s re-expressed relative to ``a``'s shift."""
-    device, dtype = a[0].device, torch.promote_types(a[0].dtype, b[0].dtype)
-    shift, s1, s2, n = (p.to(device, dtype) if isinstance(p, _Tensor) else p for p in a)
-    b_shift, b_s1, b_s2, b_n = (p.to(device, dtype) if isinstance(p, _Tensor) else p for p in b)
-    delta = b_shift - shift
-    s2 = s2 + b_s2 + 2.0 * delta * b_s1 + b_n * delta * delta
-    return shift, s1 + b_s1 + b_n * delta, s2, n + b_n
 
 
 def _states(summaries: Mapping[str, Summary]) -> dict[str, dict[str, Any]]:
@@ -622,8 +560,7 @@ def _states(summaries: Mapping[str, Summary]) -> dict[str, dict[str, Any]]:
     folded), the device accumulators of all copied to the host in one transfer per device."""
     by_device: dict[torch.device, dict[str, torch.Tensor]] = {}
     for name, summary in summaries.items():
-        summary._add_deferred_values()
-        summary._fold()
+        summary._read()
         if summary._dev is not None:
             shift, s1, s2, n = summary._dev
             n = n if isinstance(n, _Tensor) else torch.zeros_like(shift)  # host weights: on host
@@ -632,7 +569,19 @@ def _states(summaries: Mapping[str, Summary]) -> dict[str, dict[str, Any]]:
     for stats_of in by_device.values():
         # torch.stack promotes the dtypes; tolist gives plain floats.
         host.update(zip(stats_of, torch.stack(list(stats_of.values())).tolist(), strict=True))
-    return {name: summary._host_state(host.get(name)) for name, summary in summaries.items()}
+    states: dict[str, dict[str, Any]] = {}
+    for name, summary in summaries.items():
+        sums = (0.0, float(summary._x), float(summary._x2), float(summary._n))
+        exact = {}
+        if summary._dev is not None:
+            shift, s1, s2, n = host[name]
+            dn = summary._dev[3]
+            sums = _merged(sums, (shift, s1, s2, n if isinstance(dn, _Tensor) else dn))
+            # The accumulators as they are, for a bit-exact resume (PPE readers ignore them).
+            host_sums = [summary._x, summary._x2, summary._n]
+            exact[EXACT_KEY] = exact_entry(summary._dev, host_sums, summary._dtype)
+        states[name] = {"_x": sums[1], "_x2": sums[2], "_n": _whole(sums[3]), **exact}
+    return states
 
 
 def _is_scalar(value: object) -> bool:
@@ -739,10 +688,12 @@ class DictSummary:
         # None search and a zip cost twice as much).
         result: dict[str, Any] = {}
         for name, summary in self._summaries.items():
-            value = summary.lone_cpu_value()
-            if value is None:
+            value = summary._lone_value()
+            if value is None or not value.is_cpu:
                 return to_floats(self.compute_mean())
-            result[name] = value
+            if not value.is_floating_point():  # compute_mean's dtype, then to_floats' read
+                value = value.to(_result_dtype(value.dtype))
+            result[name] = value.item()  # a float already: no float() call per entry
         return result
 
     def make_statistics(self) -> dict[str, Scalar]:
