@@ -58,15 +58,12 @@ class DueCheck:
         if iteration <= self._last:  # the iteration was reset (e.g. a loaded state)
             self.due = -1
         self._last = iteration
+        if self.due < 0:  # not known yet: as the manager would have scheduled it
+            self.due = next_due(self.trigger, iteration - 1, manager.iters_per_epoch)
         if iteration < self.due:
             return False
-        trigger = self.trigger
-        if self.due < 0:
-            self.due = next_due(trigger, iteration - 1, manager.iters_per_epoch)
-            if iteration < self.due:
-                return False
-        fired = bool(trigger(manager))
-        self.due = next_due(trigger, iteration, manager.iters_per_epoch)
+        fired = bool(self.trigger(manager))
+        self.due = next_due(self.trigger, iteration, manager.iters_per_epoch)
         return fired
 
     def reset(self) -> None:

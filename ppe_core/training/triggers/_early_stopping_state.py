@@ -28,10 +28,6 @@ class EarlyStoppingState:
     _max_trigger: Trigger
     _summary: DictSummary
 
-    if TYPE_CHECKING:
-
-        def _load_summary(self, to_load: Mapping[str, Any]) -> None: ...
-
     def state_dict(self) -> dict[str, Any]:
         """Returns the best mean, the count of checks without improvement and inner states."""
         return {
@@ -44,12 +40,10 @@ class EarlyStoppingState:
 
     def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
         """Restores what :meth:`state_dict` returned; PPE's empty state leaves a fresh trigger."""
-        if "best" in to_load:
-            self.best = float(to_load["best"])
-        if "count" in to_load:
-            self.count = int(to_load["count"])
-        if "interval_trigger" in to_load:
-            self._interval_trigger.load_state_dict(to_load["interval_trigger"])
-        if "max_trigger" in to_load:
-            self._max_trigger.load_state_dict(to_load["max_trigger"])
-        self._load_summary(to_load)
+        if not to_load:  # PPE's state is empty
+            return
+        self.best = float(to_load["best"])
+        self.count = int(to_load["count"])
+        self._interval_trigger.load_state_dict(to_load["interval_trigger"])
+        self._max_trigger.load_state_dict(to_load["max_trigger"])
+        self._summary.load_state_dict(to_load["_summary"])

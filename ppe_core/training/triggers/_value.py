@@ -27,9 +27,6 @@ class _MonitorTrigger(Trigger):
 
     def __init__(self, trigger: TriggerLike) -> None:
         self._interval_trigger = get_trigger(trigger)
-        self._init_summary()
-
-    def _init_summary(self) -> None:
         self._summary = DictSummary()
 
     def _accumulate(self, manager: ManagerView, key: str) -> bool:
@@ -49,14 +46,10 @@ class _MonitorTrigger(Trigger):
         """
         means = self._summary.compute_mean() if present else {}
         if key in means:
-            self._init_summary()
+            self._summary = DictSummary()
             return float(means[key])
         explain_unread_value(type(self).__name__, key, manager, present)
         return None
-
-    def _load_summary(self, to_load: Mapping[str, Any]) -> None:
-        self._init_summary()
-        self._summary.load_state_dict(to_load.get("_summary") or {})
 
     def may_fire(self, iteration: int, epoch_length: int) -> bool:
         """Delegates to the check trigger."""
@@ -130,7 +123,7 @@ class BestValueTrigger(_MonitorTrigger):
     def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
         """Restores :meth:`state_dict`'s output (also PPE's, and ours without ``_summary``)."""
         self._interval_trigger.load_state_dict(to_load["interval_trigger"])
-        self._load_summary(to_load)
+        self._summary.load_state_dict(to_load.get("_summary") or {})
         best = to_load["_best_value"]
         self._best_value = None if best is None else float(best)
 
@@ -207,9 +200,7 @@ class EarlyStoppingTrigger(EarlyStoppingState, _MonitorTrigger):
         self.patience = patience
         self.verbose = verbose
         self.already_warning = False  # PPE's attribute (unused there too)
-        self._compare: Callable[[float, float], bool] = (
-            operator.gt if mode == "max" else operator.lt
-        )
+        self._compare = operator.gt if mode == "max" else operator.lt
         if verbose:
             print(f"early stopping: operator is {'greater' if mode == 'max' else 'less'}")
         self.best = float("-inf") if mode == "max" else float("inf")
