@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import builtins
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -12,7 +11,7 @@ __all__ = ["map"]
 def map(
     func: Callable[..., Any],
     iterable: Iterable[Any],
-    out_keys: builtins.set[str] | None = None,
+    out_keys: set[str] | None = None,
     device: Any = "cpu",
 ) -> Iterable[Any]:
     """Apply ``func`` to every item of ``iterable`` with the runtime of ``func``'s module.
