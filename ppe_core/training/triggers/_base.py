@@ -93,22 +93,6 @@ TriggerLike: TypeAlias = Trigger | TriggerFunc | tuple[float, str] | None
 """What :func:`get_trigger` accepts."""
 
 
-class _NeverTrigger(Trigger):
-    """What ``get_trigger(None)`` returns: never fires, never needs a call."""
-
-    def __call__(self, manager: ManagerView) -> bool:
-        return False
-
-    def next_check(self, iteration: int, iters_per_epoch: int) -> int:
-        return NEVER
-
-    def may_fire(self, iteration: int, epoch_length: int) -> bool:
-        return False
-
-    def __repr__(self) -> str:
-        return "get_trigger(None)"
-
-
 class _CallableTrigger(Trigger):
     """Adapts a user callable (or a foreign trigger object) to :class:`Trigger`.
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ppe_core.errors import TriggerTypeError
-from ppe_core.training.triggers._base import Trigger, TriggerLike, _CallableTrigger, _NeverTrigger
-from ppe_core.training.triggers._interval import IntervalTrigger
+from ppe_core.training.triggers._base import Trigger, TriggerLike, _CallableTrigger
+from ppe_core.training.triggers._interval import IntervalTrigger, ManualScheduleTrigger
 
 
 def get_trigger(trigger: TriggerLike) -> Trigger:
@@ -22,7 +22,7 @@ def get_trigger(trigger: TriggerLike) -> Trigger:
     if isinstance(trigger, Trigger):
         return trigger
     if trigger is None:
-        return _NeverTrigger()
+        return ManualScheduleTrigger([], "iteration")  # no point: never fires nor is called
     if callable(trigger):
         return _CallableTrigger(trigger)
     if isinstance(trigger, (tuple, list)) and len(trigger) == 2:

@@ -109,22 +109,17 @@ class ManualScheduleTrigger(_Schedule):
 
     def __init__(self, points: float | Iterable[float], unit: str) -> None:
         self._unit, self._points, self._fractions = check_points(points, unit)
-        self._cached_length: int | None = None
-        self._iterations: tuple[int, ...] = ()
 
     @property
     def points(self) -> list[float]:
         """The points as given."""
         return list(self._points)
 
-    def _firing_iterations(self, iters_per_epoch: int) -> tuple[int, ...]:
-        # A cache of a pure function of the epoch length, not state: any call order agrees.
-        if iters_per_epoch != self._cached_length:
-            scale = 1 if self._unit == "iteration" else check_epoch_length(iters_per_epoch, self)
-            found = {math.ceil(p * scale) for p in self._fractions}  # exact: fractions
-            self._iterations = tuple(sorted(found))
-            self._cached_length = iters_per_epoch
-        return self._iterations
+    def _firing_iterations(self, iters_per_epoch: int) -> list[int]:
+        # A pure function of the epoch length (no state): any call order agrees. The manager
+        # asks at the points only (next_check), so nothing is cached.
+        scale = 1 if self._unit == "iteration" else check_epoch_length(iters_per_epoch, self)
+        return sorted({math.ceil(p * scale) for p in self._fractions})  # exact: fractions
 
     def may_fire(self, iteration: int, epoch_length: int) -> bool:
         """Returns whether ``iteration`` is the first to reach one of the points."""

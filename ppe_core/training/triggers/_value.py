@@ -223,11 +223,10 @@ class EarlyStoppingTrigger(EarlyStoppingState, _MonitorTrigger):
             self.count = 0
         else:
             self.count += 1
-        if self._stop_condition():
-            if self.verbose:
-                print(f"Epoch {manager.epoch}: early stopping")
-            return True
-        return False
+        stop = self._stop_condition()
+        if stop and self.verbose:
+            print(f"Epoch {manager.epoch}: early stopping")
+        return stop
 
     def _stop_condition(self) -> bool:
         return self.count >= self.patience
