@@ -41,13 +41,13 @@ def _references(text: str) -> list[tuple[str, str]]:
 
 def test_the_reference_check_sees_a_stale_name() -> None:
     text = (
-        "`training/_state.py:ManagerState.state_dict` → "
-        "`training/_manager.py:ExtensionsManager.state_dict`"
+        "`training/_manager.py:ExtensionsManager.state_dict` → "
+        "`training/_ignite.py:IgniteExtensionsManager.extend`"
     )
     found = {ref: _missing(*ref) for ref in _references(text)}
-    assert found[("training/_state.py", "ManagerState.state_dict")] is None
-    assert found[("training/_manager.py", "ExtensionsManager.state_dict")] == (
-        "ExtensionsManager does not define state_dict"
+    assert found[("training/_manager.py", "ExtensionsManager.state_dict")] is None
+    assert found[("training/_ignite.py", "IgniteExtensionsManager.extend")] == (
+        "IgniteExtensionsManager does not define extend"
     )
     assert _missing("handler/_logic.py", "no_such_function") is not None
 

@@ -10,16 +10,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ppe_core.errors import ConfigurationError
-from ppe_core.training._protocols import StateObjectProtocol
-from ppe_core.training._resume import EpochLength
-from ppe_core.training._state import ManagerState
+from ppe_core.training._resume import EpochLength, ResumeStates
 from ppe_core.training.triggers import NEVER, Trigger, next_due
 from ppe_core.training.triggers._due import DueCheck
 
 if TYPE_CHECKING:
+    from ppe_core.training._extension import ExtensionEntry
     from ppe_core.training._manager import ExtensionsManager
     from ppe_core.training._resume import TrainerState
-    from ppe_core.training._stop import StopCondition
 
 __all__ = [
     "PROVISIONAL_EPOCH_LENGTH",
@@ -115,30 +113,32 @@ def check_triggers(named: Iterable[tuple[str, Any, object]], iteration: int) -> 
                 )
 
 
-class EpochLengthState(ManagerState):
+class EpochLengthState:
     """The manager's epoch length, known or learnt, and a loaded state's compared with it.
 
-    The ExtensionsManager's base class (below it, :class:`ManagerState` saves and loads the
-    state). The length is given, or (a Trainer over a loader without ``len()``) unknown until
-    the first epoch's loader runs out: :meth:`set_epoch_length`. It is saved as resume data,
-    so that a state loaded into a run with another length warns.
+    The ExtensionsManager's base class. The length is given, or (a Trainer over a loader
+    without ``len()``) unknown until the first epoch's loader runs out:
+    :meth:`set_epoch_length`. It is saved as resume data, so that a state loaded into a run
+    with another length warns.
     """
 
+    _iteration: int
     _iters_per_epoch: int
-    _stop: StopCondition
+    _resume_states: ResumeStates
+    _stop_trigger: Trigger
+    _slots: list[ExtensionEntry]
     _invalidate_schedule: Callable[[], None]
     # False while the epoch length is a placeholder: IgniteExtensionsManager before start,
     # a Trainer's first epoch over a loader without len() (set_epoch_length).
     _epoch_length_known = True
     _learns_epoch_length = False  # set_epoch_length(None): learnt when the loader ends
 
-    def __init__(self, state_objects: Mapping[str, StateObjectProtocol]) -> None:
-        super().__init__(state_objects)
+    def __init__(self) -> None:
         # Saved with the state so that a resume with another epoch length warns.
         self._epoch_length = EpochLength(
             lambda: self._iters_per_epoch if self._epoch_length_known else None
         )
-        self.add_resume_state("manager", self._epoch_length)
+        self._resume_states.add("manager", self._epoch_length)
 
     @property
     def epoch_length_known(self) -> bool:
@@ -159,9 +159,9 @@ class EpochLengthState(ManagerState):
         """
         if iters_per_epoch is None:
             entries: list[tuple[str, Any, object]] = [
-                (s.name, s.entry.extension, s.entry.trigger) for s in self._schedule.slots()
+                (e.name, e.extension, e.trigger) for e in self._slots
             ]
-            entries.append(("the stop trigger", None, self._stop.trigger))
+            entries.append(("the stop trigger", None, self._stop_trigger))
             check_triggers(entries, self._iteration)
             self._iters_per_epoch = PROVISIONAL_EPOCH_LENGTH
             self._epoch_length_known = False
@@ -171,7 +171,7 @@ class EpochLengthState(ManagerState):
             self._epoch_length_known = True
             # Extensions that schedule an inner trigger (LogReport's) computed its next due
             # iteration with the provisional length.
-            for due in due_checks(s.entry.extension for s in self._schedule.slots()):
+            for due in due_checks(e.extension for e in self._slots):
                 due.reset()
         self._invalidate_schedule()
 

@@ -302,6 +302,10 @@ class ExtensionEntry:
         self.set_name(
             name if name is not None else (self.extension.name or self.extension.default_name)
         )
+        # The manager's schedule: the first iteration at which the trigger may fire, and
+        # whether the manager calls the extension directly every step.
+        self._due = -1
+        self._every = False
 
     def set_trigger(self, trigger: TriggerLike) -> None:
         """Replaces the trigger (anything ``get_trigger`` accepts), e.g. ``extend(trigger=...)``."""

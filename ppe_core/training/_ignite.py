@@ -127,8 +127,8 @@ class IgniteExtensionsManager(ExtensionsManager):
 
     def _on_engine_completed(self, engine: Any) -> None:
         try:
-            for slot in self._schedule.slots():
-                slot.entry.extension.finalize(self)
+            for entry in list(self._slots):
+                entry.extension.finalize(self)
         finally:
             self._run_lock.release()
 

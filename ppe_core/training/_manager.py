@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 import types
 import warnings
@@ -12,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from ppe_core._record import record
+from ppe_core._version import __version__
 from ppe_core.errors import (
     ExtensionErrorHandlerWarning,
     IgniteNotInstalledError,
@@ -29,21 +32,35 @@ from ppe_core.training._extension import Extension, ExtensionEntry, ExtensionLik
 from ppe_core.training._handler_failures import call_each
 from ppe_core.training._manager_checks import (
     check_iters_per_epoch,
+    check_max_epochs,
     check_priority,
+    check_state_object,
     check_step_optimizers,
     check_writer,
     finalized_error,
     model_unavailable_error,
     not_a_model_error,
+    unknown_extension_error,
     warn_ignored_arguments,
 )
 from ppe_core.training._protocols import StateObjectProtocol
 from ppe_core.training._ranks import agree_on_collectives, device_of
+from ppe_core.training._resume import VERSION_KEY, ResumeStates, rank_resume_states
 from ppe_core.training._run_lock import ManagerRunLock
-from ppe_core.training._schedule import Schedule
-from ppe_core.training._state import PPE_CORE_STATE_KEY, TransformModel
-from ppe_core.training._stop import StopCondition, StopReason, max_epochs_trigger
-from ppe_core.training.triggers import TriggerLike, get_trigger
+from ppe_core.training._state import (
+    PPE_CORE_STATE_KEY,
+    PPE_FORMAT_VERSION,
+    TransformModel,
+    check_version,
+)
+from ppe_core.training._state_mismatch import (
+    load_model_state,
+    load_optimizer_state,
+    require_iteration,
+    require_states,
+)
+from ppe_core.training._stop_reason import StopKind, StopReason
+from ppe_core.training.triggers import NEVER, Trigger, TriggerLike, get_trigger, next_due
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import IterationDriver, ManagerView
@@ -115,6 +132,35 @@ def default_transform_model(name: str, model: torch.nn.Module) -> torch.nn.Modul
     return model.module if isinstance(model, parallel) else model
 
 
+class _NoEpochs(Trigger):
+    """The stop trigger of ``max_epochs=0``: training is over before it starts.
+
+    PPE accepts 0 (a manager built only to load a state into); an interval of 0 epochs has no
+    period to divide by, so zero gets this trigger, which fires at once.
+    """
+
+    def __call__(self, manager: ManagerView) -> bool:
+        return True
+
+    def get_training_length(self) -> tuple[int, str]:
+        return (0, "epoch")
+
+    def __repr__(self) -> str:
+        return "(0, 'epoch')"
+
+
+def max_epochs_trigger(max_epochs: int) -> Trigger:
+    """The manager's default stop trigger, ``(max_epochs, 'epoch')``; 0 stops at once.
+
+    Raises:
+        ConfigurationError: ``max_epochs`` is negative (or not a number).
+    """
+    check_max_epochs(max_epochs)
+    if max_epochs == 0 and isinstance(max_epochs, int) and not isinstance(max_epochs, bool):
+        return _NoEpochs()
+    return get_trigger((max_epochs, "epoch"))
+
+
 class _IterationContext:
     """What ``run_iteration()`` returns: a reusable, allocation-free context manager."""
 
@@ -159,11 +205,10 @@ class ExtensionsManager(EpochLengthState):
     ``next_check``) the next iteration at which it could fire, and the manager only consults
     triggers at those iterations.
 
-    The manager composes two parts, each in its own module: the schedule of due extensions
-    (``_schedule.Schedule``) and the one stop condition (``_stop.StopCondition``, whose answer
-    says why training ended: :attr:`stop_reason`); its base classes keep the epoch length,
-    known or learnt from a loader without ``len()`` (``_epoch_length.EpochLengthState``), and
-    save and load the state dictionary (``_state.ManagerState``). Trainers drive it through
+    The manager keeps the schedule of due extensions and the one stop condition (whose answer
+    says why training ended: :attr:`stop_reason`) itself; its base classes keep the epoch
+    length, known or learnt from a loader without ``len()`` (``_epoch_length.EpochLengthState``),
+    and it saves and loads the state dictionary in PPE's layout. Trainers drive it through
     :meth:`begin_iteration`, :meth:`end_iteration` and :meth:`handle_training_error` (the
     :class:`~ppe_core.training._protocols.IterationDriver` protocol).
 
@@ -222,7 +267,14 @@ class ExtensionsManager(EpochLengthState):
         self._models_view: Mapping[str, torch.nn.Module] = types.MappingProxyType(transformed)
         self.max_epochs = max_epochs
         self._iters_per_epoch = iters_per_epoch
-        super().__init__(state_objects or {})
+        self._objects: dict[str, StateObjectProtocol] = {}
+        # State objects a state may lack (added by ppe-core for PPE's layout, not by the user).
+        self._optional: set[str] = set()
+        # ppe-core's own resume data, saved under PPE_CORE_STATE_KEY.
+        self._resume_states = ResumeStates()
+        for name, obj in (state_objects or {}).items():
+            self.add_state_object(name, obj)
+        super().__init__()
 
         self.observation: Observation = {}
         self.reporter = Reporter()
@@ -232,18 +284,38 @@ class ExtensionsManager(EpochLengthState):
         for name, optimizer in self._optimizers.items():
             self.reporter.add_observer(name, optimizer)
 
-        self._stop = StopCondition(
-            max_epochs_trigger(max_epochs) if stop_trigger is None else get_trigger(stop_trigger),
-            "max_epochs" if stop_trigger is None else "stop_trigger",
+        # The stop condition, consulted at most once per iteration: at the iterations its
+        # next_check announces (_stop_due), by whichever asks first, the manager after an
+        # iteration's extensions ran or a read of stop_trigger. Both get the same answer for
+        # the same iteration (stateful triggers need that); the first True one is the reason.
+        self._stop_trigger: Trigger = (
+            max_epochs_trigger(max_epochs) if stop_trigger is None else get_trigger(stop_trigger)
         )
-        self._schedule = Schedule(
-            profile=enable_profile or enable_trace, time=enable_profile, trace=enable_trace
-        )
-        # Hot-path aliases of the schedule's parts (one attribute lookup less per step).
-        self._every = self._schedule.every
-        self._run_every = self._schedule.run_every
-        # The first iteration at which the schedule or the stop trigger is due; -1 forces the
-        # next step through the slow path, which rebuilds the schedule.
+        self._stop_kind: StopKind = "max_epochs" if stop_trigger is None else "stop_trigger"
+        self._stop_due = -1
+        self._stop_checked_at = -1  # the iteration of the last answer, _stop_value
+        self._stop_value = False
+        self._stopped = False  # the manager saw the condition fire after an iteration
+        self._stop_reason: StopReason | None = None
+
+        # The schedule: each entry keeps the first iteration at which its trigger may fire
+        # (ExtensionEntry._due), so a step consults triggers only at those iterations.
+        self._enable_profile = enable_profile
+        self._enable_trace = enable_trace
+        #: The entries by name, in registration order.
+        self._entries: dict[str, ExtensionEntry] = {}
+        #: The entries in invocation order (descending priority, ties in registration order).
+        self._slots: list[ExtensionEntry] = []
+        # Extensions called directly on steps where nothing else is due (LogReport
+        # accumulating, ...): those whose trigger fires every iteration (not when profiling).
+        self._every: list[Callable[[Any], object]] = []
+        # The first iteration at which an extension declaring needs_model_state is due.
+        self._state_due = -1
+        # False while extensions run in an iteration where no needs_model_state one is due:
+        # the models then refuse reads.
+        self._model_available = True
+        # The first iteration at which the schedule or the stop trigger is due; -1: the
+        # schedule must be rebuilt, which the next step's slow path does.
         self._next_due = -1
 
         self._iteration = 0
@@ -334,14 +406,14 @@ class ExtensionsManager(EpochLengthState):
             ModelStateUnavailableError: Read by an extension that did not declare
                 ``needs_model_state`` in an iteration where no such extension runs.
         """
-        if not self._schedule.model_available:
+        if not self._model_available:
             raise model_unavailable_error(self._iteration)
         return self._models_view
 
     @property
     def raw_models(self) -> Mapping[str, torch.nn.Module]:
         """The models as registered, without ``transform_model`` (read-only mapping)."""
-        if not self._schedule.model_available:
+        if not self._model_available:
             raise model_unavailable_error(self._iteration)
         return types.MappingProxyType(self._models)
 
@@ -376,12 +448,17 @@ class ExtensionsManager(EpochLengthState):
         """
         if self._start_time is None:
             self.start_extensions()
-        return self._stop.read(self, self._iteration, self._iters_per_epoch)
+        iteration = self._iteration
+        if self._stopped:
+            return True
+        if iteration < self._stop_due and iteration != self._stop_checked_at:
+            return False
+        return self._consult_stop(iteration)
 
     @property
     def stop_reason(self) -> StopReason | None:
         """Why training ended (which stop trigger fired, or the error); None while it goes on."""
-        return self._stop.reason
+        return self._stop_reason
 
     @property
     def training_length(self) -> tuple[float, str] | None:
@@ -390,7 +467,7 @@ class ExtensionsManager(EpochLengthState):
         ProgressBar reads it for its total; triggers that cannot tell (early stopping, a
         function) give None.
         """
-        get_length = getattr(self._stop.trigger, "get_training_length", None)
+        get_length = getattr(self._stop_trigger, "get_training_length", None)
         length: tuple[float, str] | None = None if get_length is None else get_length()
         return length
 
@@ -440,9 +517,13 @@ class ExtensionsManager(EpochLengthState):
         # As in PPE, a taken name gets the first free ``<name>_N`` built from the ``name``
         # argument itself, so an unnamed duplicate becomes ``None_1``: snapshots keep extension
         # states by name, and these names make them load in PPE and back.
-        unique = self._schedule.unique_name(name if name is not None else entry.name, str(name))
+        names = (f"{name}_{n}" for n in itertools.count(1))
+        first = entry.name if name is None else name
+        unique = next(n for n in itertools.chain([first], names) if n not in self._entries)
         entry.set_name(unique)
-        self._schedule.add(unique, entry)
+        self._entries[unique] = entry
+        # sorted() is stable: equal priorities keep registration order.
+        self._slots = sorted([*self._slots, entry], key=lambda e: -e.priority)
         self._invalidate_schedule()
         if self._start_time is not None and not getattr(entry.trigger, "finished", False):
             entry.extension.initialize(self)
@@ -453,12 +534,15 @@ class ExtensionsManager(EpochLengthState):
         Raises:
             ExtensionNameError: No extension has that name (a ``ValueError``, as in PPE).
         """
-        return self._schedule.get(name)
+        entry = self._entries.get(name)
+        if entry is None:
+            raise unknown_extension_error(name, self._entries)
+        return entry.extension
 
     @property
     def extensions(self) -> list[tuple[str, ExtensionEntry]]:
         """``(name, entry)`` pairs in invocation order (descending priority)."""
-        return [(slot.name, slot.entry) for slot in self._schedule.slots()]
+        return [(entry.name, entry) for entry in self._slots]
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -480,19 +564,19 @@ class ExtensionsManager(EpochLengthState):
         try:
             # Before any extension initializes: extensions that issue collectives ask the result.
             self._ranks_lacking = agree_on_collectives(
-                self._schedule.slots(), self._iters_per_epoch, device_of(self._models.values())
+                self._slots, self._iters_per_epoch, device_of(self._models.values())
             )
-            for slot in self._schedule.slots():
-                if not getattr(slot.entry.trigger, "finished", False):
-                    slot.entry.extension.initialize(self)
+            for entry in list(self._slots):  # a copy: extensions may register others
+                if not getattr(entry.trigger, "finished", False):
+                    entry.extension.initialize(self)
         except BaseException:
             self._run_lock.release()  # the run never started: another may use the directory
             raise
         self.observation = {}
         with self.reporter.scope(self.observation):
-            for slot in self._schedule.slots():
-                if slot.entry.call_before_training:
-                    self._schedule.call(self, slot)
+            for entry in list(self._slots):
+                if entry.call_before_training:
+                    self._call(entry)
         self._invalidate_schedule()
 
     def ranks_lacking(self, name: str) -> tuple[int, ...] | None:
@@ -589,7 +673,7 @@ class ExtensionsManager(EpochLengthState):
             else:
                 stop = False
                 if self._every:
-                    self._run_every(self, iteration)
+                    self._run_every(iteration)
         except BaseException as exc:
             self.abort_iteration(exc)
             raise
@@ -611,20 +695,19 @@ class ExtensionsManager(EpochLengthState):
         handlers are reported as :class:`ExtensionErrorHandlerWarning` so they never mask
         ``exc``.
         """
-        self._schedule.model_available = True
+        self._model_available = True
         try:
             if exc is not self._handled_error:  # on_error runs once per exception
                 self._handled_error = exc
                 tb = exc.__traceback__
                 calls = [
-                    (s.name, partial(s.entry.extension.on_error, self, exc, tb))
-                    for s in self._schedule.slots()
+                    (e.name, partial(e.extension.on_error, self, exc, tb)) for e in self._slots
                 ]
                 call_each("on_error", calls, exc)
         finally:
             self._close_scope()
             if not isinstance(exc, Exception):
-                self._stop.record_error(exc, self._iteration, self._iters_per_epoch)
+                self._record_error(exc)
                 self._finalize(exc)
 
     def handle_training_error(self, exc: BaseException) -> None:
@@ -637,7 +720,7 @@ class ExtensionsManager(EpochLengthState):
         try:
             self.abort_iteration(exc)
         finally:
-            self._stop.record_error(exc, self._iteration, self._iters_per_epoch)
+            self._record_error(exc)
             self._finalize(exc)
 
     def _close_scope(self) -> None:
@@ -666,7 +749,7 @@ class ExtensionsManager(EpochLengthState):
         if iteration >= self._next_due:
             self._run_due_extensions(iteration)
         elif self._every:
-            self._run_every(self, iteration)
+            self._run_every(iteration)
 
     def needs_state_this_iteration(self) -> bool:
         """Whether an extension declaring ``needs_model_state`` may run in the next iteration."""
@@ -698,9 +781,9 @@ class ExtensionsManager(EpochLengthState):
             return
         self._finalized = True
         self._ready = False
-        slots = self._schedule.slots() if self._start_time is not None else ()
+        slots = self._slots if self._start_time is not None else []
         calls: list[tuple[str, Callable[[], object]]] = [
-            (s.name, partial(s.entry.extension.finalize, self)) for s in slots
+            (e.name, partial(e.extension.finalize, self)) for e in slots
         ]
         if self.writer is not None:
             calls.append(("<writer>", self.writer.finalize))
@@ -716,39 +799,127 @@ class ExtensionsManager(EpochLengthState):
         Raises:
             OutputDirectoryInUseError: Another live process trains into the same directory.
         """
-        self._run_lock.take(self.out, self.writer is not None and bool(self._schedule.entries))
+        self._run_lock.take(self.out, self.writer is not None and bool(self._entries))
 
     # ----------------------------------------------------------------- scheduling
 
     def _invalidate_schedule(self) -> None:
         """Forces the next step through the slow path, which recomputes every due iteration."""
-        self._schedule.invalidate()
-        self._stop.invalidate()
-        self._next_due = -1
+        self._next_due = self._state_due = self._stop_due = self._stop_checked_at = -1
+
+    def _call(self, entry: ExtensionEntry) -> None:
+        """Runs one extension; with ``enable_profile``/``enable_trace`` as PPE's section
+        ``ppe.training.ExtensionsManager.run_extensions:<name>`` (a ``torch.profiler`` range,
+        timed into the TimeSummary with ``enable_profile``, traced with ``enable_trace``)."""
+        if self._enable_profile or self._enable_trace:
+            tag = f"ppe.training.ExtensionsManager.run_extensions:{entry.name}"
+            with record(tag, enable=self._enable_profile, trace=self._enable_trace):
+                entry.extension(self)
+        else:
+            entry.extension(self)
+
+    def _run_every(self, iteration: int) -> None:
+        """Calls the every-iteration extensions: the step where nothing else is due."""
+        self._model_available = iteration >= self._state_due
+        try:
+            for extension in self._every:
+                extension(self)
+        finally:
+            self._model_available = True
 
     def _run_due_extensions(self, iteration: int) -> bool:
         """The slow path of a step: runs the due extensions, then consults the stop condition.
 
+        Extensions with ``runs_last`` run after every other due trigger of the iteration was
+        consulted, so the trigger states they save already account for it.
+
         Returns:
             Whether the stop condition fired (training is over).
         """
-        schedule = self._schedule
-        stop = self._stop
         iters_per_epoch = self._iters_per_epoch
-        if schedule.dirty:
-            self._next_due = min(
-                schedule.rebuild(iteration - 1, iters_per_epoch),
-                stop.reschedule(iteration - 1, iters_per_epoch),
-            )
+        if self._next_due == -1:
+            self._rebuild(iteration - 1)
             if iteration < self._next_due:
-                self._run_every(self, iteration)
+                self._run_every(iteration)
                 return False
-        next_due = schedule.run_due(self, iteration, iters_per_epoch)
-        reached = stop.after_iteration(self, iteration, iters_per_epoch)
-        # An extension that changed the registrations or the state made the schedule dirty:
+        self._model_available = iteration >= self._state_due
+        earliest = state_due = NEVER
+        deferred: list[ExtensionEntry] = []
+        try:
+            for entry in self._slots:
+                due = entry._due
+                if due <= iteration:
+                    trigger = entry.trigger
+                    if trigger(self):
+                        if entry.runs_last:
+                            deferred.append(entry)
+                        else:
+                            self._call(entry)
+                    due = entry._due = next_due(trigger, iteration, iters_per_epoch)
+                if entry._every:
+                    continue
+                if due < earliest:
+                    earliest = due
+                if due < state_due and entry.needs_model_state:
+                    state_due = due
+            for entry in deferred:
+                self._call(entry)
+        finally:
+            self._model_available = True
+        # An extension may have read stop_trigger at this iteration already, moving _stop_due
+        # past it: its answer (repeated by _consult_stop) still counts.
+        if self._stop_due <= iteration or iteration == self._stop_checked_at:
+            self._stopped = self._consult_stop(iteration) or self._stopped
+        # An extension that changed the registrations or the state invalidated the schedule:
         # the next step rebuilds it.
-        self._next_due = -1 if schedule.dirty else min(next_due, stop.due)
-        return reached
+        if self._next_due != -1:
+            self._state_due = state_due
+            self._next_due = min(earliest, self._stop_due)
+        return self._stopped
+
+    def _rebuild(self, iteration: int) -> None:
+        """Recomputes every due iteration after ``iteration``, and :attr:`_every`."""
+        iters_per_epoch = self._iters_per_epoch
+        earliest = state_due = NEVER
+        self._every[:] = []
+        for entry in self._slots:
+            due = entry._due = next_due(entry.trigger, iteration, iters_per_epoch)
+            entry._every = (
+                getattr(entry.trigger, "fires_every_iteration", False) is True
+                and not entry.needs_model_state
+                and not entry.runs_last
+                and not (self._enable_profile or self._enable_trace)
+            )
+            if entry._every:
+                self._every.append(entry.extension)
+                continue
+            earliest = min(earliest, due)
+            if entry.needs_model_state:
+                state_due = min(state_due, due)
+        self._state_due = state_due
+        self._stop_due = next_due(self._stop_trigger, iteration, iters_per_epoch)
+        self._next_due = min(earliest, self._stop_due)
+
+    def _consult_stop(self, iteration: int) -> bool:
+        """Calls the stop trigger once for ``iteration``; later calls for it repeat the answer."""
+        if iteration == self._stop_checked_at:
+            return self._stop_value
+        value = bool(self._stop_trigger(self))
+        self._stop_due = next_due(self._stop_trigger, iteration, self._iters_per_epoch)
+        self._stop_checked_at, self._stop_value = iteration, value
+        if value and self._stop_reason is None:
+            self._stop_reason = StopReason(
+                self._stop_kind, iteration, iteration / self._iters_per_epoch, self._stop_trigger
+            )
+        return value
+
+    def _record_error(self, error: BaseException) -> None:
+        """Records that ``error`` ended training, unless a stop trigger had fired before."""
+        if self._stop_reason is None:
+            iteration = self._iteration
+            self._stop_reason = StopReason(
+                "error", iteration, iteration / self._iters_per_epoch, error=error
+            )
 
     def needs_model_state(self, iteration: int | None = None) -> bool:
         """Whether an extension declaring ``needs_model_state`` may run at ``iteration``.
@@ -761,21 +932,101 @@ class ExtensionsManager(EpochLengthState):
         current = self._iteration
         if iteration is None:
             iteration = current + 1
-        return self._schedule.needs_model_state(iteration, current, self._iters_per_epoch)
+        if self._next_due != -1 and iteration == current + 1:
+            return iteration >= self._state_due  # the cached answer covers the next iteration
+        return any(
+            entry.needs_model_state
+            and next_due(entry.trigger, iteration - 1, self._iters_per_epoch) <= iteration
+            for entry in self._entries.values()
+        )
 
     # ----------------------------------------------------------------- state dict
+
+    def add_state_object(
+        self, name: str, obj: StateObjectProtocol, *, optional: bool = False
+    ) -> None:
+        """Saves ``obj`` under ``state_dict()['state_objects'][name]`` from now on.
+
+        Like the ``state_objects=`` argument; for parts (a trainer, a handler) that join later.
+
+        Args:
+            name: Its key in ``'state_objects'``.
+            obj: Anything with ``state_dict()`` and ``load_state_dict(state)``.
+            optional: Whether a loaded state may lack it (it then keeps its state).
+
+        Raises:
+            ArgumentTypeError: ``obj`` lacks ``state_dict`` or ``load_state_dict``.
+        """
+        check_state_object(name, obj)
+        self._objects[name] = obj
+        if optional:
+            self._optional.add(name)
+        else:
+            self._optional.discard(name)
+
+    def add_resume_state(self, name: str, obj: StateObjectProtocol) -> None:
+        """Saves ``obj`` under ``state_dict()['_ppe_core'][name]``, a key PPE ignores.
+
+        For ppe-core's own resume data (a Trainer's RNG and loader states, its handler's
+        state): PPE's ``load_state_dict`` still reads the state. An empty
+        ``obj.state_dict()`` is left out; a loaded state without the entry leaves ``obj`` as
+        it is.
+
+        Raises:
+            ConfigurationError: ``name`` is a key ppe-core writes there itself (``version``,
+                ``world_size``, ``ranks``).
+        """
+        self._resume_states.add(name, obj)
+
+    def resume_state_dict(self) -> dict[str, Any]:
+        """This process's own resume data: what :meth:`state_dict` keeps under ``'_ppe_core'``.
+
+        Empty states are left out. Under torch.distributed it differs between ranks (each
+        rank's RNG and loader states); a snapshot gathers it from every rank so that each rank
+        resumes with its own.
+        """
+        return self._resume_states.state_dict()
+
+    def state_dict(self, *, transform_models: TransformModel | None = None) -> dict[str, Any]:
+        """Returns the training state in PPE's layout, so PPE's ``load_state_dict`` reads it.
+
+        The layout: ``{'_start_iteration': int, '_start_execution': int, 'models': {name:
+        state}, 'optimizers': {name: state}, 'state_objects': {name: state}, 'extensions':
+        {name: {'extension': ..., 'trigger': ...}}, 'ppe_version': str}``; ``ppe_version`` is
+        :data:`~ppe_core.training._state.PPE_FORMAT_VERSION`. ppe-core's own version and resume
+        data (a Trainer's RNG and loader states, its handler's state) go under
+        :data:`PPE_CORE_STATE_KEY`, which PPE ignores. With the standard extensions it holds
+        only tensors, numbers, strings and containers, so ``torch.load(...,
+        weights_only=True)`` reads it.
+
+        Args:
+            transform_models: ``(name, module) -> module`` whose result's state is saved;
+                the manager's ``transform_model`` by default.
+        """
+        transform = self._transform_model if transform_models is None else transform_models
+        return {
+            "_start_iteration": self._iteration,
+            "_start_execution": self.execution,
+            "models": {name: transform(name, m).state_dict() for name, m in self._models.items()},
+            "optimizers": {name: opt.state_dict() for name, opt in self._optimizers.items()},
+            "state_objects": {name: obj.state_dict() for name, obj in self._objects.items()},
+            "extensions": {name: e.state_dict() for name, e in self._entries.items()},
+            "ppe_version": PPE_FORMAT_VERSION,
+            PPE_CORE_STATE_KEY: {VERSION_KEY: __version__, **self.resume_state_dict()},
+        }
 
     def load_state_dict(
         self, to_load: Mapping[str, Any], *, transform_models: TransformModel | None = None
     ) -> None:
         """Restores a state from :meth:`state_dict`; works before the extensions start.
 
-        States written by PPE's ``ExtensionsManager.state_dict()`` (and PPE snapshot files)
-        load too; ppe-core's own resume data is then absent, so a Trainer resumes at the saved
-        iteration with the saved weights, but not bit-exactly. A state from another version
-        loads with a :class:`StateVersionWarning`. A registered extension the state has
-        nothing for keeps its state and is reported by a :class:`MissingExtensionStateWarning`;
-        states of unregistered extensions are ignored.
+        Everything required is checked before anything is loaded. States written by PPE's
+        ``ExtensionsManager.state_dict()`` (and PPE snapshot files) load too; ppe-core's own
+        resume data is then absent, so a Trainer resumes at the saved iteration with the saved
+        weights, but not bit-exactly. A state from another version loads with a
+        :class:`StateVersionWarning`. A registered extension the state has nothing for keeps
+        its state and is reported by a :class:`MissingExtensionStateWarning`; states of
+        unregistered extensions are ignored.
 
         Args:
             to_load: A dictionary produced by :meth:`state_dict` (or by PPE's manager).
@@ -788,7 +1039,32 @@ class ExtensionsManager(EpochLengthState):
             StateDictMismatchError: A model's or optimizer's state does not fit it (names the
                 missing and unexpected keys).
         """
-        missing = self._load_state(to_load, transform_models)
+        transform = self._transform_model if transform_models is None else transform_models
+        model_states = require_states(to_load, "models", self._models)
+        optimizer_states = require_states(to_load, "optimizers", self._optimizers)
+        require_iteration(to_load)
+        check_version(to_load.get("ppe_version"))
+        object_states: Mapping[str, Any] = {}
+        if "state_objects" in to_load and self._objects:
+            required = [n for n in self._objects if n not in self._optional]
+            object_states = require_states(to_load, "state_objects", required)
+        for name, model in self._models.items():
+            load_model_state(name, transform(name, model), model_states[name])
+        for name, optimizer in self._optimizers.items():
+            load_optimizer_state(name, optimizer, optimizer_states[name])
+        for name, obj in self._objects.items():
+            if name in object_states:
+                obj.load_state_dict(object_states[name])
+        extension_states: Mapping[str, Any] = to_load.get("extensions") or {}
+        missing = [name for name in self._entries if name not in extension_states]
+        for name, entry in self._entries.items():
+            if name in extension_states:
+                entry.load_state_dict(extension_states[name])
+        # Under torch.distributed each rank restores its own entry (see rank_resume_states).
+        internal_states = rank_resume_states(to_load.get(PPE_CORE_STATE_KEY) or {})
+        self._resume_states.load_state_dict(internal_states, extension_states)
+        iteration = self._start_iteration = self._iteration = int(to_load["_start_iteration"])
+        self.execution = int(to_load.get("_start_execution", iteration))
         self._invalidate_schedule()
         if missing:
             warnings.warn(

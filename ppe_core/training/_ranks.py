@@ -62,7 +62,7 @@ def _describe(trigger: Any) -> str:
 
 
 def agree_on_collectives(
-    slots: Iterable[Any], iters_per_epoch: int, device: torch.device | None = None
+    entries: Iterable[Any], iters_per_epoch: int, device: torch.device | None = None
 ) -> dict[str, tuple[int, ...]] | None:
     """Which ranks lack each of this rank's collective-using extensions.
 
@@ -72,7 +72,7 @@ def agree_on_collectives(
     fires at the same iterations).
 
     Args:
-        slots: The manager's registered extensions (``Slot`` objects: ``name``, ``entry``).
+        entries: The manager's registered extensions (``ExtensionEntry`` objects).
         iters_per_epoch: The manager's epoch length.
         device: Where this rank trains (see :func:`object_device`).
 
@@ -86,10 +86,10 @@ def agree_on_collectives(
     import torch.distributed as dist
 
     mine: dict[str, tuple[str, str, int]] = {}
-    for slot in slots:
-        declared = getattr(slot.entry.extension, "collectives", None)
+    for entry in entries:
+        declared = getattr(entry.extension, "collectives", None)
         if isinstance(declared, str):
-            mine[slot.name] = (declared, _describe(slot.entry.trigger), iters_per_epoch)
+            mine[entry.name] = (declared, _describe(entry.trigger), iters_per_epoch)
     everyone: list[Any] = [None] * world
     with object_device(device):
         dist.all_gather_object(everyone, mine)

@@ -38,7 +38,7 @@ from ppe_core.training.triggers import get_trigger
 if TYPE_CHECKING:
     from ppe_core.handler import BaseHandler
     from ppe_core.training._manager import ExtensionsManager
-    from ppe_core.training._stop import StopReason
+    from ppe_core.training._stop_reason import StopReason
 
 __all__ = [
     "AmbiguousEvaluatorError",
