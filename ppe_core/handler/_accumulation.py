@@ -11,12 +11,12 @@ without the option.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-__all__ = ["Accumulation", "no_sync_of"]
+__all__ = ["Accumulation", "no_sync"]
 
 
 class Accumulation:
@@ -59,21 +59,17 @@ class Accumulation:
         window, ends = self._window(batch_idx)
         if batch_idx % self.grad_accumulation_steps == 0:
             optimizer.zero_grad()
-        no_sync = None if ends else no_sync_of(model)
-        with contextlib.nullcontext() if no_sync is None else no_sync():
+        with contextlib.nullcontext() if ends else no_sync(model):
             return self._forward_backward(model, batch, window)
 
 
-def no_sync_of(
-    model: torch.nn.Module,
-) -> Callable[[], contextlib.AbstractContextManager[Any]] | None:
-    """A context factory without gradient reduction for ``model``, or None when it has none."""
-    no_sync = getattr(model, "no_sync", None)  # DistributedDataParallel
-    if no_sync is not None:
-        return no_sync  # type: ignore[no-any-return]
+def no_sync(model: Any) -> contextlib.AbstractContextManager[Any]:
+    """A context without gradient reduction for ``model`` (a no-op context when it has none)."""
+    if hasattr(model, "no_sync"):  # DistributedDataParallel
+        return model.no_sync()  # type: ignore[no-any-return]
     if callable(getattr(model, "set_requires_gradient_sync", None)):  # FSDP2's FSDPModule
-        return lambda: _fsdp_no_sync(model)
-    return None
+        return _fsdp_no_sync(model)
+    return contextlib.nullcontext()
 
 
 @contextlib.contextmanager

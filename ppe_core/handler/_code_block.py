@@ -138,7 +138,7 @@ class CodeBlockLogic(ModelLogic):
         batch_idx: int,
         batch: Any,
     ) -> Any:
-        model = self._model(models)
+        model = self._lookup(models, "model")
         key = (model, tuple(optimizers.items()))
         if self._targeted is None or self._targeted[0] != key:
             names = self._optimizer_names
@@ -154,4 +154,4 @@ class CodeBlockLogic(ModelLogic):
         """Nothing to do: the code block stepped the optimizers in ``train_step``."""
 
     def eval_step(self, models: Mapping[str, torch.nn.Module], batch_idx: int, batch: Any) -> Any:
-        return forward(self._model(models))(batch)
+        return forward(self._lookup(models, "model"))(batch)

@@ -37,6 +37,7 @@ __all__ = [
     "check_something_trains",
     "explain_dtype_mismatch",
     "explain_forward_mismatch",
+    "holds_parameters",
     "missing_report_keys",
     "non_scalar_backward",
     "pop_report_keys",
@@ -237,15 +238,15 @@ def check_optimizers_hold_models(
     device whose ``module.to`` makes new parameter objects (the emulated device, XLA-like
     backends), or for another copy of the model.
     """
-    held = {id(p): p for model in models for p in model.parameters()}
+    held = [p for model in models for p in model.parameters()]
     if not held:
         return
     for name, optimizer in optimizers.items():
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        if not params or any(id(p) in held for p in params):
+        if not params or holds_parameters(optimizer, held):
             continue
         theirs = sorted({str(p.device) for p in params})
-        ours = sorted({str(p.device) for p in held.values()})
+        ours = sorted({str(p.device) for p in held})
         where = (
             f" (the optimizer's parameters are on {', '.join(theirs)}, the models' on "
             f"{', '.join(ours)}: moving the model made new parameter objects)"
@@ -259,6 +260,12 @@ def check_optimizers_hold_models(
             "(torch.optim.SGD(model.parameters(), ...)), or pass the module whose parameters "
             "it holds among the trainer's models"
         )
+
+
+def holds_parameters(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor]) -> bool:
+    """Whether ``optimizer`` holds any of ``params`` (the same tensor objects)."""
+    held = {id(p) for p in params}
+    return any(id(p) in held for group in optimizer.param_groups for p in group["params"])
 
 
 def warn_skipped_backward(key: str, outputs: Mapping[str, Any]) -> None:

@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ppe_core.handler._optimizer_targets import StagedSteps
+
 if TYPE_CHECKING:
     from ppe_core.handler._logic import BaseLogic
-    from ppe_core.handler._optimizer_targets import Plan
     from ppe_core.runtime import BaseRuntime
 
 __all__ = ["HandlerScalerState", "LogicScalerState", "offer_runtime_scaler"]
@@ -33,17 +34,10 @@ def offer_runtime_scaler(logic: BaseLogic, runtimes: Iterable[object]) -> None:
             return
 
 
-class LogicScalerState:
+class LogicScalerState(StagedSteps):
     """The grad scalers' part of ``ppe.handler.Logic``, mixed into it: the runtime's scaler
-    adopted, the scalers' state saved and restored."""
-
-    # The Logic's attributes used here.
-    _grad_scaler: torch.amp.GradScaler | None
-    _plan: Plan | None
-
-    if TYPE_CHECKING:
-
-        def _own_scalers(self) -> dict[str, torch.amp.GradScaler]: ...
+    adopted, the scalers' state (each optimizer's own with the staged steps) saved and
+    restored."""
 
     def offer_grad_scaler(self, scaler: torch.amp.GradScaler) -> None:
         """Scale losses with the runtime's scaler unless a ``grad_scaler`` option was given."""

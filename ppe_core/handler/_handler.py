@@ -162,7 +162,15 @@ class Handler(HandlerScalerState, BaseHandler):
         for _, module, runtime in self._modules:
             getattr(runtime, method)(module)
 
-    def _setup(self, models: Mapping[str, torch.nn.Module]) -> None:
+    def _setup(
+        self,
+        models: Mapping[str, torch.nn.Module],
+        loader: Any,
+        optimizers: Mapping[str, torch.optim.Optimizer] | None,
+    ) -> None:
+        """Finds the runtimes (a run without any is refused), binds the logic to its model's
+        device type and offers it the runtime's grad scaler; given ``optimizers``, each runtime
+        initialises its module (with the optimizer keyed like it, or the only one)."""
         self._discover(models)
         if not self._modules:
             names = ", ".join(models)
@@ -177,12 +185,8 @@ class Handler(HandlerScalerState, BaseHandler):
         runtime = next((rt for _, m, rt in self._modules if m is model), self._modules[0][2])
         logic.bind_device(autocast_device_type_of(runtime))
         offer_runtime_scaler(logic, (runtime, self._entry_runtime))
-
-    def _initialize(
-        self,
-        loader: Any,
-        optimizers: Mapping[str, torch.optim.Optimizer],
-    ) -> None:
+        if optimizers is None:
+            return
         sole = next(iter(optimizers.values())) if len(optimizers) == 1 else None
         for name, module, runtime in self._modules:
             load = loader.get(name) if isinstance(loader, dict) else loader
@@ -192,9 +196,8 @@ class Handler(HandlerScalerState, BaseHandler):
     def train_setup(self, trainer: Any, loader: Iterable[Any]) -> None:
         """Find runtimes and let each initialise its module before the first step."""
         switch_mode(trainer.models.values(), True)
-        self._setup(trainer.models)
         optimizers = getattr(trainer, "optimizers", {})
-        self._initialize(loader, optimizers)
+        self._setup(trainer.models, loader, optimizers)
         check_optimizers_hold_models(trainer.models.values(), optimizers)
 
     def train_epoch_begin(self, trainer: Any, loader: Iterable[Any]) -> None:
@@ -257,10 +260,8 @@ class Handler(HandlerScalerState, BaseHandler):
     def eval_setup(self, evaluator: Any, loader: Iterable[Any]) -> None:
         """Find runtimes (the evaluator may run standalone); initialise modules once."""
         switch_mode(evaluator.models.values(), False)
-        self._setup(evaluator.models)
-        if not self._eval_initialized:
-            self._eval_initialized = True
-            self._initialize(loader, {})
+        self._setup(evaluator.models, loader, None if self._eval_initialized else {})
+        self._eval_initialized = True
 
     def eval_loop_begin(self, evaluator: Any) -> None:
         """Every model in eval mode, at each run (``eval_setup`` runs once)."""

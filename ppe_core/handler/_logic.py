@@ -14,7 +14,6 @@ from ppe_core.errors import (
     ConfigurationError,
     ModelOutputError,
 )
-from ppe_core.handler._accumulation import Accumulation
 from ppe_core.handler._diagnostics import (
     check_autocast_device,
     check_closure_options,
@@ -28,12 +27,7 @@ from ppe_core.handler._diagnostics import (
     warn_skipped_backward,
 )
 from ppe_core.handler._grad_scalers import LogicScalerState
-from ppe_core.handler._optimizer_targets import (
-    OptimizerTarget,
-    Plan,
-    StagedSteps,
-    parse_targets,
-)
+from ppe_core.handler._optimizer_targets import parse_targets
 from ppe_core.runtime import (
     autocast_device_type_of,
     device_type_of,
@@ -141,10 +135,9 @@ class _AutocastManager:
         )
         #: Whether the forward runs under autocast at all (read every step: a plain attribute).
         self.enabled = bool(kwargs.pop("enabled", True))
-        self._device_type: str | None = kwargs.pop("device_type", None)
+        #: ``torch.autocast``'s arguments; ``device_type`` the option's, else bound from the
+        #: model's runtime.
         self._options = kwargs
-        #: The device type autocast runs on: the option, else bound from the runtime.
-        self.resolved_device_type: str | None = self._device_type
 
     @property
     def _enabled(self) -> bool:
@@ -153,17 +146,17 @@ class _AutocastManager:
 
     def bind(self, device_type: str) -> None:
         """Use ``device_type`` unless the options named one (checked once, here, so torch's
-        own error for a device type without autocast never reaches the first step)."""
-        if self._device_type is None:
-            if self.enabled:
-                check_autocast_device(device_type)
-            self.resolved_device_type = device_type
+        own error for a device type without autocast never reaches the first step). Autocast
+        off needs no device type: nothing changes."""
+        if self.enabled and "device_type" not in self._options:
+            check_autocast_device(device_type)
+            self._options["device_type"] = device_type
 
     def autocast(self, enabled: bool = True) -> contextlib.AbstractContextManager[Any]:
         """The context the forward runs in (a no-op context when autocast is off)."""
         if not (self.enabled and enabled):
             return contextlib.nullcontext()
-        return torch.autocast(self.resolved_device_type or "cpu", **self._options)
+        return torch.autocast(**{"device_type": "cpu", **self._options})
 
 
 class BaseLogic:
@@ -302,16 +295,10 @@ class ModelLogic(BaseLogic):
 
     def set_mode(self, models: Mapping[str, torch.nn.Module], training: bool) -> None:
         """Switches this logic's model only."""
-        switch_mode((self._model(models),), training)
+        switch_mode((self._lookup(models, "model"),), training)
 
     def train_epoch_end(self, models: Mapping[str, torch.nn.Module], epoch: int) -> None:
         self.set_mode(models, False)
-
-    def _model(self, models: Mapping[str, torch.nn.Module]) -> torch.nn.Module:
-        return self._lookup(models, "model")
-
-    def _optimizer(self, optimizers: Mapping[str, torch.optim.Optimizer]) -> torch.optim.Optimizer:
-        return self._lookup(optimizers, "optimizer")
 
     def _lookup(self, items: Mapping[str, _T], kind: str) -> _T:
         """The ``kind`` ("model" or "optimizer") keyed ``model_name``, or the explained error."""
@@ -323,7 +310,7 @@ class ModelLogic(BaseLogic):
             raise unknown_name_error(logic, self.model_name, kind, sorted(items)) from None
 
 
-class Logic(LogicScalerState, ModelLogic, StagedSteps, Accumulation):
+class Logic(LogicScalerState, ModelLogic):
     """The standard supervised step for one model: zero_grad, forward, backward, step.
 
     The batch is passed to ``forward`` as keyword arguments when it is a dict, as positional
@@ -358,18 +345,11 @@ class Logic(LogicScalerState, ModelLogic, StagedSteps, Accumulation):
         options: The options above.
     """
 
-    def __init__(self, model_name: str = "main", options: Mapping[str, Any] | None = None) -> None:
-        self.backward_outputs: str | list[str] | tuple[str, ...] | None = None
-        self._backward_fn: Callable[[torch.Tensor], Any] | None = None
-        self._grad_scaler: torch.amp.GradScaler | None = None
-        self._autocast = _AutocastManager(False)
-        self._warned_nothing = False
-        # True until the first training step has checked that the run can train at all.
-        self._first_step = True
-        #: The ``optimizers`` option; None: one optimizer, keyed like the model.
-        self._targets: dict[str, OptimizerTarget] | None = None
-        self._plan: Plan | None = None
-        super().__init__(model_name, options)
+    # Defaults, until options or a step change them (the other options' are StagedSteps').
+    _autocast = _AutocastManager(False)  # off: never bound, so it can be shared
+    _warned_nothing = False
+    #: True until the first training step has checked that the run can train at all.
+    _first_step = True
 
     def consume_options(self, options: dict[str, Any]) -> None:
         super().consume_options(options)
@@ -485,12 +465,10 @@ class Logic(LogicScalerState, ModelLogic, StagedSteps, Accumulation):
     ) -> Any:
         if self._targets is not None:
             return self._train_stages(models, optimizers, batch_idx, batch)
-        name = self.model_name
         try:  # two subscripts inline, not two helper calls: this runs every step
-            model = models[name]
-            optimizer = optimizers[name]
-        except KeyError:
-            model, optimizer = self._model(models), self._optimizer(optimizers)  # raise
+            model, optimizer = models[self.model_name], optimizers[self.model_name]
+        except KeyError:  # raises the explained error
+            model, optimizer = self._lookup(models, "model"), self._lookup(optimizers, "optimizer")
         if self.grad_accumulation_steps == 1:
             optimizer.zero_grad()
             return self._forward_backward(model, batch, 1)
@@ -520,7 +498,7 @@ class Logic(LogicScalerState, ModelLogic, StagedSteps, Accumulation):
         try:
             optimizer = optimizers[self.model_name]
         except KeyError:
-            optimizer = self._optimizer(optimizers)  # raises the explained error
+            optimizer = self._lookup(optimizers, "optimizer")  # raises the explained error
         if self._grad_scaler is None:
             optimizer.step()
         else:
@@ -528,7 +506,7 @@ class Logic(LogicScalerState, ModelLogic, StagedSteps, Accumulation):
             self._grad_scaler.update()
 
     def eval_step(self, models: Mapping[str, torch.nn.Module], batch_idx: int, batch: Any) -> Any:
-        return self._autocast_forward(self._model(models), batch)
+        return self._autocast_forward(self._lookup(models, "model"), batch)
 
     def _autocast_forward(self, model: torch.nn.Module, batch: Any) -> Any:
         """The model's forward under the Logic's autocast (bound to the model's device on
@@ -536,7 +514,7 @@ class Logic(LogicScalerState, ModelLogic, StagedSteps, Accumulation):
         autocast = self._autocast
         if not autocast.enabled:  # the common case: no context object per step
             return self._forward(model, batch)
-        runtime = get_runtime(model) if autocast.resolved_device_type is None else None
+        runtime = get_runtime(model) if "device_type" not in autocast._options else None
         if runtime is not None:  # bound to the device type of the model's runtime
             autocast.bind(autocast_device_type_of(runtime))
         with autocast.autocast():
@@ -585,8 +563,8 @@ class ClousureLogic(Logic):
         batch_idx: int,
         batch: Any,
     ) -> Any:
-        model = self._model(models)
-        optimizer = self._optimizer(optimizers)
+        model = self._lookup(models, "model")
+        optimizer = self._lookup(optimizers, "optimizer")
 
         def closure() -> ClousureModelOutput:
             optimizer.zero_grad()

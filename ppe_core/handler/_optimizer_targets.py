@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ppe_core.errors import ConfigurationError, ModelOutputError
-from ppe_core.handler._accumulation import no_sync_of
-from ppe_core.handler._diagnostics import check_something_trains
+from ppe_core.handler._accumulation import Accumulation, no_sync
+from ppe_core.handler._diagnostics import check_something_trains, holds_parameters
 
 __all__ = [
     "OptimizerTarget",
@@ -23,7 +23,6 @@ __all__ = [
     "Stage",
     "StagedSteps",
     "StepGroup",
-    "build_plan",
     "code_block_optimizers",
     "parse_optimizer_names",
     "parse_targets",
@@ -164,93 +163,7 @@ class Plan:
     restrict: bool
 
 
-def build_plan(
-    targets: Mapping[str, OptimizerTarget],
-    models: Mapping[str, torch.nn.Module],
-    optimizers: Mapping[str, torch.optim.Optimizer],
-    *,
-    model_name: str,
-    loss: tuple[str, ...] | None,
-    grad_scaler: torch.amp.GradScaler | None,
-    backward_function: Callable[[torch.Tensor], Any] | None,
-) -> Plan:
-    """Checks ``targets`` against the trainer's dicts and orders them into stages.
-
-    A stage per model, in the order the targets first name it; in a stage, a group per loss,
-    in the same order. Keyword arguments are the Logic's defaults.
-
-    Raises:
-        ConfigurationError: an unknown optimizer or model name, an optimizer of the trainer
-            that no target names, an optimizer holding none of its model's parameters, one
-            loss with two grad scalers, or a ``backward_function`` with several losses.
-    """
-    unknown = [name for name in targets if name not in optimizers]
-    if unknown:
-        raise ConfigurationError(
-            f"option 'optimizers' names {unknown}, but the trainer's optimizers are named "
-            f"{sorted(optimizers)}; key the option by those names (a bare optimizer is 'main')"
-        )
-    unlisted = [name for name in optimizers if name not in targets]
-    if unlisted:
-        raise ConfigurationError(
-            f"the trainer's optimizer(s) {unlisted} are not in option 'optimizers' "
-            f"({list(targets)}), so the Logic would never step them; add them to the option "
-            "or leave them out of the trainer"
-        )
-    stages: dict[str, Stage] = {}
-    groups: dict[tuple[str, tuple[str, ...] | None], StepGroup] = {}
-    last_stage: dict[int, tuple[torch.amp.GradScaler, Stage]] = {}
-    for target in targets.values():
-        name = target.model if target.model is not None else model_name
-        if name not in models:
-            raise ConfigurationError(
-                f"option 'optimizers', entry {target.name!r}, steps the model {name!r}"
-                f"{'' if target.model is not None else ' (the Logic model_name)'}, but the "
-                f"models are named {sorted(models)}; set its 'model' to one of them"
-            )
-        model = models[name]
-        optimizer = optimizers[target.name]
-        held = {id(p) for p in model.parameters()}
-        if not any(id(p) in held for g in optimizer.param_groups for p in g["params"]):
-            raise ConfigurationError(
-                f"the optimizer {target.name!r} holds none of the parameters of the model "
-                f"{name!r} it steps on; set its 'model' to the model whose forward computes its "
-                f"loss and holds its parameters (models: {sorted(models)})"
-            )
-        stage = stages.get(name)
-        if stage is None:
-            stage = stages[name] = Stage(name, model, [], [])
-        key = target.loss if target.loss is not None else loss
-        scaler = target.grad_scaler if target.grad_scaler is not None else grad_scaler
-        group = groups.get((name, key))
-        if group is None:
-            group = groups[(name, key)] = StepGroup(key, [], [], scaler)
-            stage.groups.append(group)
-        elif group.scaler is not scaler:
-            raise ConfigurationError(
-                f"the optimizers {[*group.names, target.name]} step on the same loss "
-                f"{list(key) if key is not None else '(the default)'} of model {name!r} with "
-                "different grad scalers, but a loss is scaled once; give them one "
-                "'grad_scaler', or separate losses"
-            )
-        group.names.append(target.name)
-        group.optimizers.append(optimizer)
-        if scaler is not None:
-            last_stage[id(scaler)] = (scaler, stage)
-    for scaler, stage in last_stage.values():
-        stage.updates.append(scaler)
-    restrict = len(groups) > 1
-    if restrict and backward_function is not None:
-        raise ConfigurationError(
-            "option 'backward_function' cannot be combined with optimizers stepped on "
-            "different losses or models: each loss is backpropagated to its own optimizers' "
-            "parameters only, with torch.autograd.backward(loss, inputs=...). Remove the "
-            "option, or subclass ppe.handler.BaseLogic for this step"
-        )
-    return Plan(models, optimizers, list(stages.values()), restrict)
-
-
-class StagedSteps:
+class StagedSteps(Accumulation):
     """The Logic's step with the ``optimizers`` option, mixed into ``ppe.handler.Logic``.
 
     Each stage in turn zeroes its optimizers, runs its model's forward and backpropagates each
@@ -258,14 +171,15 @@ class StagedSteps:
     at once (the next forward sees the update), the last in ``train_step_optimizers``.
     """
 
-    # The Logic's attributes and methods this step uses.
+    # The Logic's state this step uses, with its defaults (options not given).
     model_name: str
-    backward_outputs: str | list[str] | tuple[str, ...] | None
-    grad_accumulation_steps: int
-    _targets: dict[str, OptimizerTarget] | None
-    _plan: Plan | None
-    _grad_scaler: torch.amp.GradScaler | None
-    _backward_fn: Callable[[torch.Tensor], Any] | None
+    backward_outputs: str | list[str] | tuple[str, ...] | None = None
+    #: The ``optimizers`` option; None: one optimizer, keyed like the model.
+    _targets: dict[str, OptimizerTarget] | None = None
+    #: The stages planned from ``_targets`` (planned again when the options change).
+    _plan: Plan | None = None
+    _grad_scaler: torch.amp.GradScaler | None = None
+    _backward_fn: Callable[[torch.Tensor], Any] | None = None
 
     if TYPE_CHECKING:
 
@@ -276,8 +190,6 @@ class StagedSteps:
         def named_outputs(self, outputs: Any) -> Mapping[str, Any]: ...
 
         def _to_backward(self, outputs: Mapping[str, Any]) -> list[torch.Tensor]: ...
-
-        def _window(self, batch_idx: int) -> tuple[int, bool]: ...
 
     def _staged_models(self, models: Mapping[str, torch.nn.Module]) -> list[torch.nn.Module]:
         """The models the targets name, once each (an unknown name is the plan's to explain)."""
@@ -300,20 +212,87 @@ class StagedSteps:
     def _planned(
         self, models: Mapping[str, torch.nn.Module], optimizers: Mapping[str, torch.optim.Optimizer]
     ) -> Plan:
+        """The plan for these trainer dicts, built when they change: the targets checked
+        against them and ordered into stages, a stage per model in the order the targets first
+        name it, in a stage a group per loss in the same order. A target's ``None`` fields take
+        the Logic's ``model_name``, ``backward_outputs`` and grad scaler.
+
+        Raises:
+            ConfigurationError: an unknown optimizer or model name, an optimizer of the trainer
+                that no target names, an optimizer holding none of its model's parameters, one
+                loss with two grad scalers, or a ``backward_function`` with several losses.
+        """
         plan = self._plan
-        if plan is None or plan.models is not models or plan.optimizers is not optimizers:
-            assert self._targets is not None
-            keys = self.backward_outputs
-            plan = self._plan = build_plan(
-                self._targets,
-                models,
-                optimizers,
-                model_name=self.model_name,
-                loss=None if keys is None else (keys,) if isinstance(keys, str) else tuple(keys),
-                grad_scaler=self._grad_scaler,
-                backward_function=self._backward_fn,
+        if plan is not None and plan.models is models and plan.optimizers is optimizers:
+            return plan
+        targets = self._targets
+        assert targets is not None
+        unknown = [name for name in targets if name not in optimizers]
+        if unknown:
+            raise ConfigurationError(
+                f"option 'optimizers' names {unknown}, but the trainer's optimizers are named "
+                f"{sorted(optimizers)}; key the option by those names (a bare optimizer is 'main')"
             )
-        return plan
+        unlisted = [name for name in optimizers if name not in targets]
+        if unlisted:
+            raise ConfigurationError(
+                f"the trainer's optimizer(s) {unlisted} are not in option 'optimizers' "
+                f"({list(targets)}), so the Logic would never step them; add them to the option "
+                "or leave them out of the trainer"
+            )
+        keys = self.backward_outputs
+        loss = None if keys is None else (keys,) if isinstance(keys, str) else tuple(keys)
+        stages: dict[str, Stage] = {}
+        groups: dict[tuple[str, tuple[str, ...] | None], StepGroup] = {}
+        last_stage: dict[int, tuple[torch.amp.GradScaler, Stage]] = {}
+        for target in targets.values():
+            name = target.model if target.model is not None else self.model_name
+            if name not in models:
+                raise ConfigurationError(
+                    f"option 'optimizers', entry {target.name!r}, steps the model {name!r}"
+                    f"{'' if target.model is not None else ' (the Logic model_name)'}, but the "
+                    f"models are named {sorted(models)}; set its 'model' to one of them"
+                )
+            model = models[name]
+            optimizer = optimizers[target.name]
+            if not holds_parameters(optimizer, model.parameters()):
+                raise ConfigurationError(
+                    f"the optimizer {target.name!r} holds none of the parameters of the model "
+                    f"{name!r} it steps on; set its 'model' to the model whose forward computes "
+                    f"its loss and holds its parameters (models: {sorted(models)})"
+                )
+            stage = stages.get(name)
+            if stage is None:
+                stage = stages[name] = Stage(name, model, [], [])
+            key = target.loss if target.loss is not None else loss
+            scaler = target.grad_scaler if target.grad_scaler is not None else self._grad_scaler
+            group = groups.get((name, key))
+            if group is None:
+                group = groups[(name, key)] = StepGroup(key, [], [], scaler)
+                stage.groups.append(group)
+            elif group.scaler is not scaler:
+                raise ConfigurationError(
+                    f"the optimizers {[*group.names, target.name]} step on the same loss "
+                    f"{list(key) if key is not None else '(the default)'} of model {name!r} with "
+                    "different grad scalers, but a loss is scaled once; give them one "
+                    "'grad_scaler', or separate losses"
+                )
+            group.names.append(target.name)
+            group.optimizers.append(optimizer)
+            if scaler is not None:
+                last_stage[id(scaler)] = (scaler, stage)
+        for scaler, stage in last_stage.values():
+            stage.updates.append(scaler)
+        restrict = len(groups) > 1
+        if restrict and self._backward_fn is not None:
+            raise ConfigurationError(
+                "option 'backward_function' cannot be combined with optimizers stepped on "
+                "different losses or models: each loss is backpropagated to its own optimizers' "
+                "parameters only, with torch.autograd.backward(loss, inputs=...). Remove the "
+                "option, or subclass ppe.handler.BaseLogic for this step"
+            )
+        self._plan = Plan(models, optimizers, list(stages.values()), restrict)
+        return self._plan
 
     def _train_stages(
         self,
@@ -330,55 +309,47 @@ class StagedSteps:
         window, ends = (1, True) if n == 1 else self._window(batch_idx)
         stages = plan.stages
         merged: dict[str, Any] = {}
-        outputs: Any = None
         for stage in stages:
-            if n == 1 or batch_idx % n == 0:
-                for group in stage.groups:
+            model, groups = stage.model, stage.groups
+            if batch_idx % n == 0:
+                for group in groups:
                     for optimizer in group.optimizers:
                         optimizer.zero_grad()
-            model = stage.model
-            no_sync = None if ends else no_sync_of(model)
-            with contextlib.nullcontext() if no_sync is None else no_sync():
-                outputs = self._stage_forward_backward(stage, plan.restrict, batch, window)
+            with contextlib.nullcontext() if ends else no_sync(model):
+                outputs = self._autocast_forward(model, batch)
+                named = self._keyed(outputs)
+                if not stage.checked:
+                    self._check_stage(stage, named)
+                for i, group in enumerate(groups):
+                    keys = group.loss
+                    tensors = self._to_backward(named) if keys is None else [named[k] for k in keys]
+                    if not tensors:
+                        continue
+                    if window != 1:
+                        tensors = [t / window for t in tensors]
+                    if group.scaler is not None:
+                        tensors = [group.scaler.scale(t) for t in tensors]
+                    if plan.restrict:
+                        # Only this group's parameters: a generator's loss must not leave
+                        # gradients on the discriminator. Later groups reuse the graph.
+                        torch.autograd.backward(
+                            tensors, inputs=group.parameters(), retain_graph=i < len(groups) - 1
+                        )
+                    elif self._backward_fn is not None:
+                        for t in tensors:
+                            self._backward_fn(t)
+                    else:
+                        torch.autograd.backward(tensors)
+            if not stage.checked:
+                stage.checked = True
+                if any(group.loss is None for group in groups) and self.backward_outputs is None:
+                    check_something_trains(model, named)
             if len(stages) == 1:
                 return outputs
             merged.update(self.named_outputs(outputs))
             if ends and stage is not stages[-1]:
                 self._step_stage(stage)
         return merged
-
-    def _stage_forward_backward(self, stage: Stage, restrict: bool, batch: Any, window: int) -> Any:
-        model = stage.model
-        outputs = self._autocast_forward(model, batch)
-        named = self._keyed(outputs)
-        if not stage.checked:
-            self._check_stage(stage, named)
-        groups = stage.groups
-        for i, group in enumerate(groups):
-            keys = group.loss
-            tensors = self._to_backward(named) if keys is None else [named[k] for k in keys]
-            if not tensors:
-                continue
-            if window != 1:
-                tensors = [t / window for t in tensors]
-            if group.scaler is not None:
-                tensors = [group.scaler.scale(t) for t in tensors]
-            if restrict:
-                # Only this group's parameters: a generator's loss must not leave gradients
-                # on the discriminator. Later groups of the stage reuse the graph.
-                torch.autograd.backward(
-                    tensors, inputs=group.parameters(), retain_graph=i < len(groups) - 1
-                )
-            elif self._backward_fn is not None:
-                for t in tensors:
-                    self._backward_fn(t)
-            else:
-                torch.autograd.backward(tensors)
-        if not stage.checked:
-            stage.checked = True
-            if any(group.loss is None for group in groups) and self.backward_outputs is None:
-                check_something_trains(model, named)
-        return outputs
 
     def _check_stage(self, stage: Stage, outputs: Mapping[str, Any]) -> None:
         """At a stage's first step: each named loss is an output that backpropagates."""
@@ -448,13 +419,8 @@ def code_block_optimizers(
         ConfigurationError: none holds the model's parameters, or ``names`` names an unknown
             optimizer or one holding none of them.
     """
-    held = {id(p) for p in model.parameters()}
-
-    def holds(optimizer: torch.optim.Optimizer) -> bool:
-        return any(id(p) in held for g in optimizer.param_groups for p in g["params"])
-
     if names is None:
-        chosen = [o for o in optimizers.values() if holds(o)]
+        chosen = [o for o in optimizers.values() if holds_parameters(o, model.parameters())]
         if not chosen and optimizers:
             raise ConfigurationError(
                 f"none of the optimizers {sorted(optimizers)} holds parameters of the model "
@@ -468,7 +434,7 @@ def code_block_optimizers(
             f"CodeBlockLogic option 'optimizers' names {unknown}, but the trainer's "
             f"optimizers are named {sorted(optimizers)}"
         )
-    idle = [n for n in names if not holds(optimizers[n])]
+    idle = [n for n in names if not holds_parameters(optimizers[n], model.parameters())]
     if idle:
         raise ConfigurationError(
             f"CodeBlockLogic option 'optimizers' names {idle}, which hold none of the "
