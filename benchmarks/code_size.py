@@ -236,7 +236,6 @@ FILES: dict[str, tuple[str, str]] = {
         "evaluation means over samples: each batch weighted by its number of samples (PPE "
         "averages batches, a smaller last batch as much as a full one)",
     ),
-    _T + "_schedule.py": (SAME, "running extensions on their triggers, by priority"),
     _T + "_state.py": (SAME, "the manager's state_dict and load_state_dict (PPE's layout)"),
     _T + "_state_mismatch.py": (
         BEYOND,
@@ -244,7 +243,6 @@ FILES: dict[str, tuple[str, str]] = {
         "before anything loads: its name, missing and unexpected keys, a data-parallel prefix, "
         "another optimizer type (PPE: a bare KeyError, torch's error)",
     ),
-    _T + "_stop.py": (SAME, "the stop trigger, consulted once per iteration"),
     _T + "_stop_reason.py": (BEYOND, "why training ended: stop_reason (PPE only stops)"),
     _T + "_epoch_length.py": (
         BEYOND,
