@@ -142,6 +142,11 @@ class _WrappedExtension(Extension):
         self.priority = getattr(ext, "priority", Extension.priority)
         for flag in _MAKE_EXTENSION_FLAGS:
             setattr(self, flag, bool(getattr(ext, flag, False)))
+        # The callable's hooks where it has them (make_extension sets the first three), else
+        # the base class's no-ops.
+        for hook in ("initialize", "finalize", "on_error", "load_state_dict"):
+            if hasattr(ext, hook):
+                setattr(self, hook, getattr(ext, hook))
         # The callable's own ``name`` attribute (if any) is not the extension's name, as in
         # PPE: ``name`` stays the class's None until extend(name=...) or ``default_name``.
 
@@ -166,23 +171,8 @@ class _WrappedExtension(Extension):
     def __call__(self, manager: ManagerView) -> object:
         return self._ext(manager)
 
-    # The callable's hooks where it has them (make_extension sets all three), else the no-ops.
-    def initialize(self, manager: ManagerView) -> None:
-        getattr(self._ext, "initialize", super().initialize)(manager)
-
-    def finalize(self, manager: ManagerView) -> None:
-        getattr(self._ext, "finalize", super().finalize)(manager)
-
-    def on_error(
-        self, manager: ManagerView, exc: BaseException, tb: types.TracebackType | None
-    ) -> None:
-        getattr(self._ext, "on_error", super().on_error)(manager, exc, tb)
-
     def state_dict(self) -> dict[str, Any]:
         return dict(getattr(self._ext, "state_dict", dict)())
-
-    def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
-        getattr(self._ext, "load_state_dict", super().load_state_dict)(to_load)
 
 
 def _as_extension(ext: object) -> Extension:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import types
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -450,7 +451,7 @@ class Trainer:
         manager.finalize()
 
 
-class _StepScopes:
+class _StepScopes(contextlib.ExitStack):
     """PPE's trainer sections around each step, for ``enable_profile``/``enable_trace``.
 
     As PPE records them: ``ppe.training.Trainer:iteration`` around the whole step, inside it
@@ -458,34 +459,25 @@ class _StepScopes:
     ``ppe.training.Trainer:run_iteration`` around the manager's iteration (the train step,
     itself in ``ppe.training.Trainer:train_step``, and the extensions). The loop's own steps
     stay as they are: the batch iterator, the manager's begin/end calls and the step function
-    are wrapped, and sections left open by an error are closed by :meth:`close`.
+    are wrapped; the open sections are this stack's, and those an error (or an early stop)
+    left open are closed, innermost first, by :meth:`close`.
     """
 
     def __init__(self, time: bool, trace: bool) -> None:
-        self._time = time
-        self._trace = trace
-        self._open: list[Any] = []  # entered sections, innermost last
-
-    def _enter(self, tag: str) -> None:
-        section = record(tag, enable=self._time, trace=self._trace)
-        section.__enter__()
-        self._open.append(section)
-
-    def _exit(self) -> None:
-        self._open.pop().__exit__(None, None, None)
+        super().__init__()
+        self._record = functools.partial(record, enable=time, trace=trace)
 
     def batches(self, batches: Iterable[Any]) -> Iterator[Any]:
         """Yields the batches, each fetched inside its iteration's ``get_data`` section."""
         iterator = iter(batches)
         while True:
-            self._enter("ppe.training.Trainer:iteration")
-            self._enter("ppe.training.Trainer:get_data")
+            self.enter_context(self._record("ppe.training.Trainer:iteration"))
             try:
-                batch = next(iterator)
+                with self._record("ppe.training.Trainer:get_data"):
+                    batch = next(iterator)
             except StopIteration:
-                self.close()  # get_data and iteration: the previous iteration closed its own
+                self.close()  # the iteration: the previous iteration closed its own
                 return
-            self._exit()
             yield batch
 
     def wrap(
@@ -495,25 +487,19 @@ class _StepScopes:
         step function inside ``train_step``."""
 
         def begin_section(*args: Any) -> Any:
-            self._enter("ppe.training.Trainer:run_iteration")
+            self.enter_context(self._record("ppe.training.Trainer:run_iteration"))
             return begin(*args)
 
         def step_section(trainer: Any, batch_idx: int, batch: Any) -> Any:
-            with record("ppe.training.Trainer:train_step", enable=self._time, trace=self._trace):
+            with self._record("ppe.training.Trainer:train_step"):
                 return step(trainer, batch_idx, batch)
 
         def end_section(*args: Any) -> bool:
             stop = end(*args)
-            self._exit()  # run_iteration
-            self._exit()  # iteration
+            self.close()  # run_iteration, then iteration
             return stop
 
         return begin_section, end_section, step_section
-
-    def close(self) -> None:
-        """Closes the sections an error (or an early stop) left open, innermost first."""
-        while self._open:
-            self._exit()
 
 
 # For PPE code that imports the old private name.
