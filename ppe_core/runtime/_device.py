@@ -92,13 +92,12 @@ class DeviceRuntime(PyTorchRuntime):
     @property
     def grad_scaler(self) -> torch.amp.GradScaler | None:
         """The scaler code blocks use and the Handler offers to the Logic (whose state is
-        saved in snapshots). A device plugin may set one it creates (e.g. for float16
-        autocast): it becomes the ``grad_scaler`` option too."""
-        return self._grad_scaler
+        saved in snapshots): the ``grad_scaler`` option. A device plugin may set one it creates
+        (e.g. for float16 autocast)."""
+        return self.options.get("grad_scaler")
 
     @grad_scaler.setter
     def grad_scaler(self, scaler: torch.amp.GradScaler | None) -> None:
-        self._grad_scaler = scaler
         if scaler is None:
             self.options.pop("grad_scaler", None)
         else:

@@ -256,9 +256,7 @@ class PyTorchRuntime(BaseRuntime):
         self._on_cpu = self.device.type == "cpu"
         #: ``torch.autocast`` arguments code blocks run under (``None``: off).
         self.autocast = autocast_kwargs(self.options.get("autocast"), self.device.type)
-        scaler = self.options.get("grad_scaler")
-        check_grad_scaler(scaler, self.device.type)
-        self._grad_scaler: torch.amp.GradScaler | None = scaler
+        check_grad_scaler(self.options.get("grad_scaler"), self.device.type)
 
     def convert_batch(self, args: Any) -> Any:
         move = self.move_tensor
@@ -290,7 +288,7 @@ class PyTorchRuntime(BaseRuntime):
 
     def execute(self, code_block: CodeBlock, batch: Any) -> Any:
         """Run a code block as :meth:`BaseRuntime.execute`, with the autocast/scaler options."""
-        return run_code_block(code_block, batch, self.autocast, self._grad_scaler)
+        return run_code_block(code_block, batch, self.autocast, self.options.get("grad_scaler"))
 
     @classmethod
     def trace(cls, event_name: str | None, arg: Any) -> AbstractContextManager[Any]:
