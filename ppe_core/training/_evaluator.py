@@ -202,46 +202,40 @@ class DistributedEvaluator(Evaluator):
     _distributed = True
 
     def _gather_summaries(self) -> None:
+        """Sums each key's statistics over all ranks into a new summary.
+
+        Each rank's weights count in units of its first batch's size (see
+        :func:`~ppe_core.training._sample_means.add_per_sample`); they are scaled to samples
+        before summing, so the result is the mean over every sample of every rank, whatever
+        the ranks' batch sizes. The ranks must have reported the same keys; a first small
+        reduction checks that (:func:`~ppe_core.training._ranks.check_same_keys`), so a
+        mismatch raises on every rank instead of hanging in the collective.
+        """
+        import torch.distributed as dist
+
         runtime = getattr(self.handler, "entry_runtime", None)  # a BaseHandler may have none
         move = runtime.move_tensor if runtime is not None else (lambda t: t)
+        state = self.summary.state_dict()
+        keys = sorted(state)
+        unit = self._batch_unit
         try:
-            self.summary = _all_reduce_summary(self.summary, move, self._batch_unit)
+            check_same_keys(keys, move)
+            flat = [unit * state[k][field] for k in keys for field in ("_x", "_x2", "_n")]
+            values = move(torch.tensor(flat, dtype=torch.float64))
+            run_collective(dist.all_reduce, values)
         except RuntimeError as exc:
             timed_out = timeout_error(exc, "all-reducing the evaluation's means")
             if timed_out is None:
                 raise
             raise timed_out from exc
-
-
-def _all_reduce_summary(
-    summary: DictSummary, move: Callable[[torch.Tensor], torch.Tensor], unit: int = 1
-) -> DictSummary:
-    """Sum each key's statistics over all ranks into a new summary.
-
-    Each rank's weights count in units of its first batch's size (``unit``, see
-    :func:`~ppe_core.training._sample_means.add_per_sample`); they are scaled to samples before
-    summing, so the result is the mean over every sample of every rank, whatever the ranks'
-    batch sizes. The ranks must have reported the same keys; a first small reduction checks
-    that (:func:`~ppe_core.training._ranks.check_same_keys`), so a mismatch raises on every
-    rank instead of hanging in the collective.
-    """
-    import torch.distributed as dist
-
-    state = summary.state_dict()
-    keys = sorted(state)
-    check_same_keys(keys, move)
-    flat = [unit * state[k][field] for k in keys for field in ("_x", "_x2", "_n")]
-    values = move(torch.tensor(flat, dtype=torch.float64))
-    run_collective(dist.all_reduce, values)
-    totals = values.tolist()
-    merged = DictSummary()
-    merged.load_state_dict(
-        {
-            k: {"_x": totals[3 * i], "_x2": totals[3 * i + 1], "_n": totals[3 * i + 2]}
-            for i, k in enumerate(keys)
-        }
-    )
-    return merged
+        totals = values.tolist()
+        self.summary = DictSummary()
+        self.summary.load_state_dict(
+            {
+                k: {"_x": totals[3 * i], "_x2": totals[3 * i + 1], "_n": totals[3 * i + 2]}
+                for i, k in enumerate(keys)
+            }
+        )
 
 
 # For PPE code that imports the old private name.

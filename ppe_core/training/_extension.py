@@ -246,20 +246,6 @@ def make_extension(
     return decorator
 
 
-def _check_name(name: object) -> str:
-    if not isinstance(name, str):
-        # PPE takes any value as a name (a trigger tuple passed positionally as
-        # extend(ext, (1, 'iteration')) becomes the name); keep that, as its text.
-        name = str(name)
-    if not name:
-        raise ExtensionNameError(f"An extension name must be a non-empty string, got {name!r}.")
-    if name in _RESERVED_NAMES:
-        raise ExtensionNameError(
-            f"The extension name {name!r} is reserved by the manager; pass another name=..."
-        )
-    return name
-
-
 class ExtensionEntry:
     """An extension with the options it was registered with.
 
@@ -302,9 +288,22 @@ class ExtensionEntry:
         self.trigger = get_trigger(trigger)
 
     def set_name(self, name: str) -> None:
-        """Renames the entry and its extension (the manager makes taken names unique)."""
-        self.name = _check_name(name)
-        self.extension.name = self.name
+        """Renames the entry and its extension (the manager makes taken names unique).
+
+        Raises:
+            ExtensionNameError: The name is empty or reserved (``"training"``).
+        """
+        # PPE takes any value as a name (a trigger tuple passed positionally as
+        # extend(ext, (1, 'iteration')) becomes the name); keep that, as its text.
+        name = str(name)
+        if not name:
+            raise ExtensionNameError(f"An extension name must be a non-empty string, got {name!r}.")
+        if name in _RESERVED_NAMES:
+            raise ExtensionNameError(
+                f"The extension name {name!r} is reserved by the manager; pass another name=..."
+            )
+        self.name = name
+        self.extension.name = name
 
     # PPE's private names, for code written against pytorch_pfn_extras' ExtensionEntry.
     _update_trigger = set_trigger

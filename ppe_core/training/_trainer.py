@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import types
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -30,7 +31,7 @@ from ppe_core.training._epoch_length import (
 )
 from ppe_core.training._evaluator import Evaluator
 from ppe_core.training._extension import PRIORITY_WRITER, Extension, ExtensionEntry
-from ppe_core.training._manager import named_models
+from ppe_core.training._manager import ExtensionsManager, named_models
 from ppe_core.training._manager_checks import check_manager_kwargs, missing_max_epochs_error
 from ppe_core.training._metric_checks import not_an_evaluator_error
 from ppe_core.training._resume import TrainerState, attach_resume_state
@@ -38,7 +39,6 @@ from ppe_core.training.triggers import get_trigger
 
 if TYPE_CHECKING:
     from ppe_core.handler import BaseHandler
-    from ppe_core.training._manager import ExtensionsManager
     from ppe_core.training._stop_reason import StopReason
 
 __all__ = [
@@ -94,10 +94,6 @@ def _normalize_evaluators(spec: EvaluatorSpec | None) -> dict[str, tuple[Evaluat
 
 def manager_arguments() -> list[str]:
     """The ExtensionsManager arguments a Trainer forwards (all but models, iters_per_epoch)."""
-    import inspect
-
-    from ppe_core.training._manager import ExtensionsManager
-
     skip = {"models", "iters_per_epoch"}
     return [k for k in inspect.signature(ExtensionsManager).parameters if k not in skip]
 
@@ -301,8 +297,6 @@ class Trainer:
             self._manager.load_state_dict(to_load)
 
     def _setup_manager(self, iters_per_epoch: int | None) -> ExtensionsManager:
-        from ppe_core.training._manager import ExtensionsManager
-
         if "max_epochs" not in self._kwargs:
             raise missing_max_epochs_error()
         manager = ExtensionsManager(
