@@ -47,12 +47,7 @@ from ppe_core.training._protocols import StateObjectProtocol
 from ppe_core.training._ranks import agree_on_collectives, device_of
 from ppe_core.training._resume import VERSION_KEY, ResumeStates, rank_resume_states
 from ppe_core.training._run_lock import ManagerRunLock
-from ppe_core.training._state import (
-    PPE_CORE_STATE_KEY,
-    PPE_FORMAT_VERSION,
-    TransformModel,
-    check_version,
-)
+from ppe_core.training._state import PPE_CORE_STATE_KEY
 from ppe_core.training._state_mismatch import (
     load_model_state,
     load_optimizer_state,
@@ -83,6 +78,17 @@ __all__ = [
     "default_transform_model",
     "identity_transform_model",
 ]
+
+
+#: ``transform_model(name, model)`` returns the module whose state is saved and observed.
+TransformModel = Callable[[str, torch.nn.Module], torch.nn.Module]
+
+#: The PPE release whose state format ppe-core writes, saved as ``state['ppe_version']``: PPE
+#: warns on load unless that field equals its own version, so ppe-core's version goes under
+#: ``state['_ppe_core']['version']`` (``_resume.VERSION_KEY``) instead.
+PPE_FORMAT_VERSION = "0.9.0"
+# PPE releases whose states load without a StateVersionWarning (the format is the same).
+_COMPATIBLE_PPE_VERSIONS = ("0.9.",)
 
 
 class _Writer(Protocol):
@@ -993,7 +999,7 @@ class ExtensionsManager(EpochLengthState):
         The layout: ``{'_start_iteration': int, '_start_execution': int, 'models': {name:
         state}, 'optimizers': {name: state}, 'state_objects': {name: state}, 'extensions':
         {name: {'extension': ..., 'trigger': ...}}, 'ppe_version': str}``; ``ppe_version`` is
-        :data:`~ppe_core.training._state.PPE_FORMAT_VERSION`. ppe-core's own version and resume
+        :data:`PPE_FORMAT_VERSION`. ppe-core's own version and resume
         data (a Trainer's RNG and loader states, its handler's state) go under
         :data:`PPE_CORE_STATE_KEY`, which PPE ignores. With the standard extensions it holds
         only tensors, numbers, strings and containers, so ``torch.load(...,
@@ -1043,7 +1049,18 @@ class ExtensionsManager(EpochLengthState):
         model_states = require_states(to_load, "models", self._models)
         optimizer_states = require_states(to_load, "optimizers", self._optimizers)
         require_iteration(to_load)
-        check_version(to_load.get("ppe_version"))
+        saved = to_load.get("ppe_version")
+        if saved != __version__ and not (
+            isinstance(saved, str) and saved.startswith(_COMPATIBLE_PPE_VERSIONS)
+        ):
+            written = "an unknown version" if saved is None else f"version {saved}"
+            warnings.warn(
+                StateVersionWarning(
+                    f"the loaded state was written by {written} (ppe-core is {__version__}, "
+                    "compatible with PPE 0.9); it loads, but states from other versions may differ"
+                ),
+                stacklevel=2,
+            )
         object_states: Mapping[str, Any] = {}
         if "state_objects" in to_load and self._objects:
             required = [n for n in self._objects if n not in self._optional]

@@ -144,8 +144,8 @@ class Trainer:
         check_manager_kwargs(kwargs, manager_arguments())
         self._kwargs = kwargs
         self._out_dir: str = kwargs.get("out_dir", "result")
-        stop_trigger = kwargs.pop("stop_trigger", None)
-        self._stop_trigger = None if stop_trigger is None else get_trigger(stop_trigger)
+        if kwargs.get("stop_trigger") is not None:  # checked now, not when run() starts
+            kwargs["stop_trigger"] = get_trigger(kwargs["stop_trigger"])
         self._enable_profile = bool(kwargs.get("enable_profile", profile is not None))
         self._enable_trace = bool(kwargs.get("enable_trace", False))
         self._evaluators = _normalize_evaluators(evaluator)
@@ -303,7 +303,6 @@ class Trainer:
             self.models,
             self.optimizers,
             iters_per_epoch=iters_per_epoch or PROVISIONAL_EPOCH_LENGTH,
-            stop_trigger=self._stop_trigger,
             **self._kwargs,
         )
         # PPE's trainer also reports each step's duration as ``elapsed_time``; ppe-core leaves
