@@ -91,8 +91,9 @@ class CodeBlockLogic(ModelLogic):
     """A Logic that runs each step as a code block, so the runtime executes the whole step.
 
     A training step is ``update_parameters(model, its optimizers, backward_outputs)(batch)``:
-    zero_grad, forward, backward and the optimizers' steps happen inside ``runtime.execute``;
-    an evaluation step is ``forward(model)(batch)``.
+    zero_grad, forward, backward and the optimizers' steps happen inside ``runtime.execute``
+    (``train_step_optimizers`` has nothing left to do: BaseLogic's does nothing); an evaluation
+    step is ``forward(model)(batch)``.
 
     The optimizers stepped are those holding parameters of the model named ``model_name``
     (PPE steps every optimizer of the trainer, which is the same set when each optimizer
@@ -144,14 +145,6 @@ class CodeBlockLogic(ModelLogic):
             names = self._optimizer_names
             self._targeted = (key, code_block_optimizers(model, optimizers, names, self.model_name))
         return update_parameters(model, self._targeted[1], self.backward_outputs)(batch)
-
-    def train_step_optimizers(
-        self,
-        models: Mapping[str, torch.nn.Module],
-        optimizers: Mapping[str, torch.optim.Optimizer],
-        batch_idx: int,
-    ) -> None:
-        """Nothing to do: the code block stepped the optimizers in ``train_step``."""
 
     def eval_step(self, models: Mapping[str, torch.nn.Module], batch_idx: int, batch: Any) -> Any:
         return forward(self._lookup(models, "model"))(batch)

@@ -29,23 +29,6 @@ from ppe_core.errors import (
 )
 from ppe_core.runtime import autocast_available
 
-__all__ = [
-    "check_autocast_device",
-    "check_closure_options",
-    "check_logic_options",
-    "check_optimizers_hold_models",
-    "check_something_trains",
-    "explain_dtype_mismatch",
-    "explain_forward_mismatch",
-    "holds_parameters",
-    "missing_report_keys",
-    "non_scalar_backward",
-    "pop_report_keys",
-    "unknown_name_error",
-    "warn_nothing_backpropagated",
-    "warn_skipped_backward",
-]
-
 
 def explain_forward_mismatch(model: torch.nn.Module, batch: Any, exc: TypeError) -> None:
     """Raise a clearer error when the batch does not fit ``forward``'s signature."""

@@ -35,19 +35,6 @@ from ppe_core.runtime import (
 )
 from ppe_core.runtime._execute import call_with_batch
 
-__all__ = [
-    "BaseLogic",
-    "ClousureLogic",
-    "ClousureModelOutput",
-    "Logic",
-    "ModelLogic",
-    "keep_modes",
-    "normalize_outputs",
-    "set_sampler_epoch",
-    "switch_mode",
-    "torch_autocast",
-]
-
 _T = TypeVar("_T")
 
 
@@ -400,10 +387,10 @@ class Logic(LogicScalerState, ModelLogic):
         neither the output nor the fix.
         """
         keys = self.backward_outputs
+        tensors = []
         if keys is None:
             # A loop, not a comprehension (no frame per step); ``not is_leaf`` is
             # ``grad_fn is not None`` without wrapping the graph node in a Python object.
-            tensors = []
             for v in outputs.values():
                 if (
                     isinstance(v, torch.Tensor)
@@ -415,7 +402,6 @@ class Logic(LogicScalerState, ModelLogic):
             if not tensors and not self._warned_nothing:
                 self._warned_nothing = warn_nothing_backpropagated(outputs)
             return tensors
-        tensors = []
         for key in (keys,) if isinstance(keys, str) else keys:
             value = outputs.get(key)
             if not isinstance(value, torch.Tensor) or value.grad_fn is None:

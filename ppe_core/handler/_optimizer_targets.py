@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -16,17 +16,6 @@ import torch
 from ppe_core.errors import ConfigurationError, ModelOutputError
 from ppe_core.handler._accumulation import Accumulation, no_sync
 from ppe_core.handler._diagnostics import check_something_trains, holds_parameters
-
-__all__ = [
-    "OptimizerTarget",
-    "Plan",
-    "Stage",
-    "StagedSteps",
-    "StepGroup",
-    "code_block_optimizers",
-    "parse_optimizer_names",
-    "parse_targets",
-]
 
 #: The keys an optimizer's entry in the ``optimizers`` option may have.
 TARGET_KEYS = ("model", "loss", "grad_scaler")
@@ -227,12 +216,7 @@ class StagedSteps(Accumulation):
             return plan
         targets = self._targets
         assert targets is not None
-        unknown = [name for name in targets if name not in optimizers]
-        if unknown:
-            raise ConfigurationError(
-                f"option 'optimizers' names {unknown}, but the trainer's optimizers are named "
-                f"{sorted(optimizers)}; key the option by those names (a bare optimizer is 'main')"
-            )
+        refuse_unknown(targets, optimizers, "option 'optimizers'")
         unlisted = [name for name in optimizers if name not in targets]
         if unlisted:
             raise ConfigurationError(
@@ -261,9 +245,7 @@ class StagedSteps(Accumulation):
                     f"{name!r} it steps on; set its 'model' to the model whose forward computes "
                     f"its loss and holds its parameters (models: {sorted(models)})"
                 )
-            stage = stages.get(name)
-            if stage is None:
-                stage = stages[name] = Stage(name, model, [], [])
+            stage = stages.setdefault(name, Stage(name, model, [], []))
             key = target.loss if target.loss is not None else loss
             scaler = target.grad_scaler if target.grad_scaler is not None else self._grad_scaler
             group = groups.get((name, key))
@@ -340,10 +322,6 @@ class StagedSteps(Accumulation):
                             self._backward_fn(t)
                     else:
                         torch.autograd.backward(tensors)
-            if not stage.checked:
-                stage.checked = True
-                if any(group.loss is None for group in groups) and self.backward_outputs is None:
-                    check_something_trains(model, named)
             if len(stages) == 1:
                 return outputs
             merged.update(self.named_outputs(outputs))
@@ -352,7 +330,9 @@ class StagedSteps(Accumulation):
         return merged
 
     def _check_stage(self, stage: Stage, outputs: Mapping[str, Any]) -> None:
-        """At a stage's first step: each named loss is an output that backpropagates."""
+        """At a stage's first step: each named loss is an output that backpropagates, and
+        with a default loss, something can train (what the backward then does cannot change
+        that: it backpropagates only outputs with a graph)."""
         for group in stage.groups:
             for key in group.loss or ():
                 if key not in outputs:
@@ -374,6 +354,9 @@ class StagedSteps(Accumulation):
                         f"{tuple(value.shape)}, but backward needs a scalar; reduce it in "
                         "forward (e.g. loss.mean())"
                     )
+        if any(group.loss is None for group in stage.groups) and self.backward_outputs is None:
+            check_something_trains(stage.model, outputs)
+        stage.checked = True
 
     def _step_stage(self, stage: Stage) -> None:
         """Steps the stage's optimizers, each through its group's scaler, then updates the
@@ -387,6 +370,20 @@ class StagedSteps(Accumulation):
                     scaler.step(optimizer)
         for scaler in stage.updates:
             scaler.update()
+
+
+def refuse_unknown(names: Iterable[str], optimizers: Mapping[str, Any], option: str) -> None:
+    """Refuses ``option`` (its text in the message) naming optimizers the trainer lacks.
+
+    Raises:
+        ConfigurationError: a name in ``names`` is not a key of ``optimizers``.
+    """
+    unknown = [name for name in names if name not in optimizers]
+    if unknown:
+        raise ConfigurationError(
+            f"{option} names {unknown}, but the trainer's optimizers are named "
+            f"{sorted(optimizers)}; key the option by those names (a bare optimizer is 'main')"
+        )
 
 
 def parse_optimizer_names(names: Any) -> tuple[str, ...]:
@@ -428,12 +425,7 @@ def code_block_optimizers(
                 "one from that model's parameters, or set model_name to the model they train"
             )
         return chosen
-    unknown = [n for n in names if n not in optimizers]
-    if unknown:
-        raise ConfigurationError(
-            f"CodeBlockLogic option 'optimizers' names {unknown}, but the trainer's "
-            f"optimizers are named {sorted(optimizers)}"
-        )
+    refuse_unknown(names, optimizers, "CodeBlockLogic option 'optimizers'")
     idle = [n for n in names if not holds_parameters(optimizers[n], model.parameters())]
     if idle:
         raise ConfigurationError(
