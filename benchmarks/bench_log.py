@@ -15,21 +15,24 @@ log costs per step. The file is read back at the end to check it holds N + steps
 
 ``tracking``: per-step time of LogReport alone and of LogReport + ``MLflowLogger`` against a
 local ``mlflow server`` (SQLite store, a free port) that the section starts and stops, and of
-LogReport + ``WandbLogger`` offline (when wandb is installed), each with its client on a
-thread and in a sender process, in two settings: an entry every iteration (the worst case)
-and every 100 iterations (a realistic trigger), and in two layouts of the CPUs: ``shared
-CPUs`` (training, the tracker's threads, its sender process and the server on every CPU) and
-``own core`` (the training thread alone on the first CPU, everything else on the others, as
-on a machine with cores to spare; only with two CPUs or more). The timed window starts after
-the first entry, once the tracker's run is open and its backlog sent (a sender process takes
-seconds to start). Three clocks: the
-training thread's CPU time (``time.thread_time``: what the step path pays), the process's CPU
-time (a worker thread's client included; a sender process's not) and wall time. The
-tracker's cost is given per step and per entry. Then, unless ``--quick`` or without
-valgrind, callgrind counts the instructions per step of the training thread and of the
-process's other threads (``--separate-threads``) over 300 steps with an entry each, for a
-no-op backend, W&B and MLflow on each sender. Skipped, saying so, when mlflow is not
-installed.
+LogReport + ``WandbLogger`` offline (when wandb is installed), each with its client on a thread
+and in a sender process, in two settings: an entry every iteration (the worst case) and every
+100 iterations (a realistic trigger), and in layouts of the CPUs: ``shared CPUs`` (training,
+the tracker's threads, its sender process and the server on every CPU) and ``own core`` (the
+training thread alone on the first CPU, everything else on the others, as on a machine with
+cores to spare; only with two CPUs or more), and, for MLflow, a third: ``server paused`` (the
+server's processes stopped with SIGSTOP during the timed window and resumed after it: the
+server spends no CPU beside training and the tracker's client waits on its open request, so
+what remains beside LogReport alone is the tracker's own work in the training process; the
+queue holds the window's entries and they are sent after it). The timed window starts after the
+first entry, once the tracker's run is open and its backlog sent (a sender process takes
+seconds to start). Three clocks: the training thread's CPU time (``time.thread_time``: what the
+step path pays), the process's CPU time (a worker thread's client included; a sender process's
+not) and wall time. The tracker's cost is given per step and per entry. Then, unless
+``--quick`` or without valgrind, callgrind counts the instructions per step of the training
+thread and of the process's other threads (``--separate-threads``) over 300 steps with an entry
+each, for a no-op backend, W&B and MLflow on each sender. Skipped, saying so, when mlflow is
+not installed.
 """
 
 from __future__ import annotations
@@ -392,6 +395,23 @@ def _take_own_core(tracker: Any, iteration: int, layout: tuple[set[int], set[int
     return take_own_core
 
 
+def _pause_server(server: MlflowServer, start: int, end: int) -> Any:
+    """An extension that stops the server's processes (SIGSTOP) at iteration ``start``, just
+    before the timed window, and lets them go on (SIGCONT) at ``end``, once it is read: the
+    ``server paused`` layout, where the server spends no CPU during the window while the
+    tracker queues and its client waits on the open request."""
+
+    @ppe.training.make_extension(
+        trigger=ppe.training.triggers.ManualScheduleTrigger([start, end], "iteration"),
+        priority=-999,  # before the window's mark at ``start``; the window ends at ``end``
+    )
+    def pause_server(manager: Any) -> None:
+        paused = manager.iteration == start
+        os.killpg(server.process.pid, signal.SIGSTOP if paused else signal.SIGCONT)
+
+    return pause_server
+
+
 def section_tracking(report: Any, args: argparse.Namespace) -> None:
     """Per-step time of LogReport + a tracker (MLflowLogger against a local server, W&B
     offline), on a thread and in a sender process, beside LogReport alone, with an entry
@@ -418,7 +438,7 @@ def section_tracking(report: Any, args: argparse.Namespace) -> None:
     trackers: dict[tuple[str, int, str], list[Any]] = {}
 
     own_core = _own_core_layout()
-    layouts = ["shared CPUs"] + (["own core"] if own_core is not None else [])
+    layouts = ["shared CPUs"] + (["own core"] if own_core is not None else []) + ["server paused"]
     every_cpu = set(os.sched_getaffinity(0)) if own_core is not None else set()
 
     def variant(layout: str, every: int, name: str) -> Callable[[], list[Any]]:
@@ -430,6 +450,9 @@ def section_tracking(report: Any, args: argparse.Namespace) -> None:
             if tracker is not None:
                 trackers.setdefault((layout, every, name), []).append(tracker)
                 chosen += [tracker, _until_sending(tracker, _tracking_skip(every) - 1)]
+            if layout == "server paused":
+                skip = _tracking_skip(every)
+                chosen.append(_pause_server(server, skip, skip + steps))
             if layout == "own core":
                 assert own_core is not None
                 chosen.append(_take_own_core(tracker, _tracking_skip(every) - 1, own_core))
@@ -445,6 +468,8 @@ def section_tracking(report: Any, args: argparse.Namespace) -> None:
         for layout in layouts
         for every in TRACKING_INTERVALS
         for name in factories
+        # W&B runs offline: pausing the MLflow server changes nothing for it.
+        if layout != "server paused" or not name.startswith("WandbLogger")
     }
     clocks: dict[tuple[str, int, str], list[Clocks]] = {key: [] for key in variants}
     # The local server's CPU time over the MLflow runs, and the entries they sent it.
