@@ -356,20 +356,6 @@ def _current_or_new_reporter() -> Reporter:
         return Reporter()
 
 
-def _merge_summaries(parts: Iterable[Any]) -> DictSummary:
-    """One summary holding the sums of ``parts`` (DictSummaries or their state dicts)."""
-    totals: dict[str, dict[str, float]] = {}
-    for part in parts:
-        state = part.state_dict() if isinstance(part, DictSummary) else part
-        for key, sums in state.items():
-            total = totals.setdefault(key, {"_x": 0.0, "_x2": 0.0, "_n": 0.0})
-            for field in ("_x", "_x2", "_n"):
-                total[field] += float(sums[field])
-    merged = DictSummary()
-    merged.load_state_dict(totals)
-    return merged
-
-
 class DistributedEvaluator(Evaluator):
     """An :class:`Evaluator` whose result averages over all ``torch.distributed`` ranks.
 
@@ -399,7 +385,13 @@ class DistributedEvaluator(Evaluator):
 
     def _gather_summaries(self, summary: DictSummary) -> DictSummary:
         # Plain-float sums travel (one device sync here), never tensors of some device.
-        return _merge_summaries(_dist_gather(summary.state_dict()))
+        merged = DictSummary()
+        for part in _dist_gather(summary.state_dict()):  # state dicts (or DictSummaries)
+            if not isinstance(part, DictSummary):
+                state, part = part, DictSummary()
+                part.load_state_dict(state)
+            merged += part
+        return merged
 
 
 class IgniteEvaluator(Evaluator):

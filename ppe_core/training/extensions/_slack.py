@@ -19,7 +19,7 @@ import sys
 import traceback
 import types
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ppe_core.errors import SlackPostWarning, SlackTokenError
@@ -108,16 +108,20 @@ class _SlackBase(Extension):
 
     def _format(
         self,
-        msg: MessageLike,
-        default: Callable[[ManagerView, Any], str] | None,
+        msg: str | Callable[..., str],
+        default: Callable[..., str] | None,
         manager: ManagerView,
+        *args: Any,
+        fields: Mapping[str, Any] | None = None,
     ) -> str:
+        """A template sees ``manager``, ``context``, ``default`` and ``fields`` (the reported
+        values when None); a callable message (and ``default``) gets ``(manager, *args,
+        context)``."""
         if not isinstance(msg, str):
-            return msg(manager, self._context)
-        default_text = "" if default is None else default(manager, self._context)
-        return msg.format(
-            manager=manager, context=self._context, default=default_text, **manager.observation
-        )
+            return msg(manager, *args, self._context)
+        default_text = "" if default is None else default(manager, *args, self._context)
+        fields = manager.observation if fields is None else fields
+        return msg.format(manager=manager, context=self._context, default=default_text, **fields)
 
     def __call__(self, manager: ManagerView) -> None:
         """Posts ``msg`` (and uploads ``filenames`` when their trigger fires)."""
@@ -148,19 +152,11 @@ class _SlackBase(Extension):
         self, manager: ManagerView, exc: BaseException, tb: types.TracebackType | None
     ) -> None:
         """Posts ``error_msg``; its template also sees ``{error}``."""
-        msg = self._error_msg
-        if msg is None:
-            return
-        if isinstance(msg, str):
-            text = msg.format(
-                manager=manager,
-                context=self._context,
-                default=_default_error_msg(manager, exc, self._context),
-                error=exc,
+        if self._error_msg is not None:
+            text = self._format(
+                self._error_msg, _default_error_msg, manager, exc, fields={"error": exc}
             )
-        else:
-            text = msg(manager, exc, self._context)
-        self._post_message(text)
+            self._post_message(text)
 
 
 def _post_json(url: str, payload: dict[str, Any], headers: dict[str, str]) -> Any:

@@ -78,6 +78,14 @@ class SnapshotMode(enum.Enum):
     DCP = enum.auto()
 
 
+_MODE_CLASSES: dict[SnapshotMode, type[_Snapshot]] = {
+    SnapshotMode.DEFAULT: _Snapshot,
+    SnapshotMode.DISTRIBUTED: _DistributedSnapshot,
+    SnapshotMode.SHARDED: _ShardedSnapshot,
+    SnapshotMode.DCP: _DCPSnapshot,
+}
+
+
 def snapshot(
     savefun: Callable[..., Any] | None = None,
     filename: str | Callable[[Any], str] = "snapshot_iter_{.iteration}",
@@ -148,32 +156,26 @@ def snapshot(
             "savefun and writer cannot be given together (as in PPE): pass the writer alone, "
             "or savefun alone to write through the manager's writer"
         )
-    kwargs: dict[str, Any] = {
-        "target": target,
-        "condition": condition,
-        "writer": writer,
-        "filename": filename,
-        "snapshot_on_error": snapshot_on_error,
-        "n_retains": n_retains,
-        "autoload": autoload,
-        "savefun": savefun,
-    }
-    if snapshot_mode is SnapshotMode.DEFAULT:
-        return _Snapshot(saver_rank=saver_rank, **kwargs)
     if not isinstance(snapshot_mode, SnapshotMode):
         raise ArgumentTypeError(
             f"snapshot_mode must be a SnapshotMode (DEFAULT, DISTRIBUTED, SHARDED or DCP), got "
             f"{snapshot_mode!r}"
         )
-    if saver_rank is None:
+    if snapshot_mode is not SnapshotMode.DEFAULT and saver_rank is None:
         raise ConfigurationError(
             f"snapshot_mode=SnapshotMode.{snapshot_mode.name} needs saver_rank= (e.g. 0)"
         )
-    if snapshot_mode is SnapshotMode.DISTRIBUTED:
-        return _DistributedSnapshot(saver_rank=saver_rank, **kwargs)
-    if snapshot_mode is SnapshotMode.DCP:
-        return _DCPSnapshot(saver_rank=saver_rank, **kwargs)
-    return _ShardedSnapshot(saver_rank=saver_rank, **kwargs)
+    return _MODE_CLASSES[snapshot_mode](
+        target=target,
+        condition=condition,
+        writer=writer,
+        filename=filename,
+        snapshot_on_error=snapshot_on_error,
+        n_retains=n_retains,
+        autoload=autoload,
+        savefun=savefun,
+        saver_rank=saver_rank,
+    )
 
 
 def snapshot_object(
