@@ -45,9 +45,7 @@ class Accumulation:
         """(size of the accumulation window holding batch_idx, whether batch_idx ends it)."""
         n = self.grad_accumulation_steps
         start = batch_idx - batch_idx % n
-        end = start + n
-        if self._epoch_length is not None and end > self._epoch_length:
-            end = self._epoch_length
+        end = start + n if self._epoch_length is None else min(start + n, self._epoch_length)
         return end - start, batch_idx + 1 >= end
 
     def _accumulate(

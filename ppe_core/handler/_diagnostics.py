@@ -102,13 +102,13 @@ def _grad_state(value: Any) -> str:
     return f"a {type(value).__name__}, not a tensor"
 
 
-#: Phrases of PyTorch's errors for operands of different dtypes (matmul, conv, embedding...).
+#: Phrases of PyTorch's errors for operands of different dtypes (matmul, conv, embedding...;
+#: "same dtype" also matches dot's "expected both vectors to have same dtype").
 _DTYPE_ERRORS = (
     "same dtype",
     "expected scalar type",
     "should be the same",
     "Found dtype",
-    "expected both vectors to have same dtype",
 )
 
 

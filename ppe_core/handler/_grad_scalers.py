@@ -57,13 +57,8 @@ class LogicScalerState(StagedSteps):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore the grad scalers' states (each ignored when this logic has no such scaler)."""
-        scaler_state = state.get("grad_scaler")
-        if scaler_state is not None and self._grad_scaler is not None:
-            self._grad_scaler.load_state_dict(scaler_state)
-        own = self._own_scalers()
-        for name, value in state.get("grad_scalers", {}).items():
-            if name in own:
-                own[name].load_state_dict(value)
+        _load_states({"grad_scaler": self._grad_scaler}, state)
+        _load_states(self._own_scalers(), state.get("grad_scalers", {}))
 
 
 class HandlerScalerState:
@@ -93,10 +88,17 @@ class HandlerScalerState:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore the grad scaler's state (ignored without a grad scaler) and the logic's."""
-        scaler = self._grad_scaler()
-        scaler_state = state.get("grad_scaler")
-        if scaler is not None and scaler_state is not None:
-            scaler.load_state_dict(scaler_state)
+        _load_states({"grad_scaler": self._grad_scaler()}, state)
         logic = state.get("logic")
         if isinstance(logic, Mapping) and logic:
             self._logic.load_state_dict(logic)
+
+
+def _load_states(
+    scalers: Mapping[str, torch.amp.GradScaler | None], state: Mapping[str, Any]
+) -> None:
+    """Restores each scaler from ``state`` under its key (skipped without the state or the
+    scaler)."""
+    for key, scaler in scalers.items():
+        if scaler is not None and state.get(key) is not None:
+            scaler.load_state_dict(state[key])

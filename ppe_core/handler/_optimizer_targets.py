@@ -311,17 +311,15 @@ class StagedSteps(Accumulation):
                         tensors = [t / window for t in tensors]
                     if group.scaler is not None:
                         tensors = [group.scaler.scale(t) for t in tensors]
-                    if plan.restrict:
-                        # Only this group's parameters: a generator's loss must not leave
-                        # gradients on the discriminator. Later groups reuse the graph.
-                        torch.autograd.backward(
-                            tensors, inputs=group.parameters(), retain_graph=i < len(groups) - 1
-                        )
-                    elif self._backward_fn is not None:
+                    if self._backward_fn is not None:  # one group: the plan refuses more
                         for t in tensors:
                             self._backward_fn(t)
                     else:
-                        torch.autograd.backward(tensors)
+                        # Several groups: only this group's parameters (a generator's loss must
+                        # not leave gradients on the discriminator); later ones reuse the graph.
+                        inputs = group.parameters() if plan.restrict else None
+                        retain = i < len(groups) - 1
+                        torch.autograd.backward(tensors, inputs=inputs, retain_graph=retain)
             if len(stages) == 1:
                 return outputs
             merged.update(self.named_outputs(outputs))
