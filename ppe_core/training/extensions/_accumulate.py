@@ -63,13 +63,17 @@ class _Summary:
     def state_dict(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
+    def absorb(self, state: Mapping[str, Any]) -> None:
+        """Adds what another summary's :meth:`state_dict` holds."""
         raise NotImplementedError
 
     @classmethod
     def merged(cls, states: Iterable[Mapping[str, Any]]) -> _Summary:
-        """The summary of several processes' :meth:`state_dict` outputs combined."""
-        raise NotImplementedError
+        """The summary of :meth:`state_dict` outputs (several processes', or one to restore)."""
+        summary = cls()
+        for state in states:
+            summary.absorb(state)
+        return summary
 
 
 class _AverageSummary(_Summary):
@@ -88,18 +92,10 @@ class _AverageSummary(_Summary):
         # PPE's layout: the running mean and the count.
         return {"_x": float(self.compute()) if self._n else 0.0, "_n": self._n}
 
-    def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
-        self._n = int(to_load["_n"])
-        self._sum = float(to_load["_x"]) * self._n
-
-    @classmethod
-    def merged(cls, states: Iterable[Mapping[str, Any]]) -> _Summary:
-        summary = cls()
-        for state in states:
-            n = int(state["_n"])
-            summary._sum += float(state["_x"]) * n
-            summary._n += n
-        return summary
+    def absorb(self, state: Mapping[str, Any]) -> None:
+        n = int(state["_n"])
+        self._sum += float(state["_x"]) * n
+        self._n += n
 
 
 class _MomentsSummary(_Summary):
@@ -130,19 +126,10 @@ class _MomentsSummary(_Summary):
     def state_dict(self) -> dict[str, Any]:
         return {"_x": float(self._x), "_x2": float(self._x2), "_n": float(self._n)}
 
-    def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
-        self._x = float(to_load["_x"])
-        self._x2 = float(to_load["_x2"])
-        self._n = float(to_load["_n"])
-
-    @classmethod
-    def merged(cls, states: Iterable[Mapping[str, Any]]) -> _Summary:
-        summary = cls()
-        for state in states:
-            summary._x += float(state["_x"])
-            summary._x2 += float(state["_x2"])
-            summary._n += float(state["_n"])
-        return summary
+    def absorb(self, state: Mapping[str, Any]) -> None:
+        self._x += float(state["_x"])
+        self._x2 += float(state["_x2"])
+        self._n += float(state["_n"])
 
 
 class _UnbiasedMomentsSummary(_MomentsSummary):
@@ -176,17 +163,10 @@ class _ExtremeSummary(_Summary):
     def state_dict(self) -> dict[str, Any]:
         return {self.key: float(self.compute())}
 
-    def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
-        value = float(to_load[self.key])
-        self._value = None if math.isinf(value) else value
-
-    @classmethod
-    def merged(cls, states: Iterable[Mapping[str, Any]]) -> _Summary:
-        summary = cls()
-        for state in states:
-            # An empty part's -inf (+inf for the minimum) leaves the extreme as it is.
-            summary.add(float(state[cls.key]))
-        return summary
+    def absorb(self, state: Mapping[str, Any]) -> None:
+        value = float(state[self.key])
+        if not math.isinf(value):  # an empty summary's -inf (+inf for the minimum)
+            self.add(value)
 
 
 class _MinSummary(_ExtremeSummary):
@@ -273,7 +253,7 @@ class AccumulateBase(Extension):
         trigger_state = to_load.get("_trigger")
         if trigger_state is not None:
             self._trigger.load_state_dict(trigger_state)
-        self._summary.load_state_dict(to_load["_summary"])
+        self._summary = self._summary_class.merged([to_load["_summary"]])
 
 
 class AverageAccumulate(AccumulateBase):

@@ -274,21 +274,17 @@ class VariableStatisticsPlot(Extension):
         for col, key in enumerate(self._keys):
             axes[0, col].set_title(key)
             if has_moments:  # the first row; the percentiles' is the last
-                ax = axes[0, col]
-                if self._plot_mean and self._plot_std:
-                    ax.errorbar(
-                        idxs,
-                        data[:, col, 0],
-                        data[:, col, 1],
-                        color=_COLOR,
-                        ecolor=_COLOR,
-                        elinewidth=0.5,
-                        label="mean, std",
-                        marker=self._marker,
-                    )
-                else:
-                    label = "mean" if self._plot_mean else "std"
-                    ax.plot(idxs, data[:, col, 0], color=_COLOR, label=label, marker=self._marker)
+                both = self._plot_mean and self._plot_std
+                axes[0, col].errorbar(
+                    idxs,
+                    data[:, col, 0],
+                    data[:, col, 1] if both else None,  # the std as error bars around the mean
+                    color=_COLOR,
+                    ecolor=_COLOR,
+                    elinewidth=0.5,
+                    label="mean, std" if both else "mean" if self._plot_mean else "std",
+                    marker=self._marker,
+                )
             if self._n_percentile:
                 self._plot_percentiles(axes[-1, col], idxs, data[:, col, offset:])
             axes[-1, col].set_xlabel("iteration")
