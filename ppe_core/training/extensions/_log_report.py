@@ -62,17 +62,21 @@ def infer_format(filename: str) -> str:
     )
 
 
-def _checked_format(format: str | None, filename: str, caller: str) -> str:
-    """``format``, or when None the one ``filename``'s suffix names, checked for ``caller``."""
+def _checked_format(
+    format: str | None, filename: str, caller: str, formats: Sequence[str] = LOG_REPORT_FORMATS
+) -> str:
+    """``format``, or when None the one ``filename``'s suffix names, checked for ``caller``
+    (which accepts ``formats``)."""
     fmt = infer_format(filename) if format is None else format
-    if fmt not in LOG_REPORT_FORMATS:
+    if fmt not in formats:
+        suffixes = [suffix for suffix, named in _SUFFIX_FORMATS.items() if named in formats]
         raise ConfigurationError(
-            f"{caller} format must be one of {list(LOG_REPORT_FORMATS)}, got {fmt!r}; pass one "
-            "of them, or leave format out and end the filename in .json, .jsonl, .yaml or .csv"
+            f"{caller} format must be one of {list(formats)}, got {fmt!r}; pass one of them, "
+            f"or leave format out and end the filename in one of {suffixes}"
         )
     if fmt == "yaml" and importlib.util.find_spec("yaml") is None:
         raise OptionalDependencyError(
-            "LogReport(format='yaml') needs PyYAML, which is not installed; run "
+            f"{caller}(format='yaml') needs PyYAML, which is not installed; run "
             "`pip install pyyaml`, or use format='json' or 'json-lines'"
         )
     return fmt

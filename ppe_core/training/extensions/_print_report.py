@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from ppe_core.distributed import group_world
@@ -147,8 +147,14 @@ class PrintReport(Extension):
             self._update_columns(new, log_report)
         if group_world()[1] != 0:  # under torch.distributed only rank 0 prints the table
             return
-        with self._external_write():
-            out = self._out
+        out = self._out
+        # A tqdm bar on the same terminal is cleared and redrawn around the rows, so rows and
+        # bar do not overwrite each other. tqdm is only consulted if something imported it.
+        tqdm_module = sys.modules.get("tqdm")
+        writing: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+        if tqdm_module is not None and is_terminal(out):
+            writing = tqdm_module.tqdm.external_write_mode(file=out)
+        with writing:
             if self._header_due:
                 out.write(self._header())
                 self._header_due = False
@@ -179,17 +185,6 @@ class PrintReport(Extension):
             _format_cell(entry.get(name, ""), max(_MIN_WIDTH, len(name))) for name in self._columns
         )
         return "".join(cells) + "\n"
-
-    @contextlib.contextmanager
-    def _external_write(self) -> Iterator[None]:
-        # A tqdm bar on the same terminal is cleared and redrawn around the rows, so rows and
-        # bar do not overwrite each other. tqdm is only consulted if something imported it.
-        tqdm_module = sys.modules.get("tqdm")
-        if tqdm_module is None or not is_terminal(self._out):
-            yield
-            return
-        with tqdm_module.tqdm.external_write_mode(file=self._out):
-            yield
 
     def state_dict(self) -> dict[str, Any]:
         """Returns how many log entries were printed and the inferred columns.

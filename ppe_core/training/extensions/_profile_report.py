@@ -7,10 +7,15 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ppe_core._time_summary import TimeSummary, get_time_summary
-from ppe_core.errors import ConfigurationError, missing_extra_error
+from ppe_core.errors import ConfigurationError
 from ppe_core.reporting import to_floats
 from ppe_core.training._extension import Extension
-from ppe_core.training.extensions._log_report import LOG_FORMATS, LogSaver, infer_format
+from ppe_core.training.extensions._log_report import (
+    LOG_FORMATS,
+    LogSaver,
+    _checked_format,
+    infer_format,
+)
 from ppe_core.training.triggers import get_trigger
 from ppe_core.writing._extension_files import WriterLike, write_file
 
@@ -65,25 +70,14 @@ class ProfileReport(Extension):
     ) -> None:
         if filename is None:
             filename = "log" if log_name is None else log_name
-        if format is None:
-            inferred = infer_format(filename)
-            format = inferred if inferred in LOG_FORMATS else "json"  # .csv: LogReport's only
-        if format not in LOG_FORMATS:
-            raise ConfigurationError(
-                f"ProfileReport format must be one of {list(LOG_FORMATS)}, got {format!r}"
-            )
+        if format is None and infer_format(filename) == "csv":
+            format = "json"  # LogReport's format only
+        format = _checked_format(format, filename, "ProfileReport", LOG_FORMATS)
         if append and format == "json":
             raise ConfigurationError(
                 "ProfileReport cannot append to a 'json' file (the result would not be valid "
                 "JSON); use format='json-lines' (or a .jsonl file name) with append=True"
             )
-        if format == "yaml":
-            try:
-                import yaml  # noqa: F401
-            except ImportError:
-                raise missing_extra_error(
-                    "ProfileReport(format='yaml')", "pyyaml", "yaml"
-                ) from None
         self._store_keys = (
             None
             if store_keys is None

@@ -94,7 +94,6 @@ class _TqdmDisplay:
     def __init__(
         self, tqdm_class: Any, out: IO[str], progress: _Progress, start: int, bar_length: int
     ) -> None:
-        self._progress = progress
         total = progress.total
         bar_format = None
         if total:
@@ -127,7 +126,6 @@ class _TqdmDisplay:
     def rebase(self, iteration: int) -> None:
         """Counts from ``iteration``: ``reset`` restarts tqdm's clock and rate averages, and
         ``initial`` makes its rate ``(n - initial) / elapsed`` count the resumed iterations."""
-        self._progress.rebase(iteration)
         bar = self._bar
         bar.reset(total=bar.total)
         bar.n = bar.last_print_n = bar.initial = iteration
@@ -200,34 +198,25 @@ class ProgressBar(Extension):
         #: The iteration at initialize until the first update (then None).
         self._initial: int | None = None
 
-    def _length(self, manager: ManagerView) -> tuple[float, str] | None:
-        if self._training_length is not None:
-            return self._training_length
-        # Not part of ManagerView (PPE's managers lack it): an ExtensionsManager has it.
-        announced = getattr(manager, "training_length", None)
-        return None if announced is None else _check_length(announced)
-
-    def _total_iterations(self, manager: ManagerView) -> int | None:
-        length = self._length(manager)
-        if length is None:
-            return None
-        amount, unit = length
-        if unit == "iteration":
-            return int(amount)
-        if not _length_known(manager):
-            return None  # counts without a total until the loader runs out
-        return math.ceil(amount * manager.iters_per_epoch)
-
     def initialize(self, manager: ManagerView) -> None:
         """Works out the total and the update interval, and shows the bar at its start."""
-        total = self._total_iterations(manager)
+        length = self._training_length
+        if length is None:
+            # Not part of ManagerView (PPE's managers lack it): an ExtensionsManager has it.
+            announced = getattr(manager, "training_length", None)
+            length = None if announced is None else _check_length(announced)
+        known = _length_known(manager)
+        total: int | None = None  # counts without a total until the loader runs out
+        if length is not None and length[1] == "iteration":
+            total = int(length[0])
+        elif length is not None and known:
+            total = math.ceil(length[0] * manager.iters_per_epoch)
         if total:
             self._schedule.interval = max(1, min(self._update_interval, total // _MIN_UPDATES))
         start = self._initial = manager.iteration
-        known = _length_known(manager)
         self._length_unknown = not known
         per_epoch = manager.iters_per_epoch if known else None
-        progress = _Progress(total, per_epoch, start, self._length(manager))
+        progress = _Progress(total, per_epoch, start, length)
         out = self._out
         if group_world()[1] != 0:
             self._display = NoDisplay()

@@ -83,9 +83,9 @@ class _Snapshot(SnapshotRanks):
         self.n_retains = n_retains
         self.autoload = autoload
         self._saver_rank = saver_rank
-        self._savefun = savefun or torch.save
-        # What a writer's __call__ receives as savefun, as in PPE (None: the writer's default).
-        self._given_savefun = savefun
+        # What a writer's __call__ receives as savefun, as in PPE (None: the writer's default,
+        # torch.save).
+        self._savefun = savefun
         # With a background writer: the outcome of the save in flight (at most one).
         self._in_flight: Future[None] | None = None
         # The large host buffers of the last background snapshot, refilled by the next one.
@@ -96,7 +96,7 @@ class _Snapshot(SnapshotRanks):
         self._sharded = False
 
     #: Whether the files keep every rank's shards of sharded (DTensor) state; if not, such
-    #: state is refused (:meth:`_find_sharded`).
+    #: state is refused (:meth:`_setup`).
     _holds_shards = False
 
     @property
@@ -137,12 +137,6 @@ class _Snapshot(SnapshotRanks):
             functools.partial(describe_path, self._target is None),
             None if self._holds_shards else self._sharded_error,
         )
-
-    def _find_sharded(self, manager: Any) -> None:
-        """Notes whether a saved model, optimizer or custom target holds sharded tensors; a
-        mode that writes one rank's state raises then, on every rank, before training."""
-        refuse = None if self._holds_shards else self._sharded_error
-        self._sharded = find_sharded(saved_objects(self._target, manager), refuse)
 
     def _sharded_error(self, what: str) -> ShardedStateError:
         return sharded_error(
@@ -200,9 +194,11 @@ class _Snapshot(SnapshotRanks):
         here, not after an epoch of training), and a writer of the snapshot's own is
         initialized (creating its directory and removing temporary files that writers
         killed in an earlier run left behind). A mode that writes one rank's state refuses
-        sharded models and optimizers here, on every rank, before training or autoload.
+        sharded models and optimizers here, on every rank, before training or autoload; the
+        others note whether a saved model, optimizer or custom target holds sharded tensors.
         """
-        self._find_sharded(manager)
+        refuse = None if self._holds_shards else self._sharded_error
+        self._sharded = find_sharded(saved_objects(self._target, manager), refuse)
         check_template(self.filename, manager)
         if self.writer is not None and self.writer is not getattr(manager, "writer", None):
             self.writer.initialize(manager.out)
@@ -286,7 +282,7 @@ class _Snapshot(SnapshotRanks):
         # hashes and writes both files (data file first, then its manifest, so a crash never
         # leaves a manifest without data). Buffers are not reused when a custom savefun, which
         # might keep what it was given, serializes.
-        reuse = self._host_buffers if self._savefun is torch.save else None
+        reuse = self._host_buffers if self._savefun in (None, torch.save) else None
         self._in_flight = writer.submit(
             functools.partial(commit, host_copy(self._state(manager), reuse))
         )
@@ -299,7 +295,7 @@ class _Snapshot(SnapshotRanks):
         snapshot's job calls in their worker) or a plain :class:`SimpleWriter`. Otherwise
         None: the writer is called with the state and ``savefun``, as in PPE (see :meth:`_commit`).
         """
-        if self._savefun is not torch.save or not isinstance(writer, Writer):
+        if self._savefun not in (None, torch.save) or not isinstance(writer, Writer):
             return None
         if not writer.writes_local_files or type(writer).save is not Writer.save:
             return None
@@ -346,7 +342,7 @@ class _Snapshot(SnapshotRanks):
 
         def save(name: str, data: Any, savefun: Any) -> None:
             if writer.in_background:  # its __call__ would save later, in another worker
-                writer.save(name, out_dir, data, savefun or self._savefun, False)
+                writer.save(name, out_dir, data, savefun or torch.save, False)
             else:
                 writer(name, out_dir, data, savefun=savefun)
 
@@ -356,7 +352,7 @@ class _Snapshot(SnapshotRanks):
                 filename, out_dir, lambda tmp: save_and_hash(state, tmp)
             )
         else:
-            save(filename, state, self._given_savefun)
+            save(filename, state, self._savefun)
             written = written_digest(writer, os.path.join(files_dir, filename))
             if written is None:
                 return
