@@ -342,18 +342,17 @@ class Logic(LogicScalerState, ModelLogic):
         super().consume_options(options)
         check_logic_options(options)
         # An option left out (or None) keeps its current value; the checks above make every
-        # given value but autocast's truthy.
+        # given value but autocast's truthy. Each is set on the instance (the class defaults
+        # are read once, here): the step reads instance attributes.
         self.backward_outputs = options.pop("backward_outputs", None) or self.backward_outputs
         self._backward_fn = options.pop("backward_function", None) or self._backward_fn
         autocast = options.pop("autocast", None)
-        if autocast is not None:
-            self._autocast = _AutocastManager(autocast)
+        self._autocast = self._autocast if autocast is None else _AutocastManager(autocast)
         self._grad_scaler = options.pop("grad_scaler", None) or self._grad_scaler
         steps = options.pop("grad_accumulation_steps", None)
         self.grad_accumulation_steps = steps or self.grad_accumulation_steps
         targets = options.pop("optimizers", None)
-        if targets is not None:
-            self._targets = parse_targets(targets)
+        self._targets = self._targets if targets is None else parse_targets(targets)
         self._plan = None  # options changed: planned again at the next step
 
     def bind_device(self, device_type: str) -> None:
