@@ -202,7 +202,11 @@ FILES: dict[str, tuple[str, str]] = {
         "while an error is handled (PPE: the first failure propagates, the rest do not run)",
     ),
     _T + "_ignite.py": (SAME, "IgniteExtensionsManager (in PPE's manager.py)"),
-    _T + "_manager.py": (SAME, "ExtensionsManager"),
+    _T + "_manager.py": (
+        SAME,
+        "ExtensionsManager: extensions on their triggers by priority, the stop trigger, "
+        "state_dict and load_state_dict (PPE's layout)",
+    ),
     _T + "_manager_checks.py": (
         BEYOND,
         "the manager's checks PPE lacks: models in a dict, iters_per_epoch, a negative "
@@ -236,7 +240,10 @@ FILES: dict[str, tuple[str, str]] = {
         "evaluation means over samples: each batch weighted by its number of samples (PPE "
         "averages batches, a smaller last batch as much as a full one)",
     ),
-    _T + "_state.py": (SAME, "the manager's state_dict and load_state_dict (PPE's layout)"),
+    _T + "_state.py": (
+        BEYOND,
+        "the key of ppe-core's own resume data in a state dict (PPE has none; it ignores the key)",
+    ),
     _T + "_state_mismatch.py": (
         BEYOND,
         "a state that lacks an entry or does not fit a model or optimizer explained, checked "
