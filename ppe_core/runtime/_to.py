@@ -1,7 +1,9 @@
 """``ppe.to`` and runtime resolution: the one place a device becomes a runtime instance.
 
-:func:`runtime_for` resolves with the active registry (``ppe.runtime.runtime_registry``);
-``ppe.to`` and the engine's factories (as ``ppe_core.plugins.resolve_runtime``) both call it. A
+:func:`runtime_for` takes the registry as an argument, so resolution depends on no global
+and this package needs nothing above it: ``ppe.to`` passes the active registry
+(``ppe.runtime.runtime_registry``), and the engine's factories the same one (through
+``ppe_core.plugins.resolve_runtime``). A
 module keeps the runtime it was moved with: asking again for its device without other options
 returns that instance, so ``ppe.to`` then ``create_trainer`` make one runtime per model and
 device, and options are given once.
@@ -15,7 +17,7 @@ from typing import Any, TypeVar, cast
 import torch
 
 from ppe_core.errors import ArgumentTypeError, ConfigurationError
-from ppe_core.runtime._registry import active_registry
+from ppe_core.runtime._registry import RuntimeRegistry, active_registry
 from ppe_core.runtime._runtime import BaseRuntime, DeviceLike, iter_runtime_modules, tag_module
 from ppe_core.runtime._runtime_checks import check_runtime_class
 
@@ -26,6 +28,7 @@ _MT = TypeVar("_MT", bound=torch.nn.Module | torch.Tensor)
 
 
 def runtime_for(
+    registry: RuntimeRegistry,
     device: DeviceLike,
     options: Mapping[str, Any] | None = None,
     runtime_class: type[BaseRuntime] | None = None,
@@ -35,10 +38,11 @@ def runtime_for(
 
     A tagged runtime is reused when it serves the same device (as written), is of
     ``runtime_class`` (when given) and ``options`` are empty or equal to its own; otherwise a
-    new instance of ``runtime_class`` (else the class the active registry has for the device)
-    is constructed with ``options``.
+    new instance of ``runtime_class`` (else the class ``registry`` has for the device) is
+    constructed with ``options``.
 
     Args:
+        registry: Where device types are looked up; it also answers ``"auto"``.
         device: ``"cpu"``, ``"cuda:1"``, ``torch.device(...)``, any registered device type, or
             ``"auto"``.
         options: Runtime options, validated by the runtime's constructor.
@@ -53,7 +57,6 @@ def runtime_for(
     """
     if runtime_class is not None:
         check_runtime_class(runtime_class, BaseRuntime)
-    registry = active_registry()
     device = registry.resolve_device(device)
     for module in modules:
         for _, _, runtime in iter_runtime_modules(module):
@@ -113,8 +116,9 @@ def to(
             "need no ppe.to: the trainer moves them with the runtime's convert_batch"
         )
     if isinstance(module_or_tensor, torch.Tensor):
-        return cast(_MT, runtime_for(device, options, runtime_class).move_tensor(module_or_tensor))
-    runtime = runtime_for(device, options, runtime_class, [module_or_tensor])
+        runtime = runtime_for(active_registry(), device, options, runtime_class)
+        return cast(_MT, runtime.move_tensor(module_or_tensor))
+    runtime = runtime_for(active_registry(), device, options, runtime_class, [module_or_tensor])
     moved = runtime.move_module(module_or_tensor)
     tag_module(moved, runtime)
     return cast(_MT, moved)
