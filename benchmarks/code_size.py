@@ -25,8 +25,18 @@ snapshots beside PPE's ``n_retains``), is ``same``: ``beyond-ppe`` holds only fi
 counterpart in PPE 0.9, so ``same`` against PPE errs against ppe-core, never for it. A file
 in neither table (or a table row without its file) is an error: a new module cannot go
 uncounted. The "Not counted" table ends with its total, so code moved out of the compared
-parts (into ``writing/``, say) stays in sight. Results and what they mean:
-docs/architecture.md ("Size").
+parts (into ``writing/``, say) stays in sight.
+
+Whole definitions can be counted apart from their file's class, in both directions and on
+both sides (``benchmarks/code_size_symbols.json``, :data:`SYMBOLS_FILE`): a function, method,
+class or module-level assignment of a ``same`` file whose whole behaviour PPE 0.9 lacks
+(``beyond-ppe``), one of a ``beyond-ppe`` file whose behaviour PPE has (``same``), and one of
+PPE's files whose behaviour ppe-core does not provide (``not-provided``: left out of PPE's
+side, as ppe-core's compat code is left out of its). Each entry names what PPE does instead.
+A definition spans its decorators to its last line; entries of one file must not overlap,
+must name an existing definition and must move it to another class. The report prints the
+file tables whole, then every entry with its count, then the parts and totals with the split
+beside the files-whole count. Results and what they mean: docs/architecture.md ("Size").
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ import ast
 import importlib.metadata
 import importlib.util
 import io
+import json
 import sys
 import tokenize
 from collections.abc import Iterable, Sequence
@@ -50,6 +61,7 @@ SAME = "same"
 BEYOND = "beyond-ppe"
 COMPAT = "compat"
 #: The classes, in the order their tables are printed, with what each means.
+NOT_PROVIDED = "not-provided"
 CLASSES: dict[str, str] = {
     SAME: "behaviour PPE 0.9 has (some files with extras beside it)",
     BEYOND: "behaviour with no counterpart in PPE 0.9",
@@ -173,8 +185,8 @@ FILES: dict[str, tuple[str, str]] = {
     "ppe_core/handler/_grad_scalers.py": (
         BEYOND,
         "grad scalers: the runtime's scaler adopted by the Logic, every scaler's state saved "
-        "with the trainer (PPE: the Logic's grad_scaler option only, no scaler state in "
-        "snapshots)",
+        "with the handler (PPE: the Logic's grad_scaler option; its state reaches snapshots "
+        "only as create_trainer's options state object, which _resume.py mirrors)",
     ),
     "ppe_core/handler/_logic.py": (SAME, "BaseLogic, Logic, ClousureLogic"),
     "ppe_core/handler/_optimizer_targets.py": (
@@ -209,11 +221,11 @@ FILES: dict[str, tuple[str, str]] = {
     ),
     _T + "_manager_checks.py": (
         BEYOND,
-        "the manager's checks PPE lacks: models in a dict, iters_per_epoch, a negative "
-        "max_epochs, writer, state objects, extensions and priorities, step_optimizers and "
-        "extension names, extend()'s ignored keyword arguments, make_extension's, a finalized "
-        "manager, models read outside needs_model_state, the ignite engine and package, a "
-        "Trainer's manager arguments and max_epochs (PPE: a TypeError when run() starts)",
+        "the manager's checks PPE lacks: models in a dict, a non-integer iters_per_epoch, a "
+        "negative max_epochs, writer, state objects, extensions and priorities, "
+        "step_optimizers names, extend()'s ignored keyword arguments, make_extension's, the "
+        "ignite package, a Trainer's manager arguments and max_epochs (PPE: a TypeError when "
+        "run() starts); the errors PPE also raises are counted same in code_size_symbols.json",
     ),
     _T + "_manager_protocol.py": (COMPAT, "PPE's path of the manager protocols"),
     _T + "_metric_checks.py": (
@@ -448,6 +460,9 @@ class Count:
     def __add__(self, other: Count) -> Count:
         return Count(self.lines + other.lines, self.code + other.code, self.logical + other.logical)
 
+    def __sub__(self, other: Count) -> Count:
+        return Count(self.lines - other.lines, self.code - other.code, self.logical - other.logical)
+
 
 #: Token types that are layout or comments, never code.
 _NOT_CODE = frozenset(
@@ -490,25 +505,67 @@ def _docstring_spans(source: str) -> list[tuple[Position, Position]]:
     return spans
 
 
-def count_source(source: str) -> Count:
-    """Counts ``source``: see the module docstring for what each number means."""
+def _line_facts(source: str) -> tuple[int, set[int], list[int]]:
+    """``source``'s physical line count, its code lines and the first line of each logical
+    line (statement), docstrings left out."""
     spans = _docstring_spans(source)
     code_lines: set[int] = set()
-    logical = 0
-    in_statement = False  # a code token seen since the last NEWLINE
+    statements: list[int] = []
+    first: int | None = None  # the first code line since the last NEWLINE
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.NEWLINE:
-            logical += in_statement
-            in_statement = False
+            if first is not None:
+                statements.append(first)
+            first = None
             continue
         if token.type in _NOT_CODE:
             continue
         if any(start <= token.start and token.end <= end for start, end in spans):
             continue  # a docstring
         code_lines.update(range(token.start[0], token.end[0] + 1))
-        in_statement = True
-    logical += in_statement  # a last statement without a newline
-    return Count(len(source.splitlines()), len(code_lines), logical)
+        if first is None:
+            first = token.start[0]
+    if first is not None:
+        statements.append(first)  # a last statement without a newline
+    return len(source.splitlines()), code_lines, statements
+
+
+def count_source(source: str, span: tuple[int, int] | None = None) -> Count:
+    """Counts ``source`` (or its lines ``span``, first and last included): see the module
+    docstring for what each number means. A statement counts where it starts."""
+    total, code_lines, statements = _line_facts(source)
+    first, last = span if span is not None else (1, total)
+    return Count(
+        last - first + 1 if span is not None else total,
+        sum(first <= line <= last for line in code_lines),
+        sum(first <= line <= last for line in statements),
+    )
+
+
+def _defines(node: ast.stmt, name: str) -> bool:
+    """Whether the statement ``node`` defines ``name`` (a def, a class or an assignment)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return node.name == name
+    if isinstance(node, ast.Assign):
+        return any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+    if isinstance(node, ast.AnnAssign):
+        return isinstance(node.target, ast.Name) and node.target.id == name
+    return False
+
+
+def symbol_span(source: str, qualname: str) -> tuple[int, int] | None:
+    """The lines of the definition ``qualname`` (``"f"``, ``"C.m"``, ``"C.D.m"``, ``"NAME"``)
+    in ``source``, its decorators included; None when there is no such definition."""
+    body: list[ast.stmt] = ast.parse(source).body
+    found: ast.stmt | None = None
+    for name in qualname.split("."):
+        found = next((node for node in body if _defines(node, name)), None)
+        if found is None:
+            return None
+        body = found.body if isinstance(found, ast.ClassDef) else []
+    assert found is not None and found.end_lineno is not None
+    decorators = getattr(found, "decorator_list", [])
+    return min([found.lineno, *(d.lineno for d in decorators)]), found.end_lineno
 
 
 def count_file(path: Path) -> Count:
@@ -559,6 +616,78 @@ def problems(root: Path = ROOT) -> list[str]:
         if not (root / key).exists():
             found.append(f"{key}: in NOT_COUNTED but not in the tree (moved or removed?)")
     return found
+
+
+#: Whole definitions counted apart from their file's class (see the module docstring).
+SYMBOLS_FILE = Path(__file__).resolve().parent / "code_size_symbols.json"
+
+
+@dataclass(frozen=True)
+class Symbol:
+    """One definition counted apart: on ``side`` ``"ppe_core"`` (``file`` relative to the
+    repository root, ``to`` :data:`SAME` or :data:`BEYOND`) or ``"ppe"`` (``file`` relative
+    to ``pytorch_pfn_extras``, ``to`` :data:`NOT_PROVIDED`)."""
+
+    side: str
+    file: str
+    symbol: str
+    to: str
+    why: str
+    ppe: str
+
+
+def load_symbols(path: Path = SYMBOLS_FILE) -> list[Symbol]:
+    """The entries of ``path`` (a JSON list of objects with :class:`Symbol`'s fields)."""
+    return [Symbol(**entry) for entry in json.loads(path.read_text())]
+
+
+def symbol_problems(
+    symbols: Sequence[Symbol], root: Path = ROOT, package: Path | None = None
+) -> list[str]:
+    """What is wrong with ``symbols`` against the trees (empty: nothing). PPE's entries are
+    checked only when ``package`` (PPE's package directory) is given."""
+    found: list[str] = []
+    spans: dict[tuple[str, str], list[tuple[int, int, str]]] = {}
+    for entry in symbols:
+        where = f"{entry.side}:{entry.file}:{entry.symbol}"
+        if not entry.why or not entry.ppe:
+            found.append(f"{where}: every entry says why and what PPE does instead")
+        if entry.side == "ppe_core":
+            cls = FILES.get(entry.file, ("", ""))[0]
+            if cls not in (SAME, BEYOND) or entry.to not in (SAME, BEYOND) or entry.to == cls:
+                found.append(
+                    f"{where}: moves a definition of a {cls or 'not counted'} file to "
+                    f"{entry.to!r}; only same -> beyond-ppe and beyond-ppe -> same are allowed"
+                )
+                continue
+            base = root
+        elif entry.side == "ppe" and entry.to == NOT_PROVIDED:
+            if package is None:
+                continue
+            base = package
+        else:
+            found.append(f"{where}: side 'ppe' takes to 'not-provided', side 'ppe_core' not")
+            continue
+        if not (base / entry.file).is_file():
+            found.append(f"{where}: no such file")
+            continue
+        span = symbol_span((base / entry.file).read_text(), entry.symbol)
+        if span is None:
+            found.append(f"{where}: no such definition (renamed or removed?)")
+            continue
+        for first, last, other in spans.setdefault((entry.side, entry.file), []):
+            if first <= span[1] and span[0] <= last:
+                found.append(f"{where}: overlaps {other}")
+        spans[(entry.side, entry.file)].append((*span, entry.symbol))
+    return found
+
+
+def symbol_count(base: Path, entry: Symbol) -> Count:
+    """The size of ``entry``'s definition under ``base``."""
+    source = (base / entry.file).read_text()
+    span = symbol_span(source, entry.symbol)
+    assert span is not None, entry
+    return count_source(source, span)
 
 
 def part_of(path: str) -> str:
@@ -634,29 +763,38 @@ def _sum(counts: Iterable[Count]) -> Count:
     return total
 
 
-def report(root: Path = ROOT, package: Path | None = None) -> str:
-    """The whole report as text: a table per class, by part, the totals, what is not counted.
+def report(
+    root: Path = ROOT, package: Path | None = None, symbols: Sequence[Symbol] | None = None
+) -> str:
+    """The whole report as text: a table per class (files whole), the definitions counted
+    apart, by part, the totals, what is not counted.
 
     Args:
         root: The repository root.
         package: PPE's package directory (default: the installed one, if any).
+        symbols: The definitions counted apart (default: :data:`SYMBOLS_FILE`'s).
 
     Raises:
-        ValueError: The tables do not cover the tree (see :func:`problems`).
+        ValueError: The tables do not cover the tree (see :func:`problems`) or an entry of
+            ``symbols`` is wrong (see :func:`symbol_problems`).
     """
     found = problems(root)
     if found:
         raise ValueError("the classification tables do not match the tree:\n" + "\n".join(found))
     ppe = package if package is not None else ppe_package()
+    symbols = load_symbols() if symbols is None else symbols
+    found = symbol_problems(symbols, root, ppe)
+    if found:
+        raise ValueError(f"the entries of {SYMBOLS_FILE.name} are wrong:\n" + "\n".join(found))
     ours = {path: count_file(root / path) for path in counted_files(root)}
     out: list[str] = []
-    totals: dict[str, Count] = {}
+    whole: dict[str, Count] = {}
     for cls, meaning in CLASSES.items():
         paths = [p for p in ours if FILES[p][0] == cls]
-        totals[cls] = _sum(ours[p] for p in paths)
-        out.append(f"\n{cls}: {meaning} ({len(paths)} files)\n")
+        whole[cls] = _sum(ours[p] for p in paths)
+        out.append(f"\n{cls}: {meaning} ({len(paths)} files, counted whole)\n")
         rows = [[p, *_numbers(ours[p]), FILES[p][1]] for p in paths]
-        rows.append(["total", *_numbers(totals[cls]), ""])
+        rows.append(["total", *_numbers(whole[cls]), ""])
         out.append(_table(["file", "lines", "code", "logical", "why"], rows))
 
     theirs: dict[str, Count] = {}
@@ -668,36 +806,81 @@ def report(root: Path = ROOT, package: Path | None = None) -> str:
     else:
         theirs = {path: count_file(ppe / path) for path in ppe_files(ppe)}
 
+    # (part, class) -> code of ppe-core with the definitions moved; part -> PPE's left out.
+    split: dict[tuple[str, str], Count] = {}
+    for path, count in ours.items():
+        key = (part_of(path), FILES[path][0])
+        split[key] = split.get(key, Count()) + count
+    left_out: dict[str, Count] = {}
+    rows = []
+    for entry in symbols:
+        if entry.side == "ppe" and ppe is None:
+            continue
+        count = symbol_count(root if entry.side == "ppe_core" else ppe, entry)  # type: ignore[arg-type]
+        part = part_of(entry.file)
+        if entry.side == "ppe_core":
+            moved = f"{FILES[entry.file][0]} -> {entry.to}"
+            source = (part, FILES[entry.file][0])
+            split[source] = split[source] - count
+            split[(part, entry.to)] = split.get((part, entry.to), Count()) + count
+        else:
+            moved = f"PPE {entry.to}"
+            left_out[part] = left_out.get(part, Count()) + count
+        rows.append(
+            [
+                f"{entry.file}:{entry.symbol}",
+                str(count.code),
+                moved,
+                f"{entry.why} PPE: {entry.ppe}",
+            ]
+        )
+    out.append(
+        f"\nDefinitions counted apart from their file's class ({len(rows)}; "
+        f"{SYMBOLS_FILE.relative_to(ROOT).as_posix()})\n"
+    )
+    out.append(_table(["definition", "code", "moved", "why"], rows))
+
     out.append("\nBy part (code lines)\n")
-    head = ["part", *CLASSES, "ppe_core without compat", *(["PPE 0.9"] if ppe else [])]
+    head = ["part", "same, files whole", *CLASSES, "ppe_core without compat"]
+    head += ["PPE 0.9 all", "PPE 0.9 provided"] if ppe else []
     rows = []
     for part in PARTS:
         mine = [p for p in ours if part_of(p) == part]
-        row = [
-            part,
-            *(str(_sum(ours[p] for p in mine if FILES[p][0] == cls).code) for cls in CLASSES),
-            str(_sum(ours[p] for p in mine if FILES[p][0] != COMPAT).code),
-        ]
+        row = [part, str(_sum(ours[p] for p in mine if FILES[p][0] == SAME).code)]
+        row += [str(split.get((part, cls), Count()).code) for cls in CLASSES]
+        row.append(str(_sum(ours[p] for p in mine if FILES[p][0] != COMPAT).code))
         if ppe is not None:
-            row.append(str(_sum(c for p, c in theirs.items() if part_of(p) == part).code))
+            all_ppe = _sum(c for p, c in theirs.items() if part_of(p) == part)
+            row += [str(all_ppe.code), str((all_ppe - left_out.get(part, Count())).code)]
         rows.append(row)
     out.append(_table(head, rows))
 
+    totals = {cls: _sum(c for (_, k), c in split.items() if k == cls) for cls in CLASSES}
     out.append("\nTotals\n")
-    rows = [
-        [f"ppe_core {cls}", str(sum(FILES[p][0] == cls for p in ours)), *_numbers(totals[cls])]
-        for cls in CLASSES
-    ]
+    rows = []
+    for cls in CLASSES:
+        files = str(sum(FILES[p][0] == cls for p in ours))
+        if cls != COMPAT:
+            rows.append([f"ppe_core {cls}, files whole", files, *_numbers(whole[cls])])
+        rows.append([f"ppe_core {cls}", files, *_numbers(totals[cls])])
     rows.append(
         [
             "ppe_core without compat",
             str(sum(FILES[p][0] != COMPAT for p in ours)),
-            *_numbers(totals[SAME] + totals[BEYOND]),
+            *_numbers(whole[SAME] + whole[BEYOND]),
         ]
     )
     rows.append(["ppe_core all", str(len(ours)), *_numbers(_sum(ours.values()))])
     if ppe is not None:
-        rows.append([f"PPE {_ppe_version()}", str(len(theirs)), *_numbers(_sum(theirs.values()))])
+        all_ppe = _sum(theirs.values())
+        rows.append([f"PPE {_ppe_version()} all", str(len(theirs)), *_numbers(all_ppe)])
+        rows.append(
+            [
+                f"PPE {_ppe_version()} provided by ppe-core",
+                str(len(theirs)),
+                *_numbers(all_ppe - _sum(left_out.values())),
+            ]
+        )
     out.append(_table(["", "files", "lines", "code", "logical"], rows))
 
     out.append("\nNot counted (ppe_core files outside the compared parts)\n")

@@ -170,3 +170,75 @@ def test_the_script_runs_and_prints_the_totals() -> None:
         assert "pytorch_pfn_extras is not installed" in out.stdout
     else:
         assert "| PPE 0.9" in totals
+
+
+# Definitions counted apart ------------------------------------------------------------------
+
+
+def test_a_definition_spans_its_decorators_and_counts_like_the_file(code_size: ModuleType) -> None:
+    assert code_size.symbol_span(SOURCE, "f") == (8, 14)
+    assert code_size.symbol_span(SOURCE, "C") == (17, 25)
+    assert code_size.symbol_span(SOURCE, "C.g") == (25, 25)
+    assert code_size.symbol_span(SOURCE, "C.attribute") == (22, 22)
+    assert code_size.symbol_span(SOURCE, "größe") == (28, 28)
+    assert code_size.symbol_span(SOURCE, "C.missing") is None
+    assert code_size.symbol_span(SOURCE, "f.inner") is None  # only classes hold members
+    # f: code lines 8, 10-14; statements starting at 8, 10 and 13. C: 17, 22, 25 (the
+    # docstrings are not code). The spans add up to the file's count of those lines.
+    assert code_size.count_source(SOURCE, (8, 14)) == code_size.Count(7, 6, 3)
+    assert code_size.count_source(SOURCE, (17, 25)) == code_size.Count(9, 3, 3)
+    decorated = "import functools\n\n\n@functools.cache\n@staticmethod\ndef g():\n    return 1\n"
+    assert code_size.symbol_span(decorated, "g") == (4, 7)
+    # each decorator ends its own logical line, as tokenize sees it
+    assert code_size.count_source(decorated, (4, 7)) == code_size.Count(4, 4, 4)
+
+
+def test_wrong_entries_are_named(code_size: ModuleType) -> None:
+    entry = code_size.Symbol
+    runtime = "ppe_core/runtime/_runtime.py"
+    entries = [
+        entry("ppe_core", runtime, "BaseRuntime.peak_flops", "beyond-ppe", "why", "nothing"),
+        entry("ppe_core", runtime, "BaseRuntime", "beyond-ppe", "why", "nothing"),  # overlaps
+        entry("ppe_core", runtime, "BaseRuntime.gone", "beyond-ppe", "why", "nothing"),
+        entry("ppe_core", runtime, "PyTorchRuntime", "same", "why", "nothing"),  # same -> same
+        entry("ppe_core", "ppe_core/training/manager.py", "X", "beyond-ppe", "why", "-"),  # compat
+        entry("ppe_core", runtime, "tag_module", "beyond-ppe", "", "nothing"),  # no reason
+        entry("ppe", "runtime/_runtime.py", "BaseRuntime", "beyond-ppe", "why", "-"),
+    ]
+    found = code_size.symbol_problems(entries, ROOT, None)
+    assert len(found) == 6, found
+    assert "BaseRuntime: overlaps BaseRuntime.peak_flops" in found[0]
+    assert "BaseRuntime.gone: no such definition" in found[1]
+    assert "moves a definition of a same file to 'same'" in found[2]
+    assert "moves a definition of a compat file" in found[3]
+    assert "tag_module: every entry says why" in found[4]
+    assert "side 'ppe' takes to 'not-provided'" in found[5]
+    with pytest.raises(ValueError, match=r"code_size_symbols\.json are wrong"):
+        code_size.report(symbols=entries)
+
+
+def test_the_checked_in_entries_match_the_trees(code_size: ModuleType) -> None:
+    entries = code_size.load_symbols()
+    assert code_size.symbol_problems(entries, ROOT, code_size.ppe_package()) == []
+    assert len({(e.side, e.file, e.symbol) for e in entries}) == len(entries)
+
+
+def _totals(text: str) -> dict[str, int]:
+    """The Totals table's code column by row name."""
+    table = text.split("\nTotals\n")[1].split("\nNot counted")[0]
+    rows = [line.split("|") for line in table.splitlines() if line.startswith("| ")]
+    return {cells[1].strip(): int(cells[4]) for cells in rows[1:]}
+
+
+def test_a_definition_counted_apart_moves_its_code_lines(code_size: ModuleType) -> None:
+    entry = code_size.Symbol(
+        "ppe_core", "ppe_core/runtime/_runtime.py", "BaseRuntime.map", "beyond-ppe", "w", "p"
+    )
+    moved = code_size.symbol_count(ROOT, entry).code
+    assert moved > 5
+    before = _totals(code_size.report(symbols=[]))
+    after = _totals(code_size.report(symbols=[entry]))
+    assert after["ppe_core same"] == before["ppe_core same"] - moved
+    assert after["ppe_core beyond-ppe"] == before["ppe_core beyond-ppe"] + moved
+    assert after["ppe_core same, files whole"] == before["ppe_core same, files whole"]
+    assert after["ppe_core without compat"] == before["ppe_core without compat"]

@@ -1,13 +1,14 @@
 """The ExtensionsManager's checks that PPE's manager does not make, with their messages.
 
-PPE's manager takes any ``iters_per_epoch`` (0 divides by zero later), a negative
-``max_epochs``, any writer, state object, extension, priority and ignite engine (it fails
-when saving or running them), explains a model that is not a module only for a single one,
-fails with a bare ``KeyError`` on an unknown ``step_optimizers`` name and with a bare
-``ValueError`` on an unknown extension name, ignores ``extend()``'s extra keyword arguments
-in silence, and lets a finalized manager or a model read outside ``needs_model_state`` (a
-ppe-core feature) go on. ppe-core raises at once, saying what to
-pass instead; the manager calls these where the check belongs. A Trainer's manager
+PPE's manager takes a non-integer ``iters_per_epoch``, a negative ``max_epochs``, any
+writer, state object, extension, priority and ignite engine (it fails when saving or running
+them), explains a model that is not a module only for a single one, fails with a bare
+``KeyError`` on an unknown ``step_optimizers`` name, ignores ``extend()``'s extra keyword
+arguments in silence, and names neither the registered extensions nor a close match for an
+unknown extension name. ppe-core raises at once, saying what to pass instead; the manager
+calls these where the check belongs. Some errors here are PPE's own with more said (an
+``iters_per_epoch`` below 1, a finalized manager, models read outside
+``needs_model_state``): kept with the rest so the messages live in one place. A Trainer's manager
 arguments are checked when the Trainer is made (PPE: a ``TypeError`` when ``run()`` builds
 the manager), and so are ``make_extension``'s keyword arguments (PPE has none).
 """
