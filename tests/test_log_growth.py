@@ -7,6 +7,7 @@ most every ``Writer.append_sync_interval`` seconds and at ``finalize``.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
@@ -17,12 +18,14 @@ from typing import Any
 import pytest
 from test_log_report import _manager, _train
 
-from ppe_core.training.extensions._log_report import LogReport
+from ppe_core.errors import DiskFullError
+from ppe_core.training.extensions._log_report import LogReport, LogSaver
 from ppe_core.writing import (
     ProcessQueueWriter,
     SimpleWriter,
     ThreadQueueWriter,
     ThreadWriter,
+    Writer,
     _writer_base,
 )
 
@@ -357,6 +360,10 @@ def test_number_entries_skip_the_json_encoder_and_keep_its_text(
 
     got = [(_log_formats.json_line(e), _log_formats._json_entry_text(e)) for e in entries]
     assert got == expected
+    # What a writer's appender writes to add the entry to an array file: the same element.
+    chunks = [_log_formats.json_entry_chunk(e, 100) for e in entries]
+    assert chunks == [(98, f",\n{element}\n]".encode()) for _, element in expected]
+    assert _log_formats.json_entry_chunk(entries[0], 2) == (0, f"[\n{expected[0][1]}\n]".encode())
 
     def numbers_only(entry: dict[str, Any]) -> bool:
         return all(
@@ -597,3 +604,193 @@ def test_a_subdirectory_removed_meanwhile_is_created_again(tmp_path: Path, clock
     writer("sub/log.jsonl", str(tmp_path), [{"iteration": 2}], savefun=saver, append=True)
     writer.finalize()
     assert LogReport.read(tmp_path / "sub" / "log.jsonl") == [{"iteration": 2}]
+
+
+# --- the appender's own writes -----------------------------------------------------------------
+# A SimpleWriter's Appender writes an entry with one system call through the handle the writer
+# keeps open, while the file is not due for its fsync; anything else (the sync due, a handle
+# the writer closed, an entry the fast formatters leave to json/csv, a failed write, a forked
+# child) goes through the writer. Either way the file is what a whole rewrite writes.
+
+
+@pytest.fixture
+def saves(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """The ``append`` flag of every ``Writer.save``: the writes that went through the writer."""
+    calls: list[bool] = []
+    real_save = Writer.save
+
+    def counting_save(self: Writer, *args: Any, **kwargs: Any) -> None:
+        calls.append(args[4])
+        real_save(self, *args, **kwargs)
+
+    monkeypatch.setattr(Writer, "save", counting_save)
+    return calls
+
+
+def _assert_whole(path: Path, log: list[dict[str, Any]], fmt: str) -> None:
+    """``path`` holds exactly what writing ``log`` whole writes."""
+    assert LogReport.read(path, format=fmt) == log
+    if fmt == "json":
+        assert path.read_text() == json.dumps(log, indent=4)
+    elif fmt == "json-lines":
+        assert path.read_text() == "".join(json.dumps(entry) + "\n" for entry in log)
+    elif fmt == "yaml":
+        import yaml
+
+        assert path.read_text() == yaml.safe_dump(log)
+
+
+@pytest.mark.parametrize("filename", list(FORMATS))
+def test_entries_within_the_sync_interval_are_written_without_the_writer(
+    tmp_path: Path, filename: str, clock: Clock, saves: list[bool], fsyncs: list[int]
+) -> None:
+    fmt = FORMATS[filename]
+    if fmt == "yaml":
+        pytest.importorskip("yaml")
+    writer = SimpleWriter()
+    log_report = LogReport(trigger=(1, "iteration"), filename=filename, writer=writer)
+    manager = _manager(tmp_path, [log_report], max_epochs=10)
+    path = tmp_path / filename
+
+    _train(manager, iterations=2)  # written whole, then one append opens the kept handle
+    assert saves == [False, True]
+    synced = len(fsyncs)
+    for _ in range(10):  # one system call each, and the file is whole after every entry
+        _train(manager, iterations=1)
+        _assert_whole(path, log_report.log, fmt)
+    assert saves == [False, True]
+    assert len(fsyncs) == synced
+
+    clock.now += writer.append_sync_interval  # the sync is due: through the writer, synced
+    _train(manager, iterations=1)
+    assert saves == [False, True, True]
+    assert len(fsyncs) == synced + 1
+    _train(manager, iterations=5)  # and the next entries are the appender's again
+    assert saves == [False, True, True]
+    _assert_whole(path, log_report.log, fmt)
+    writer.finalize()  # the appender's entries are synced at finalize
+    assert len(fsyncs) == synced + 2
+
+
+def test_a_handle_the_writer_closed_sends_the_next_entry_through_the_writer(
+    tmp_path: Path, clock: Clock, saves: list[bool]
+) -> None:
+    writer = SimpleWriter()
+    log_report = LogReport(trigger=(1, "iteration"), filename="log", writer=writer)
+    manager = _manager(tmp_path, [log_report], max_epochs=10)
+    _train(manager, iterations=4)
+    assert saves == [False, True]
+    writer.finalize()  # closes the kept handles
+    _train(manager, iterations=1)  # reopens the file through the writer
+    assert saves == [False, True, True]
+    _train(manager, iterations=3)
+    assert saves == [False, True, True]
+    _assert_whole(tmp_path / "log", log_report.log, "json")
+    writer.finalize()
+
+
+@pytest.mark.parametrize("filename", ["log", "log.csv"])
+def test_entries_the_fast_formatters_decline_go_through_the_writer(
+    tmp_path: Path, filename: str, clock: Clock, saves: list[bool]
+) -> None:
+    """JSON's nested values and CSV's text cells are written by ``json`` and ``csv``."""
+    fmt = FORMATS[filename]
+    odd = {"json": {"nested": [1, 2.5]}, "csv": 'text, "quoted"'}[fmt]
+
+    def postprocess(entry: dict[str, Any]) -> None:
+        entry["odd"] = odd if entry["iteration"] % 3 == 0 else 0
+
+    writer = SimpleWriter()
+    log_report = LogReport(
+        trigger=(1, "iteration"), filename=filename, writer=writer, postprocess=postprocess
+    )
+    _train(_manager(tmp_path, [log_report], max_epochs=3))  # 12 entries
+    # Written whole (1), opened by an append (2), then the writer only for iterations 3k.
+    assert saves == [False, True, True, True, True, True]
+    _assert_whole(tmp_path / filename, log_report.log, fmt)
+    writer.finalize()
+
+
+@pytest.mark.parametrize("filename", ["log", "log.jsonl"])
+def test_a_failed_write_names_the_file_and_the_next_append_reopens_it(
+    tmp_path: Path, filename: str, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fmt = FORMATS[filename]
+    path = tmp_path / filename
+    writer = SimpleWriter()
+    appender = writer.appender(filename, str(tmp_path), LogSaver(fmt, extend=True))
+    assert appender([{"iteration": 1}])  # through the writer: it opens the handle
+    kept = _kept_handle(writer, path)
+    real_write, real_pwrite = os.write, os.pwrite
+
+    def disk_full(fd: int, data: bytes, *offset: int) -> int:
+        if fd == kept.fileno():
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_pwrite(fd, data, *offset) if offset else real_write(fd, data)
+
+    monkeypatch.setattr(_writer_base.os, "write", disk_full)
+    monkeypatch.setattr(_writer_base.os, "pwrite", disk_full)
+    with pytest.raises(DiskFullError) as info:
+        appender([{"iteration": 2}])
+    assert info.value.filename == str(path)
+    assert filename in str(info.value)
+    assert str(path) not in writer._append_files.files  # closed: the next append reopens
+    monkeypatch.undo()
+    assert appender([{"iteration": 3}])
+    assert appender([{"iteration": 4}])
+    writer.finalize()
+    _assert_whole(path, [{"iteration": i} for i in (1, 3, 4)], fmt)
+
+
+def test_post_save_hooks_run_after_every_append(tmp_path: Path, clock: Clock) -> None:
+    writer = SimpleWriter()
+    runs: list[int] = []
+    writer._add_cleanup_hook(lambda: runs.append(1))
+    log_report = LogReport(trigger=(1, "iteration"), filename="log.jsonl", writer=writer)
+    _train(_manager(tmp_path, [log_report], max_epochs=2))
+    assert len(runs) == len(log_report.log) == 8
+    writer.finalize()
+
+
+def test_writers_that_save_their_own_way_get_every_append(
+    tmp_path: Path, clock: Clock, saves: list[bool]
+) -> None:
+    """A subclass with its own ``save``, and background writers, see each entry."""
+
+    class OwnSave(SimpleWriter):
+        def save(self, *args: Any, **kwargs: Any) -> None:
+            super().save(*args, **kwargs)
+
+    own = OwnSave()
+    log_report = LogReport(trigger=(1, "iteration"), filename="log", writer=own)
+    _train(_manager(tmp_path, [log_report], max_epochs=2))
+    assert saves == [False] + [True] * 7  # the whole log once, then each entry
+    _assert_whole(tmp_path / "log", log_report.log, "json")
+    own.finalize()
+
+    saves.clear()
+    thread = ThreadWriter()
+    log_report = LogReport(trigger=(1, "iteration"), filename="log2", writer=thread)
+    _train(_manager(tmp_path, [log_report], max_epochs=2))
+    thread.finalize()
+    assert saves == [False] + [True] * 7
+    _assert_whole(tmp_path / "log2", log_report.log, "json")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX")
+def test_a_forked_child_appends_through_its_own_handle(tmp_path: Path, clock: Clock) -> None:
+    writer = SimpleWriter()
+    appender = writer.appender("log.jsonl", str(tmp_path), LogSaver("json-lines", extend=True))
+    assert appender([{"iteration": 1}])
+    assert appender([{"iteration": 2}])  # the appender's own write
+    pid = os.fork()
+    if pid == 0:  # the parent's handles are gone: the writer opens the child's
+        try:
+            ok = appender([{"iteration": 3}]) and bool(writer._append_files.files)
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert appender([{"iteration": 4}])
+    writer.finalize()
+    assert [e["iteration"] for e in LogReport.read(tmp_path / "log.jsonl")] == [1, 2, 3, 4]

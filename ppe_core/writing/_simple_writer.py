@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from ppe_core.writing._writer_base import FileSystem, SaveFun, Target, Writer
+from ppe_core.writing._writer_base import Appender, FileSystem, SaveFun, Target, Writer
 
 __all__ = ["SimpleWriter"]
 
@@ -58,3 +58,18 @@ class SimpleWriter(Writer):
             self.save(filename, out_dir, target, savefun, append, **self._kwds)
         else:  # a log's per-entry append: no keyword dictionary to build and unpack
             self.save(filename, out_dir, target, savefun, append)
+
+    def appender(self, filename: str, out_dir: str, savefun: SaveFun) -> Appender:
+        """An :class:`~ppe_core.writing._writer_base.Appender` that writes an append itself
+        (one system call) while the file's kept handle is open and not due for its ``fsync``.
+
+        Unless a subclass saves its own way (its own ``__call__`` or ``save``, which every
+        append must then go through) or the writer passes keyword arguments to every savefun:
+        then the appender calls the writer each time, as :meth:`Writer.appender`'s does.
+        """
+        direct = (
+            type(self).__call__ is SimpleWriter.__call__
+            and type(self).save is Writer.save
+            and not self._kwds
+        )
+        return Appender(self, filename, out_dir, savefun, direct=direct)

@@ -419,7 +419,9 @@ class Writer:
     ``O_APPEND`` and the keyword argument ``size`` (the file's size before the append, which
     the writer keeps between appends: the savefun returns the size after it), and otherwise the
     same sync and flush as any append. An appended file kept open is checked against its path
-    only when due for its ``fsync`` (see :attr:`append_reopens`).
+    only when due for its ``fsync`` (see :attr:`append_reopens`). A caller that appends to one
+    file again and again (a log written every step) takes an :meth:`appender` of it, which
+    writes most appends with one system call where the writer saves in the calling thread.
 
     Subclasses decide where the save runs (this thread, another thread, another process) by
     overriding :meth:`__call__`; all of them end up in :meth:`save`. Work made of several
@@ -586,6 +588,16 @@ class Writer:
         """Whether this writer writes to the local file system (so :meth:`save_via_path` works)."""
         return isinstance(self.fs, _LocalFileSystem)
 
+    def appender(self, filename: str, out_dir: str, savefun: SaveFun) -> Appender:
+        """An :class:`Appender` of ``out_dir/filename``, for a caller that appends to it often.
+
+        ``appender(target)`` appends as ``self(filename, out_dir, target, savefun=savefun,
+        append=True)`` does and tells whether the file is still the one the appender began
+        with. This base class's appender calls the writer for every append (its saves may run
+        elsewhere); :class:`~ppe_core.writing.SimpleWriter`'s writes most appends itself.
+        """
+        return Appender(self, filename, out_dir, savefun, direct=False)
+
     def save_via_path(self, filename: str, out_dir: str, write: Callable[[str], _T]) -> _T:
         """Like :meth:`save`, but ``write(path)`` creates the temporary file itself.
 
@@ -686,13 +698,19 @@ class Writer:
                 file_obj.flush()  # in the OS: a killed process loses nothing of it
                 self._unsynced.add(dest)
         except Exception as exc:
-            self._append_files.close(dest)  # the next append reopens (and re-checks) the file
-            full = _disk_full_error(exc, dest)
-            if full is not None:
-                raise full from exc
-            raise
+            self._append_failed(exc, dest)
         if created:
             self._sync_dir(os.path.dirname(dest))
+
+    def _append_failed(self, exc: Exception, dest: str) -> NoReturn:
+        """Closes the handle kept for ``dest``, whose append failed with ``exc`` (the next
+        append reopens and re-checks the file), and raises: :class:`DiskFullError` naming
+        ``dest`` when the disk is full, ``exc`` itself otherwise."""
+        self._append_files.close(dest)
+        full = _disk_full_error(exc, dest)
+        if full is not None:
+            raise full from exc
+        raise exc
 
     def _append_remote(
         self, dest: str, target: Target, savefun: SaveFun, kwargs: Mapping[str, Any]
@@ -777,6 +795,127 @@ class Writer:
     def _post_save(self) -> None:
         for hook in self._post_save_hooks:
             hook()
+
+
+def _no_chunk(target: Target, size: int | None) -> None:
+    """The ``append_chunk`` of an :class:`Appender` that writes nothing itself."""
+    return None
+
+
+class Appender:
+    """Appends to one file through a writer: the per-entry path of a log written every step.
+
+    Made by :meth:`Writer.appender`. ``appender(target)`` does what ``writer(filename,
+    out_dir, target, savefun=savefun, append=True)`` does. Through the writer an append is a
+    dozen Python calls and as many attribute and dictionary lookups (destination, kept handle,
+    sync clock, flushes, hooks): run cold between training steps, several times the one system
+    call it needs. So where the writer saves in the calling thread on the local file system
+    (``direct``: :class:`~ppe_core.writing.SimpleWriter`) and ``savefun`` can tell the bytes
+    of an append (``savefun.append_chunk(target, size)``: ``(offset, data)``, ``offset``
+    None for the end of the file, or None to decline), the appender binds the destination,
+    the handle the writer keeps open for it and when the file is next due for its ``fsync``,
+    and an append is those bytes and one ``write`` (``pwrite`` at ``offset``). With the same
+    guarantees as the writer's: the bytes reach the OS before the call returns, the file is
+    left for :meth:`Writer.finalize` to sync, a failed write closes the handle (a full disk
+    raises :class:`DiskFullError` naming the file), post-save hooks run.
+
+    Anything else goes through the writer, which syncs the file, checks its path (a file
+    replaced or removed is reopened, see :attr:`Writer.append_reopens`) and rebinds: the sync
+    falling due (once per :attr:`Writer.append_sync_interval`; the interval is read at each
+    sync), a handle the writer closed or replaced meanwhile (its finalize, a rewrite of the
+    file, the handle of another file displacing it, a fork), a target ``append_chunk``
+    declines, and every append of other writers (background, remote or custom ones).
+    """
+
+    __slots__ = (
+        "_chunk",
+        "_deadline",
+        "_dest",
+        "_fd",
+        "_files",
+        "_hooks",
+        "_kept",
+        "_reopens",
+        "filename",
+        "out_dir",
+        "savefun",
+        "writer",
+    )
+
+    def __init__(
+        self, writer: Writer, filename: str, out_dir: str, savefun: SaveFun, *, direct: bool
+    ) -> None:
+        self.writer = writer
+        self.filename = filename
+        self.out_dir = out_dir
+        self.savefun = savefun
+        self._reopens = writer.append_reopens
+        chunk: Callable[[Target, int | None], tuple[int | None, bytes] | None] | None = None
+        if direct and writer.writes_local_files:
+            chunk = getattr(savefun, "append_chunk", None)
+        if getattr(savefun, "positional", False) and not hasattr(os, "pwrite"):
+            chunk = None  # Windows: the savefun positions the handle and writes itself
+        self._chunk = _no_chunk if chunk is None else chunk
+        self._kept: _Kept | None = None  # None: the next append goes through the writer
+        self._fd = -1
+        self._deadline = 0.0
+        self._files: dict[str, _Kept] = {}
+        self._hooks: list[Callable[[], object]] = []
+        self._dest = ""
+        if chunk is not None:
+            self._dest = writer._destination(filename, out_dir)
+            self._files = writer._append_files.files
+            self._hooks = writer._post_save_hooks
+
+    def __call__(self, target: Target) -> bool:
+        """Appends ``target``.
+
+        Returns:
+            False once the writer found the file replaced or removed under it (at this append
+            or an earlier one; :attr:`Writer.append_reopens` grew since the appender was made):
+            the appends since went elsewhere, so the caller writes the file whole again (and
+            makes a new appender). True otherwise.
+        """
+        kept = self._kept
+        if kept is not None and self._files.get(self._dest) is kept:
+            chunk = self._chunk(target, kept.size) if time.monotonic() < self._deadline else None
+            if chunk is not None:
+                offset, data = chunk
+                fd = self._fd
+                try:
+                    if offset is None:  # the handle appends (O_APPEND): to the end
+                        done = os.write(fd, data)
+                        while done < len(data):  # a short write (a signal, the disk's last block)
+                            done += os.write(fd, data[done:])
+                    else:
+                        done = os.pwrite(fd, data, offset)
+                        while done < len(data):
+                            done += os.pwrite(fd, data[done:], offset + done)
+                        kept.size = offset + done
+                except Exception as exc:
+                    self._kept = None
+                    self.writer._append_failed(exc, self._dest)
+                self.writer._unsynced.add(self._dest)
+                if self._hooks:
+                    self.writer._post_save()
+                return True
+        writer = self.writer
+        writer(self.filename, self.out_dir, target, savefun=self.savefun, append=True)
+        if self._chunk is not _no_chunk:
+            self._bind()
+        return writer.append_reopens == self._reopens
+
+    def _bind(self) -> None:
+        """Binds the handle the writer now keeps for the file, and its next ``fsync`` time."""
+        writer = self.writer
+        kept = self._files.get(self._dest)
+        synced_at = writer._synced_at.get(self._dest)
+        if kept is None or synced_at is None:
+            self._kept = None
+            return
+        self._kept = kept
+        self._fd = kept.file.fileno()
+        self._deadline = synced_at + writer.append_sync_interval
 
 
 # Background writers finalized at interpreter exit, so pending saves complete even when the

@@ -27,6 +27,7 @@ __all__ = [
     "entry_columns",
     "extend_json_array",
     "json_array_text",
+    "json_entry_chunk",
     "json_line",
     "read_entries",
     "yaml_number_item",
@@ -116,9 +117,11 @@ def _is_flat(entry: Mapping[str, Any]) -> bool:
 #: ``float.__repr__`` and ``int.__repr__``); ``bool``, an ``int`` subclass, is not one.
 _REPR_NUMBERS = frozenset((float, int))
 
-#: The layouts of :func:`_number_text`: a json-lines line, an element of the indented array.
+#: The layouts of :func:`_number_text`: a json-lines line, an element of the indented array,
+#: and what adds an element to an array file: it overwrites the array's closing "\n]".
 _LINE = "{%s}\n"
 _ELEMENT = "    {\n        %s\n    }"
+_EXTENSION = ",\n" + _ELEMENT + "\n]"
 
 #: (layout, *keys) -> the layout's %-template for entries with those keys (see _number_text);
 #: "" for keys that are not all text.
@@ -134,8 +137,10 @@ def _finite_numbers(entry: Mapping[str, Any]) -> tuple[Any, ...] | None:
     if not _REPR_NUMBERS.issuperset(map(type, values)):
         return None
     try:
-        if not all(map(math.isfinite, values)):
-            return None  # NaN and infinities have their own spellings (JSON's, YAML's)
+        # NaN and infinities have their own spellings (JSON's, YAML's). One sum is finite when
+        # every value is; one that is not (or beyond a float's range) has each value checked.
+        if not math.isfinite(sum(values)) and not all(map(math.isfinite, values)):
+            return None
     except OverflowError:  # an int beyond a float's range
         return None
     return values
@@ -144,12 +149,12 @@ def _finite_numbers(entry: Mapping[str, Any]) -> tuple[Any, ...] | None:
 def _number_text(entry: Mapping[str, Any], layout: str) -> str | None:
     """``entry``'s JSON text in ``layout`` when its values are finite floats and ints, else None.
 
-    ``layout`` is :data:`_LINE` (``json.dumps(entry) + "\\n"``) or :data:`_ELEMENT` (the
-    element ``json.dumps(log, indent=4)`` writes). The keys' text is encoded once per key
-    tuple into a %-template, so an entry costs the ``repr`` of its numbers (what ``json``
-    writes for them) and one format: about half what the C encoder spends on it. A
-    non-empty dict only; anything else (text, None, bool, NaN, an int too large for a float)
-    is left to the caller's encoder.
+    ``layout`` is :data:`_LINE` (``json.dumps(entry) + "\\n"``), :data:`_ELEMENT` (the
+    element ``json.dumps(log, indent=4)`` writes) or :data:`_EXTENSION` (that element as
+    added to an array file). The keys' text is encoded once per key tuple into a %-template,
+    so an entry costs the ``repr`` of its numbers (what ``json`` writes for them) and one
+    format: about half what the C encoder spends on it. A non-empty dict only; anything else
+    (text, None, bool, NaN, an int too large for a float) is left to the caller's encoder.
     """
     values = _finite_numbers(entry)
     if values is None:
@@ -272,6 +277,31 @@ def json_array_text(entries: Sequence[Mapping[str, Any]]) -> str:
     return "[\n" + ",\n".join(parts) + "\n]"
 
 
+def _array_extension(body: str, size: int) -> tuple[int, bytes]:
+    """Where to write what, to add the elements ``body`` to a JSON array file of ``size`` bytes.
+
+    Over the array's closing ``\\n]``: ``",\\n" + body + "\\n]"``; a new (or empty, ``[]``)
+    file gets the whole array.
+    """
+    if size <= 2:
+        return 0, ("[\n" + body + "\n]").encode("utf-8")
+    return size - 2, (",\n" + body + "\n]").encode("utf-8")
+
+
+def json_entry_chunk(entry: Mapping[str, Any], size: int) -> tuple[int, bytes] | None:
+    """What :func:`extend_json_array` writes for ``[entry]`` into a file of ``size`` bytes,
+    and at which offset; None for an entry that is not flat (``json.dumps`` writes those).
+
+    For a writer that does the write itself (see ``ppe_core.writing._writer_base.Appender``).
+    """
+    if size > 2:  # the common case in one template: ",\n" + the element + "\n]"
+        text = _number_text(entry, _EXTENSION)
+        if text is not None:
+            return size - 2, text.encode("utf-8")
+    body = _json_entry_text(entry)
+    return None if body is None else _array_extension(body, size)
+
+
 def extend_json_array(
     entries: list[dict[str, Any]], file_obj: IO[bytes], size: int | None = None
 ) -> int | None:
@@ -300,10 +330,7 @@ def extend_json_array(
     fd = file_obj.fileno()
     if size is None:
         size = os.fstat(fd).st_size
-    if size <= 2:  # a new (or empty, "[]") file: the whole array
-        offset, data = 0, ("[\n" + body + "\n]").encode("utf-8")
-    else:  # overwrite "\n]" with ",\n" + the entries + "\n]"
-        offset, data = size - 2, (",\n" + body + "\n]").encode("utf-8")
+    offset, data = _array_extension(body, size)
     appending = "a" in getattr(file_obj, "mode", "a")  # O_APPEND moves writes to the end
     if sys.platform == "win32":
         if appending:

@@ -20,6 +20,7 @@ from ppe_core.training.extensions._log_formats import (
     entry_columns,
     extend_json_array,
     json_array_text,
+    json_entry_chunk,
     json_line,
     read_entries,
     yaml_number_item,
@@ -28,6 +29,7 @@ from ppe_core.training.triggers import get_trigger
 from ppe_core.training.triggers._due import DueCheck, EveryIteration
 from ppe_core.writing import SimpleWriter, Writer
 from ppe_core.writing._extension_files import WriterLike
+from ppe_core.writing._writer_base import Appender
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
@@ -95,6 +97,8 @@ class LogSaver:
     appending by the writer): the same lines for json-lines and YAML, rows without the
     header for CSV, and for JSON the entries go into the array in place (see
     :func:`extend_json_array`), so each call costs what its entries cost, not the file.
+    :meth:`append_chunk` gives the bytes of such a call, for a writer's
+    :class:`~ppe_core.writing._writer_base.Appender` to write them itself.
     """
 
     def __init__(
@@ -123,13 +127,7 @@ class LogSaver:
             if self.fmt == "json":
                 return extend_json_array(target, file_obj, size)
             if len(target) == 1:  # the per-entry append of a log at every step: no detours
-                row = None
-                if self.fmt == "json-lines":
-                    row = json_line(target[0])
-                elif self.fmt == "csv" and self.columns is not None:
-                    row = csv_number_row(target[0], self.columns)
-                elif self.fmt == "yaml":
-                    row = yaml_number_item(target[0])
+                row = self._row(target[0])
                 if row is not None:
                     file_obj.write(row.encode("utf-8"))
                     return None
@@ -144,6 +142,36 @@ class LogSaver:
             yaml: Any = importlib.import_module("yaml")
             text = yaml.safe_dump(target) if target else ""
         file_obj.write(text.encode("utf-8"))
+        return None
+
+    def append_chunk(
+        self, target: list[dict[str, Any]], size: int | None
+    ) -> tuple[int | None, bytes] | None:
+        """What calling this extending saver with one entry would write, as ``(offset,
+        data)``, so that a writer's appender can write it itself (one system call).
+
+        ``offset`` is where in the file of ``size`` bytes the JSON extender writes ``data``
+        (over the array's closing bracket), and None for the other formats, whose ``data``
+        goes to the end. None (the saver must be called) for a saver that does not extend,
+        several entries, an entry the fast formatters leave to ``json``, ``csv`` or PyYAML,
+        or a JSON file of unknown size.
+        """
+        if not self.extend or len(target) != 1:
+            return None
+        if self.positional:
+            return None if size is None else json_entry_chunk(target[0], size)
+        row = self._row(target[0])
+        return None if row is None else (None, row.encode("utf-8"))
+
+    def _row(self, entry: dict[str, Any]) -> str | None:
+        """An extending saver's text for one entry of a json-lines, CSV (of known columns) or
+        YAML log, where the fast formatters write it; None for the rest."""
+        if self.fmt == "json-lines":
+            return json_line(entry)
+        if self.fmt == "csv":
+            return None if self.columns is None else csv_number_row(entry, self.columns)
+        if self.fmt == "yaml":
+            return yaml_number_item(entry)
         return None
 
 
@@ -248,10 +276,9 @@ class LogReport(Extension):
         # entry rewrites it), and, for CSV, the columns of its header.
         self._file: str | None = None
         self._columns: dict[str, None] = {}
-        # The writer that wrote the file whole, if entries can be added to the file through it
-        # (see _rewrite), and its append_reopens then.
-        self._extending: Any = None  # a Writer (Any: the manager's writer is typed Any)
-        self._reopens = 0
+        # Adds entries to the file through the writer that wrote it whole, if they can be
+        # added to it (see _rewrite).
+        self._appender: Appender | None = None
         self._due = DueCheck(self._trigger)
         # Called with each new entry (trackers): a tuple, so no listener costs one empty loop.
         self._listeners: tuple[Callable[[dict[str, Any]], object], ...] = ()
@@ -290,15 +317,16 @@ class LogReport(Extension):
             writer = self._writer = SimpleWriter()
         # A name without a field is the common case; formatting it per entry costs a dict.
         filename = self._filename if self._static_filename else self._filename.format(**entry)
+        appender = self._appender
         if (
-            writer is self._extending
+            appender is not None
+            and writer is appender.writer
             and filename == self._file
             and (self._format != "csv" or self._columns.keys() >= entry.keys())  # else: wider
         ):
             # Added to the file this LogReport wrote whole through this writer, which only
             # rank 0 does (decided then, so no rank check per entry).
-            writer(filename, manager.out, [entry], savefun=self._extender, append=True)
-            if writer.append_reopens != self._reopens:
+            if not appender([entry]):
                 # The writer found a file replaced or removed under it (it checks once per
                 # sync interval): the log is written whole again, the entries appended to
                 # the old file within that interval included.
@@ -325,10 +353,11 @@ class LogReport(Extension):
         self._file = filename
         # Later entries are added to the file (for CSV, only those without a new key) unless
         # the writer is a custom one (PPE's protocol: it gets the whole log every time) or, for
-        # JSON, which is edited in place, writes elsewhere than to local files.
+        # JSON, which is edited in place, writes elsewhere than to local files. The writer's
+        # appender writes most of them itself where the writer saves in this thread (see
+        # ppe_core.writing._writer_base.Appender), and says when the file was replaced.
         adds = isinstance(writer, Writer) and (self._format != "json" or writer.writes_local_files)
-        self._extending = writer if adds else None
-        self._reopens = getattr(writer, "append_reopens", 0)
+        self._appender = writer.appender(filename, out, self._extender) if adds else None
 
     def add_entry_listener(self, listener: Callable[[dict[str, Any]], object]) -> None:
         """Calls ``listener`` with each entry emitted from now on, once it is stored and written.
