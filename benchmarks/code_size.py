@@ -19,10 +19,11 @@ arithmetic its reporting uses, :data:`PPE_EXTRA_MODULES`), located with
 ppe-core file is classified in :data:`FILES` as ``same`` (behaviour PPE has), ``beyond-ppe``
 (behaviour PPE 0.9 does not have, with the reason) or ``compat`` (PPE's module paths and
 aliases that only re-export); every other ppe-core file is in :data:`NOT_COUNTED` with the
-reason. Files are classified whole, so a file that does something PPE does, even with
-extras (typed runtime options beside PPE's autocast options, retention that skips invalid
-snapshots beside PPE's ``n_retains``), is ``same``: ``beyond-ppe`` holds only files with no
-counterpart in PPE 0.9, so ``same`` against PPE errs against ppe-core, never for it. A file
+reason. A file that does something PPE does, even with extras (typed runtime options beside
+PPE's autocast options, retention that skips invalid snapshots beside PPE's ``n_retains``),
+is ``same``; ``beyond-ppe`` holds files with no counterpart in PPE 0.9. Whole files err both
+ways (a beyond-ppe file may hold PPE's behaviour too), which the definitions counted apart
+below correct. A file
 in neither table (or a table row without its file) is an error: a new module cannot go
 uncounted. The "Not counted" table ends with its total, so code moved out of the compared
 parts (into ``writing/``, say) stays in sight.
