@@ -6,9 +6,10 @@ from ppe_core.errors import DiskFullError, WriterError, WriterFinalizedError
 from ppe_core.writing._parallel_writer import ProcessWriter, StandardWriter, ThreadWriter
 from ppe_core.writing._queue_writer import ProcessQueueWriter, QueueWriter, ThreadQueueWriter
 from ppe_core.writing._simple_writer import SimpleWriter
-from ppe_core.writing._writer_base import FileSystem, SaveFun, Target, Writer
+from ppe_core.writing._writer_base import Appender, FileSystem, SaveFun, Target, Writer
 
 __all__ = [
+    "Appender",
     "DiskFullError",
     "FileSystem",
     "ProcessQueueWriter",

@@ -60,7 +60,7 @@ class SimpleWriter(Writer):
             self.save(filename, out_dir, target, savefun, append)
 
     def appender(self, filename: str, out_dir: str, savefun: SaveFun) -> Appender:
-        """An :class:`~ppe_core.writing._writer_base.Appender` that writes an append itself
+        """An :class:`~ppe_core.writing.Appender` that writes an append itself
         (one system call) while the file's kept handle is open and not due for its ``fsync``.
 
         Unless a subclass saves its own way (its own ``__call__`` or ``save``, which every

@@ -292,7 +292,7 @@ def json_entry_chunk(entry: Mapping[str, Any], size: int) -> tuple[int, bytes] |
     """What :func:`extend_json_array` writes for ``[entry]`` into a file of ``size`` bytes,
     and at which offset; None for an entry that is not flat (``json.dumps`` writes those).
 
-    For a writer that does the write itself (see ``ppe_core.writing._writer_base.Appender``).
+    For a writer that does the write itself (see ``ppe_core.writing.Appender``).
     """
     if size > 2:  # the common case in one template: ",\n" + the element + "\n]"
         text = _number_text(entry, _EXTENSION)

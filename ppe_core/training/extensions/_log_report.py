@@ -27,9 +27,8 @@ from ppe_core.training.extensions._log_formats import (
 )
 from ppe_core.training.triggers import get_trigger
 from ppe_core.training.triggers._due import DueCheck, EveryIteration
-from ppe_core.writing import SimpleWriter, Writer
+from ppe_core.writing import Appender, SimpleWriter, Writer
 from ppe_core.writing._extension_files import WriterLike
-from ppe_core.writing._writer_base import Appender
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
@@ -98,7 +97,7 @@ class LogSaver:
     header for CSV, and for JSON the entries go into the array in place (see
     :func:`extend_json_array`), so each call costs what its entries cost, not the file.
     :meth:`append_chunk` gives the bytes of such a call, for a writer's
-    :class:`~ppe_core.writing._writer_base.Appender` to write them itself.
+    :class:`~ppe_core.writing.Appender` to write them itself.
     """
 
     def __init__(
@@ -355,7 +354,7 @@ class LogReport(Extension):
         # the writer is a custom one (PPE's protocol: it gets the whole log every time) or, for
         # JSON, which is edited in place, writes elsewhere than to local files. The writer's
         # appender writes most of them itself where the writer saves in this thread (see
-        # ppe_core.writing._writer_base.Appender), and says when the file was replaced.
+        # ppe_core.writing.Appender), and says when the file was replaced.
         adds = isinstance(writer, Writer) and (self._format != "json" or writer.writes_local_files)
         self._appender = writer.appender(filename, out, self._extender) if adds else None
 
