@@ -557,23 +557,30 @@ def test_next_due_reads_the_next_check_contract_once_for_everyone() -> None:
     assert next_due(Answer(NEVER + 5), 4, 10) == NEVER  # capped
 
 
+class _Counting(IntervalTrigger):
+    """An IntervalTrigger that records the iterations it is consulted at in ``calls``."""
+
+    def __init__(self, period: float, unit: str, calls: list[int]) -> None:
+        super().__init__(period, unit)
+        self.calls = calls
+
+    def __call__(self, manager: Any) -> bool:
+        self.calls.append(manager.iteration)
+        return super().__call__(manager)
+
+
+@dataclass
+class _View:
+    iteration: int = 0
+    iters_per_epoch: int = 4
+
+
 def test_due_check_consults_its_trigger_only_when_due() -> None:
     from ppe_core.training.triggers._due import DueCheck
 
     calls: list[int] = []
-
-    class Counting(IntervalTrigger):
-        def __call__(self, manager: Any) -> bool:
-            calls.append(manager.iteration)
-            return super().__call__(manager)
-
-    @dataclass
-    class View:
-        iteration: int = 0
-        iters_per_epoch: int = 4
-
-    check = DueCheck(Counting(3, "iteration"))
-    view = View()
+    check = DueCheck(_Counting(3, "iteration", calls))
+    view = _View()
     fired = []
     for iteration in range(1, 10):
         view.iteration = iteration
@@ -585,3 +592,44 @@ def test_due_check_consults_its_trigger_only_when_due() -> None:
     assert not check(view)  # type: ignore[arg-type]
     view.iteration = 3
     assert check(view)  # type: ignore[arg-type]
+
+
+def test_due_check_does_not_consult_a_trigger_that_fires_every_iteration() -> None:
+    """``(1, 'iteration')`` (a per-iteration LogReport) fires after every iteration by the
+    Trigger contract the manager's fast path uses: the check answers True after every
+    iteration without calling it (and False before the first, as its schedule says); a reset
+    count and a trigger that only later says it fires every iteration behave as before."""
+    from ppe_core.training.triggers._due import DueCheck
+
+    calls: list[int] = []
+    view = _View()
+    check = DueCheck(_Counting(1, "iteration", calls))
+    answers = []
+    for iteration in range(0, 6):
+        view.iteration = iteration
+        answers.append(check(view))  # type: ignore[arg-type]
+    assert answers == [False, True, True, True, True, True]
+    assert calls == []
+    view.iteration = 3  # a loaded state: rescheduled, still every iteration
+    assert check(view)  # type: ignore[arg-type]
+    assert calls == []
+
+    class Later(_Counting):
+        every = False
+
+        @property
+        def fires_every_iteration(self) -> bool:  # type: ignore[override]
+            return self.every
+
+    calls.clear()
+    later = Later(1, "iteration", calls)
+    check = DueCheck(later)
+    for iteration in (1, 2):
+        view.iteration = iteration
+        assert check(view)  # type: ignore[arg-type]
+    assert calls == [1, 2]  # consulted while it does not say so
+    later.every = True
+    check.reset()  # the schedule is asked again (as after a load), and now says so
+    view.iteration = 3
+    assert check(view)  # type: ignore[arg-type]
+    assert calls == [1, 2]

@@ -51,6 +51,7 @@ class DueCheck:
         self.trigger = trigger
         self.due = -1
         self._last = -1
+        self._every = False
 
     def __call__(self, manager: ManagerView) -> bool:
         """Returns whether the trigger fires at ``manager.iteration``."""
@@ -59,9 +60,16 @@ class DueCheck:
             self.due = -1
         self._last = iteration
         if self.due < 0:  # not known yet: as the manager would have scheduled it
+            self._every = getattr(self.trigger, "fires_every_iteration", False) is True
             self.due = next_due(self.trigger, iteration - 1, manager.iters_per_epoch)
         if iteration < self.due:
             return False
+        if self._every and iteration > 0:
+            # Fires after every iteration, unconditionally (the Trigger contract the manager's
+            # fast path relies on too): not consulted, as the manager does not consult it.
+            # (Before the first iteration it is: IntervalTrigger does not fire there.)
+            self.due = iteration + 1
+            return True
         fired = bool(self.trigger(manager))
         self.due = next_due(self.trigger, iteration, manager.iters_per_epoch)
         return fired
