@@ -9,9 +9,14 @@ already holds 1k, 10k and 100k entries. The log is pre-filled the way a resumed 
 LogReport's state (``load_state_dict``) holds N entries shaped like the run's own, so the
 run's first entry rewrites the file whole (N + 1 entries, as after a resume) and every later
 entry is added to that file. The timed window starts after that first write (at iteration
-``LOG_SKIP``) and lasts ``LOG_WINDOW`` steps, and each run is paired with the same trainer
-without LogReport (the per-step ``report`` in ``forward`` stays): the difference is what the
-log costs per step. The file is read back at the end to check it holds N + steps entries.
+``LOG_SKIP``) and lasts ``LOG_WINDOW`` steps. Each run is paired with the same trainer
+without LogReport (the per-step ``report`` in ``forward`` stays) by :func:`paired_run`: the
+two train in two threads on one CPU and take turns every ``PAIR_BLOCK`` steps, so each block
+of one is compared with the other's block of the same few milliseconds; the mean of the
+blocks' differences (with its 95 % interval) is what the log costs per step. (Runs one after
+the other, as this section timed before, compared minutes that this VM made faster or slower
+by tens of microseconds per step.) The file is read back at the end to check it holds
+N + steps entries.
 
 ``tracking``: per-step time of LogReport alone and of LogReport + ``MLflowLogger`` against a
 local ``mlflow server`` (SQLite store, a free port) that the section starts and stops, and of
@@ -28,7 +33,11 @@ queue holds the window's entries and they are sent after it). The timed window s
 first entry, once the tracker's run is open and its backlog sent (a sender process takes
 seconds to start). Three clocks: the training thread's CPU time (``time.thread_time``: what the
 step path pays), the process's CPU time (a worker thread's client included; a sender process's
-not) and wall time. The tracker's cost is given per step and per entry. Then, unless
+not) and wall time. The tracker's cost is given per step and per entry. Then each tracker
+is timed ``paired`` (:func:`paired_run`) with LogReport alone, the two trainers taking turns on
+one CPU while the server runs on every CPU: the server's load falls on both trainers' blocks
+alike, so the paired difference is what the tracker itself costs the training thread (the
+sequential layouts above show what a server on the same two CPUs costs besides). Then, unless
 ``--quick`` or without valgrind, callgrind counts the instructions per step of the training
 thread and of the process's other threads (``--separate-threads``) over 300 steps with an entry
 each, for a no-op backend, W&B and MLflow on each sender. Skipped, saying so, when mlflow is
@@ -39,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib.util
 import os
 import re
@@ -143,6 +153,167 @@ def timed_run(
     return _per_step(marks[0], marks[1], steps), model
 
 
+#: Iterations each trainer of a paired run trains before the other takes its turn.
+PAIR_BLOCK = 10
+
+
+class _Turns:
+    """Two trainers in two threads take turns: one trains while the other waits, so both are
+    timed over the same seconds and a slow minute of the host slows both alike."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._turn = 0
+        self._done = [False, False]
+
+    def wait(self, me: int) -> None:
+        """Waits until it is trainer ``me``'s turn (or the other trainer has finished)."""
+        with self._cond:
+            while self._turn != me and not self._done[1 - me]:
+                self._cond.wait()
+
+    def hand_over(self, me: int, *, finished: bool = False) -> None:
+        """Gives the turn to the other trainer."""
+        with self._cond:
+            self._turn = 1 - me
+            self._done[me] = self._done[me] or finished
+            self._cond.notify_all()
+
+
+@dataclasses.dataclass
+class PairedResult:
+    """Per-step thread CPU and wall time of two trainers' blocks of :data:`PAIR_BLOCK` steps,
+    block by block in the order they alternated (``a[k]`` ran just before ``b[k]``), and the
+    models."""
+
+    a: list[float]
+    b: list[float]
+    a_wall: list[float]
+    b_wall: list[float]
+    models: tuple[torch.nn.Module, torch.nn.Module]
+
+    def differences(self, wall: bool = False) -> list[float]:
+        """``b[k] - a[k]`` for every pair of blocks (seconds per step), of thread CPU or wall
+        time (a block's wall time: only its trainer ran; the other waited)."""
+        a, b = (self.a_wall, self.b_wall) if wall else (self.a, self.b)
+        return [y - x for x, y in zip(a, b, strict=True)]
+
+    def mean_ci(self, wall: bool = False) -> tuple[float, float]:
+        """The mean per-step difference and the half-width of its 95 % confidence interval."""
+        diffs = self.differences(wall)
+        spread = statistics.stdev(diffs) if len(diffs) > 1 else float("nan")
+        return statistics.fmean(diffs), 1.96 * spread / len(diffs) ** 0.5
+
+
+def paired_run(
+    data: list[Any],
+    steps: int,
+    skip: int,
+    extensions: tuple[Callable[[], list[Any]], Callable[[], list[Any]]],
+    outs: tuple[str, str],
+    cpu: int | None = None,
+    threads: set[int] | None = None,
+) -> PairedResult:
+    """Trains two copies of the suite's Tiny model (a per-step report, the same seed and
+    data), with ``extensions[0]()`` and ``extensions[1]()``, in two threads that take turns
+    every :data:`PAIR_BLOCK` steps; per-step thread CPU of each block after ``skip``.
+
+    Sequential runs compare minutes that the host may have made faster or slower by tens of
+    microseconds per step; taking turns every few milliseconds pairs each block with one of
+    the other trainer's that saw the same host, so the paired differences measure what the
+    second set of extensions costs the training thread, and their spread says how well.
+    Both threads run on the same CPU (``cpu``, by default the first this process may use):
+    on two CPUs of different speed, or one busier with interrupts, each thread would keep to
+    its own and the difference would be the CPUs'. ``threads``, when given, receives the two
+    threads' native ids (so that an extension can pin the process's other threads elsewhere).
+    """
+    if cpu is None and hasattr(os, "sched_getaffinity"):
+        cpu = min(os.sched_getaffinity(0))
+    import suite
+
+    if skip % PAIR_BLOCK or steps % PAIR_BLOCK:
+        raise ValueError(f"skip and steps must be multiples of {PAIR_BLOCK}")
+    turns = _Turns()
+    last = skip + steps
+    blocks: tuple[list[float], list[float]] = ([], [])
+    walls: tuple[list[float], list[float]] = ([], [])
+    models: list[Any] = [None, None]
+    errors: list[BaseException] = []
+
+    def train(me: int) -> None:
+        if threads is not None:
+            threads.add(threading.get_native_id())
+        if cpu is not None:  # both on one CPU: neither gets the quieter of two
+            os.sched_setaffinity(0, {cpu})
+        turns.wait(me)
+        started = [time.thread_time(), time.perf_counter()]
+        try:
+
+            @ppe.training.make_extension(trigger=(PAIR_BLOCK, "iteration"), priority=-2000)
+            def take_turns(manager: Any) -> None:
+                now = time.thread_time(), time.perf_counter()
+                if manager.iteration > skip:
+                    blocks[me].append((now[0] - started[0]) / PAIR_BLOCK)
+                    walls[me].append((now[1] - started[1]) / PAIR_BLOCK)
+                turns.hand_over(me)
+                if manager.iteration < last:
+                    turns.wait(me)
+                    started[:] = time.thread_time(), time.perf_counter()
+
+            torch.manual_seed(0)
+            model = ppe.to(suite.Tiny(ppe.reporting.report), "cpu")
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            trainer = ppe.engine.create_trainer(
+                model,
+                opt,
+                -(-last // len(data)),
+                extensions=[take_turns, *extensions[me]()],
+                out_dir=outs[me],
+                stop_trigger=(last, "iteration"),
+            )
+            trainer.run(data)
+            models[me] = model
+        except BaseException as exc:  # reported by the caller's thread
+            errors.append(exc)
+        finally:
+            turns.hand_over(me, finished=True)
+
+    workers = [threading.Thread(target=train, args=(me,)) for me in (0, 1)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    if errors:
+        raise errors[0]
+    return PairedResult(*blocks, *walls, (models[0], models[1]))
+
+
+def paired_cell(results: list[PairedResult], every: int = 1) -> tuple[str, str]:
+    """A report row's value and detail for paired runs: the mean difference over every pair
+    of blocks of every run, with its 95 % interval, then each run's mean, the median
+    difference, wall time, the cost per entry and the first trainer's steps."""
+    pooled = PairedResult(
+        *(
+            [x for r in results for x in getattr(r, name)]
+            for name in ("a", "b", "a_wall", "b_wall")
+        ),
+        results[0].models,
+    )
+    mean, half = pooled.mean_ci()
+    wall, wall_half = pooled.mean_ci(wall=True)
+    diffs = pooled.differences()
+    runs = ", ".join(f"{r.mean_ci()[0] * 1e6:+.1f}" for r in results)
+    return (
+        f"{mean * 1e6:+.1f} +/- {half * 1e6:.1f} us/step thread CPU",
+        f"paired blocks: mean +/- 95% interval over {len(diffs)} pairs of {PAIR_BLOCK}-step "
+        f"blocks from {len(results)} run(s) (each run's mean: {runs}), median "
+        f"{statistics.median(diffs) * 1e6:+.1f}; wall {wall * 1e6:+.1f} +/- "
+        f"{wall_half * 1e6:.1f}; per entry {mean * every * 1e6:+.1f} us; without: "
+        f"{statistics.median(pooled.a) * 1e6:.1f} us/step (the difference is "
+        f"{mean / statistics.fmean(pooled.a) * 100:+.1f}% of it)",
+    )
+
+
 def _count_entries(path: str, fmt: str) -> int:
     from ppe_core.training.extensions import LogReport
 
@@ -164,8 +335,7 @@ def section_log(report: Any, args: argparse.Namespace) -> None:
     repeats = 1 if args.quick else min(args.repeats, 3)
     data = suite.batches(500, seed=3)
     timed_run(data, 50, 10, list, tempfile.mkdtemp())  # warm-up: imports, lazy set-up
-    costs: dict[tuple[str, int], list[Clocks]] = {}
-    bare: list[Clocks] = []
+    results: dict[tuple[str, int], list[PairedResult]] = {}
     identical = True
     checked: dict[tuple[str, int], bool] = {}
     for _ in range(repeats):
@@ -180,43 +350,40 @@ def section_log(report: Any, args: argparse.Namespace) -> None:
                     log.load_state_dict({"_log": prefill})
                     return [log]
 
-                out = tempfile.mkdtemp()
+                outs = (tempfile.mkdtemp(), tempfile.mkdtemp())
                 try:
-                    without, base_model = timed_run(data, window, LOG_SKIP, list, out)
-                    shutil.rmtree(out)
-                    os.makedirs(out)
-                    logged, model = timed_run(data, window, LOG_SKIP, with_log, out)
-                    total = _count_entries(os.path.join(out, filename), fmt)
+                    result = paired_run(data, window, LOG_SKIP, (list, with_log), outs)
+                    total = _count_entries(os.path.join(outs[1], filename), fmt)
                 finally:
-                    shutil.rmtree(out, ignore_errors=True)
+                    for out in outs:
+                        shutil.rmtree(out, ignore_errors=True)
                 checked[fmt, size] = checked.get((fmt, size), True) and (
                     total == size + LOG_SKIP + window
                 )
-                identical &= suite.same_weights(base_model, model)
-                bare.append(without)
-                costs.setdefault((fmt, size), []).append(
-                    tuple(a - b for a, b in zip(logged, without, strict=True))  # type: ignore[arg-type]
-                )
+                identical &= suite.same_weights(*result.models)
+                results.setdefault((fmt, size), []).append(result)
+    bare = [statistics.median(r.a) for rs in results.values() for r in rs]
     report.add(
         "log",
         "trainer, no LogReport",
-        f"{suite.med_range([b[0] for b in bare], 1e6)} us/step thread CPU",
-        f"process CPU {suite.med_range([b[1] for b in bare], 1e6)}, wall "
-        f"{suite.med_range([b[2] for b in bare], 1e6)}; steps {LOG_SKIP + 1}-"
-        f"{LOG_SKIP + window}, {repeats} pair(s) per cell; LogReport changes no weight: "
+        f"{suite.med_range(bare, 1e6)} us/step thread CPU",
+        f"steps {LOG_SKIP + 1}-{LOG_SKIP + window} of each run, taking turns every "
+        f"{PAIR_BLOCK} steps with the same trainer with LogReport (paired_run), {repeats} "
+        "run(s) per cell; LogReport changes no weight: "
         + ("bit-identical" if identical else "DIFFER"),
     )
     for fmt in formats:
-        medians = []
+        means = []
         for size in LOG_SIZES:
-            values = costs[fmt, size]
-            medians.append(statistics.median(v[0] for v in values))
+            runs = results[fmt, size]
+            value, detail = paired_cell(runs)
+            means.append(statistics.fmean(d for r in runs for d in r.differences()))
             report.add(
                 "log",
                 f"LogReport {fmt}, {size // 1000}k entries",
-                f"+{suite.med_range([v[0] for v in values], 1e6)} us/step thread CPU",
-                f"process CPU +{suite.med_range([v[1] for v in values], 1e6)}, wall "
-                f"+{suite.med_range([v[2] for v in values], 1e6)}; file holds "
+                value,
+                detail
+                + "; file holds "
                 + (
                     f"{size:,} + {LOG_SKIP + window:,} entries"
                     if checked[fmt, size]
@@ -226,8 +393,8 @@ def section_log(report: Any, args: argparse.Namespace) -> None:
         report.add(
             "log",
             f"LogReport {fmt}, 100k / 1k",
-            f"{medians[-1] / medians[0]:.2f}x",
-            "ratio of the median per-step costs (1.00 = flat)",
+            f"{means[-1] / means[0]:.2f}x",
+            "ratio of the mean per-step costs (1.00 = flat); goal: flat and under 50 us/step",
         )
 
 
@@ -395,6 +562,28 @@ def _take_own_core(tracker: Any, iteration: int, layout: tuple[set[int], set[int
     return take_own_core
 
 
+def _place_tracker(tracker: Any, iteration: int, trainers: set[int], cpus: set[int]) -> Any:
+    """An extension that, at ``iteration`` (after the tracker is sending), moves every thread
+    of this process but the ``trainers`` (a paired run's two training threads, on one CPU),
+    and the tracker's sender process, to ``cpus``: threads a pinned trainer starts inherit its
+    CPU, and the paired layouts choose where the tracker's work runs instead."""
+
+    @ppe.training.make_extension(
+        trigger=ppe.training.triggers.ManualScheduleTrigger([iteration], "iteration"),
+        priority=-1001,  # after _until_sending
+    )
+    def place_tracker(manager: Any) -> None:
+        for tid in os.listdir("/proc/self/task"):
+            if int(tid) not in trainers:
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(int(tid), cpus)
+        pid = getattr(tracker, "sender_pid", None)
+        if pid is not None:
+            _pin_process(pid, cpus)
+
+    return place_tracker
+
+
 def _pause_server(server: MlflowServer, start: int, end: int) -> Any:
     """An extension that stops the server's processes (SIGSTOP) at iteration ``start``, just
     before the timed window, and lets them go on (SIGCONT) at ``end``, once it is read: the
@@ -472,6 +661,44 @@ def section_tracking(report: Any, args: argparse.Namespace) -> None:
         if layout != "server paused" or not name.startswith("WandbLogger")
     }
     clocks: dict[tuple[str, int, str], list[Clocks]] = {key: [] for key in variants}
+
+    trainer_threads: set[int] = set()  # the paired runs' training threads
+    every_cpu_or_all = every_cpu or set(os.sched_getaffinity(0))
+    paired_layouts = {"paired, shared CPUs": every_cpu_or_all}
+    if own_core is not None:
+        paired_layouts["paired, own core"] = own_core[1]
+    paired_layouts["paired, server paused"] = every_cpu_or_all
+
+    def paired_variant(layout: str, every: int, name: str) -> Callable[[], list[Any]]:
+        def extensions() -> list[Any]:
+            log = ppe.training.extensions.LogReport(trigger=(every, "iteration"))
+            tracker = factories[name]()  # type: ignore[misc]
+            trackers.setdefault((layout, every, name), []).append(tracker)
+            skip = _tracking_skip(every)
+            place = _place_tracker(tracker, skip - 1, trainer_threads, paired_layouts[layout])
+            chosen = [log, tracker, _until_sending(tracker, skip - 1), place]
+            if layout == "paired, server paused":
+                chosen.append(_pause_server(server, skip, skip + steps))
+            return chosen
+
+        return extensions
+
+    # Each tracker beside LogReport alone, taking turns every few steps (paired_run): what
+    # the tracker costs the training thread. Both trainers share one CPU; the tracker's
+    # threads, sender process and the server run on every CPU (shared) or on the others (own
+    # core), or the server is stopped for the window (server paused, MLflow only).
+    alone = {
+        every: variant("shared CPUs", every, "LogReport alone") for every in TRACKING_INTERVALS
+    }
+    paired_variants = {
+        (layout, every, name): paired_variant(layout, every, name)
+        for layout in paired_layouts
+        for every in TRACKING_INTERVALS
+        for name in factories
+        if name != "LogReport alone"
+        and (layout != "paired, server paused" or name.startswith("MLflowLogger"))
+    }
+    paired: dict[tuple[str, int, str], list[PairedResult]] = {key: [] for key in paired_variants}
     # The local server's CPU time over the MLflow runs, and the entries they sent it.
     server_cpu = 0.0
     try:
@@ -496,6 +723,18 @@ def section_tracking(report: Any, args: argparse.Namespace) -> None:
                 clocks[key].append(per_step)
                 if key[2].startswith("MLflowLogger"):
                     server_cpu += server.cpu_seconds() - server_before
+        for _ in range(repeats):
+            for key, extensions in paired_variants.items():
+                if own_core is not None:
+                    _pin_process(server.process.pid, paired_layouts[key[0]])
+                outs = (tempfile.mkdtemp(dir=root), tempfile.mkdtemp(dir=root))
+                pair = (alone[key[1]], extensions)
+                trainer_threads.clear()
+                paired[key].append(
+                    paired_run(
+                        data, steps, _tracking_skip(key[1]), pair, outs, None, trainer_threads
+                    )
+                )
         counted = None if args.quick or not shutil.which("valgrind") else server.uri
         instructions = tracking_instructions(counted) if counted else {}
     finally:
@@ -528,10 +767,21 @@ def section_tracking(report: Any, args: argparse.Namespace) -> None:
             + ", ".join(f"{r.sent}/{r.queued}" for r in sent)
             + f"; server started in {startup:.0f} s",
         )
+    for (layout, every, name), results in paired.items():
+        value, detail = paired_cell(results, every)
+        sent = [tracker.report for tracker in trackers.get((layout, every, name), [])]
+        report.add(
+            "tracking",
+            f"{name} over LogReport alone, {label(every)}, {layout}",
+            value,
+            detail
+            + "; goal: within 1 us/step of LogReport alone; entries sent "
+            + ", ".join(f"{r.sent}/{r.queued}" for r in sent),
+        )
     received = sum(
         tracker.report.sent
-        for (_, _, name), made in trackers.items()
-        if name.startswith("MLflowLogger")
+        for (layout, _, name), made in trackers.items()
+        if name.startswith("MLflowLogger") and not layout.startswith("paired")  # sequential
         for tracker in made
     )
     if received and server_cpu:

@@ -95,3 +95,68 @@ def test_the_whole_suite_reaches_the_emulated_section_after_backward_passes() ->
     assert result.returncode == 0, result.stderr[-3000:]
     rows = result.stdout.strip().splitlines()[-1]
     assert "'emulated device'" in rows and "bit-identical to cpu" in rows, result.stdout
+
+
+@pytest.fixture(scope="module")
+def bench_log(suite: ModuleType) -> ModuleType:
+    import bench_log as module
+
+    return module
+
+
+def _recorder(events: list[tuple[int, int]], me: int) -> object:
+    import ppe_core as ppe
+
+    @ppe.training.make_extension(trigger=(1, "iteration"))
+    def record(manager: object) -> None:
+        events.append((me, manager.iteration))  # type: ignore[attr-defined]
+
+    return record
+
+
+def test_paired_runs_take_turns_block_by_block(bench_log: ModuleType, tmp_path: object) -> None:
+    """The log and tracking sections' paired timing compares blocks of the same few
+    milliseconds: the two trainers must really alternate, every PAIR_BLOCK steps, and both
+    give one timed block per pair, with the weights of an unchanged training."""
+    import suite
+
+    block = bench_log.PAIR_BLOCK
+    events: list[tuple[int, int]] = []
+    outs = (str(tmp_path / "a"), str(tmp_path / "b"))  # type: ignore[operator]
+    result = bench_log.paired_run(
+        suite.batches(40, seed=1),
+        6 * block,
+        2 * block,
+        (lambda: [_recorder(events, 0)], lambda: [_recorder(events, 1)]),
+        outs,
+    )
+    runs = [events[i : i + block] for i in range(0, len(events), block)]
+    assert len(runs) == 16
+    for number, run in enumerate(runs):
+        me = number % 2
+        first = (number // 2) * block + 1
+        assert run == [(me, first + i) for i in range(block)]
+    assert len(result.a) == len(result.b) == len(result.a_wall) == len(result.b_wall) == 6
+    assert all(x > 0 for x in result.a + result.b)
+    assert suite.same_weights(*result.models)
+    mean, half = result.mean_ci()
+    assert mean == pytest.approx(sum(result.b) / 6 - sum(result.a) / 6)
+    assert half >= 0
+
+
+def test_a_failing_paired_trainer_stops_the_pair_with_its_error(
+    bench_log: ModuleType, tmp_path: object
+) -> None:
+    """One trainer's error reaches the caller; the other trainer is not left waiting for a
+    turn that never comes."""
+    import suite
+
+    import ppe_core as ppe
+
+    @ppe.training.make_extension(trigger=(15, "iteration"))
+    def fail(manager: object) -> None:
+        raise RuntimeError("trainer b failed")
+
+    outs = (str(tmp_path / "a"), str(tmp_path / "b"))  # type: ignore[operator]
+    with pytest.raises(RuntimeError, match="trainer b failed"):
+        bench_log.paired_run(suite.batches(40, seed=1), 40, 10, (list, lambda: [fail]), outs)
