@@ -12,10 +12,12 @@ entry is added to that file. The timed window starts after that first write (at 
 ``LOG_SKIP``) and lasts ``LOG_WINDOW`` steps. Each run is paired with the same trainer
 without LogReport (the per-step ``report`` in ``forward`` stays) by :func:`paired_run`: the
 two train in two threads on one CPU and take turns every ``PAIR_BLOCK`` steps, so each block
-of one is compared with the other's block of the same few milliseconds; the mean of the
-blocks' differences (with its 95 % interval) is what the log costs per step. (Runs one after
-the other, as this section timed before, compared minutes that this VM made faster or slower
-by tens of microseconds per step.) The file is read back at the end to check it holds
+of one is compared with the other's block of the same few milliseconds; the mean of a run's
+block differences is what the log costs per step in that run, and the row gives the mean of
+the runs' costs with its 95 % interval over runs (an A/A row, the same trainer on both sides,
+shows what two identical trainers differ by). (Runs one after the other, as this section timed
+before, compared minutes that this VM made faster or slower by tens of microseconds per
+step.) The file is read back at the end to check it holds
 N + steps entries.
 
 ``tracking``: per-step time of LogReport alone and of LogReport + ``MLflowLogger`` against a
@@ -288,29 +290,47 @@ def paired_run(
     return PairedResult(*blocks, *walls, (models[0], models[1]))
 
 
+#: Two-sided 95 % Student t quantiles by degrees of freedom (runs - 1), for intervals over
+#: a handful of runs.
+_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
+
+
+def runs_interval(means: list[float]) -> float:
+    """Half-width of the 95 % interval of the mean of ``means`` (one value per run), or NaN
+    for one run."""
+    if len(means) < 2:
+        return float("nan")
+    t = _T95.get(len(means) - 1, 1.96)
+    return t * statistics.stdev(means) / len(means) ** 0.5
+
+
 def paired_cell(results: list[PairedResult], every: int = 1) -> tuple[str, str]:
-    """A report row's value and detail for paired runs: the mean difference over every pair
-    of blocks of every run, with its 95 % interval, then each run's mean, the median
-    difference, wall time, the cost per entry and the first trainer's steps."""
-    pooled = PairedResult(
-        *(
-            [x for r in results for x in getattr(r, name)]
-            for name in ("a", "b", "a_wall", "b_wall")
-        ),
-        results[0].models,
-    )
-    mean, half = pooled.mean_ci()
-    wall, wall_half = pooled.mean_ci(wall=True)
-    diffs = pooled.differences()
-    runs = ", ".join(f"{r.mean_ci()[0] * 1e6:+.1f}" for r in results)
+    """A report row's value and detail for paired runs: the mean of the runs' mean
+    differences with its 95 % interval *over runs*, then each run's mean, the block pairs'
+    median and within-run interval, wall time, the cost per entry and the step without.
+
+    The run is the unit: two identical trainers paired in one run differ by a few us that
+    stay for the run (the suite's A/A row measures it: memory layout, which CPU caches what),
+    so the blocks of one run are not independent samples of the cost; the spread of the runs'
+    means is the uncertainty."""
+    means = [r.mean_ci()[0] for r in results]
+    mean = statistics.fmean(means)
+    wall = statistics.fmean(r.mean_ci(wall=True)[0] for r in results)
+    diffs = [d for r in results for d in r.differences()]
+    without = statistics.fmean(x for r in results for x in r.a)
+    half = runs_interval(means)
+    value = f"{mean * 1e6:+.1f} us/step thread CPU"
+    if len(results) > 1:
+        value = f"{mean * 1e6:+.1f} +/- {half * 1e6:.1f} us/step thread CPU"
+    runs = ", ".join(f"{m * 1e6:+.1f}" for m in means)
+    within = statistics.stdev(diffs) * 1.96 / len(diffs) ** 0.5 if len(diffs) > 1 else 0.0
     return (
-        f"{mean * 1e6:+.1f} +/- {half * 1e6:.1f} us/step thread CPU",
-        f"paired blocks: mean +/- 95% interval over {len(diffs)} pairs of {PAIR_BLOCK}-step "
-        f"blocks from {len(results)} run(s) (each run's mean: {runs}), median "
-        f"{statistics.median(diffs) * 1e6:+.1f}; wall {wall * 1e6:+.1f} +/- "
-        f"{wall_half * 1e6:.1f}; per entry {mean * every * 1e6:+.1f} us; without: "
-        f"{statistics.median(pooled.a) * 1e6:.1f} us/step (the difference is "
-        f"{mean / statistics.fmean(pooled.a) * 100:+.1f}% of it)",
+        value,
+        f"paired blocks: mean of {len(results)} run(s) (each run's mean: {runs}) +/- 95% "
+        f"interval over runs; {len(diffs)} pairs of {PAIR_BLOCK}-step blocks, median "
+        f"{statistics.median(diffs) * 1e6:+.1f}, +/- {within * 1e6:.1f} within runs; wall "
+        f"{wall * 1e6:+.1f}; per entry {mean * every * 1e6:+.1f} us; without: "
+        f"{without * 1e6:.1f} us/step (the difference is {mean / without * 100:+.1f}% of it)",
     )
 
 
@@ -332,13 +352,16 @@ def section_log(report: Any, args: argparse.Namespace) -> None:
         del formats["yaml"]
         report.add("log", "yaml", "n/a", "PyYAML not installed (not measured)")
     window = LOG_WINDOW // 2 if args.quick else LOG_WINDOW
-    repeats = 1 if args.quick else min(args.repeats, 3)
+    repeats = 1 if args.quick else args.repeats
     data = suite.batches(500, seed=3)
     timed_run(data, 50, 10, list, tempfile.mkdtemp())  # warm-up: imports, lazy set-up
     results: dict[tuple[str, int], list[PairedResult]] = {}
     identical = True
     checked: dict[tuple[str, int], bool] = {}
+    same: list[PairedResult] = []
     for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+            same.append(paired_run(data, window, LOG_SKIP, (list, list), (a, b)))
         for fmt, filename in formats.items():
             for size in LOG_SIZES:
                 prefill = prefilled_log(size)
@@ -372,12 +395,19 @@ def section_log(report: Any, args: argparse.Namespace) -> None:
         "run(s) per cell; LogReport changes no weight: "
         + ("bit-identical" if identical else "DIFFER"),
     )
+    value, detail = paired_cell(same)
+    report.add(
+        "log",
+        "the same trainer on both sides (A/A)",
+        value,
+        detail + "; what two identical trainers differ by: the method's noise",
+    )
     for fmt in formats:
         means = []
         for size in LOG_SIZES:
             runs = results[fmt, size]
             value, detail = paired_cell(runs)
-            means.append(statistics.fmean(d for r in runs for d in r.differences()))
+            means.append(statistics.fmean(r.mean_ci()[0] for r in runs))
             report.add(
                 "log",
                 f"LogReport {fmt}, {size // 1000}k entries",
@@ -617,6 +647,10 @@ def section_tracking(report: Any, args: argparse.Namespace) -> None:
         return
 
     steps = 1_000 if args.quick else 2_000
+    # Paired runs resolve about 2 us with 600 block pairs: --paired-steps buys more pairs.
+    paired_steps = getattr(args, "paired_steps", None) or steps
+    if paired_steps % PAIR_BLOCK:
+        raise SystemExit(f"--paired-steps must be a multiple of {PAIR_BLOCK}")
     repeats = 1 if args.quick else min(args.repeats, 3)
     data = suite.batches(500, seed=4)
     root = tempfile.mkdtemp()
@@ -678,7 +712,7 @@ def section_tracking(report: Any, args: argparse.Namespace) -> None:
             place = _place_tracker(tracker, skip - 1, trainer_threads, paired_layouts[layout])
             chosen = [log, tracker, _until_sending(tracker, skip - 1), place]
             if layout == "paired, server paused":
-                chosen.append(_pause_server(server, skip, skip + steps))
+                chosen.append(_pause_server(server, skip, skip + paired_steps))
             return chosen
 
         return extensions
@@ -699,6 +733,7 @@ def section_tracking(report: Any, args: argparse.Namespace) -> None:
         and (layout != "paired, server paused" or name.startswith("MLflowLogger"))
     }
     paired: dict[tuple[str, int, str], list[PairedResult]] = {key: [] for key in paired_variants}
+    same: list[PairedResult] = []  # LogReport alone on both sides (A/A): the method's noise
     # The local server's CPU time over the MLflow runs, and the entries they sent it.
     server_cpu = 0.0
     try:
@@ -723,7 +758,12 @@ def section_tracking(report: Any, args: argparse.Namespace) -> None:
                 clocks[key].append(per_step)
                 if key[2].startswith("MLflowLogger"):
                     server_cpu += server.cpu_seconds() - server_before
-        for _ in range(repeats):
+        for _ in range(1 if args.quick else args.repeats):
+            if own_core is not None:
+                _pin_process(server.process.pid, every_cpu)
+            outs = (tempfile.mkdtemp(dir=root), tempfile.mkdtemp(dir=root))
+            pair = (alone[1], alone[1])
+            same.append(paired_run(data, paired_steps, _tracking_skip(1), pair, outs))
             for key, extensions in paired_variants.items():
                 if own_core is not None:
                     _pin_process(server.process.pid, paired_layouts[key[0]])
@@ -732,7 +772,13 @@ def section_tracking(report: Any, args: argparse.Namespace) -> None:
                 trainer_threads.clear()
                 paired[key].append(
                     paired_run(
-                        data, steps, _tracking_skip(key[1]), pair, outs, None, trainer_threads
+                        data,
+                        paired_steps,
+                        _tracking_skip(key[1]),
+                        pair,
+                        outs,
+                        None,
+                        trainer_threads,
                     )
                 )
         counted = None if args.quick or not shutil.which("valgrind") else server.uri
@@ -766,6 +812,14 @@ def section_tracking(report: Any, args: argparse.Namespace) -> None:
             "us/step of LogReport alone; entries sent "
             + ", ".join(f"{r.sent}/{r.queued}" for r in sent)
             + f"; server started in {startup:.0f} s",
+        )
+    if same:
+        value, detail = paired_cell(same)
+        report.add(
+            "tracking",
+            "LogReport alone on both sides (A/A), entry every iteration, paired",
+            value,
+            detail + "; what two identical trainers differ by, the server running: the noise",
         )
     for (layout, every, name), results in paired.items():
         value, detail = paired_cell(results, every)

@@ -871,6 +871,12 @@ def parse(argv: Iterable[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="fewer steps; skips 'instructions'")
     p.add_argument("--long", action="store_true", help="rss over 100k iterations")
     p.add_argument("--repeats", type=int, default=5, help="pairs per variant (>= 5 for medians)")
+    p.add_argument(
+        "--paired-steps",
+        type=int,
+        default=None,
+        help="timed steps of each paired run in 'tracking' (default 2000, --quick 1000)",
+    )
     return p.parse_args(list(argv) if argv is not None else None)
 
 

@@ -142,6 +142,14 @@ def test_paired_runs_take_turns_block_by_block(bench_log: ModuleType, tmp_path: 
     mean, half = result.mean_ci()
     assert mean == pytest.approx(sum(result.b) / 6 - sum(result.a) / 6)
     assert half >= 0
+    # Rows give the mean over runs with an interval over runs (runs, not blocks, are the
+    # samples): two equal runs have no spread; a single run has no interval.
+    assert (
+        bench_log.paired_cell([result, result])[0]
+        == f"{mean * 1e6:+.1f} +/- 0.0 us/step thread CPU"
+    )
+    assert "+/-" not in bench_log.paired_cell([result])[0]
+    assert bench_log.runs_interval([1.0, 3.0]) == pytest.approx(12.71)
 
 
 def test_a_failing_paired_trainer_stops_the_pair_with_its_error(
