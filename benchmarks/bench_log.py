@@ -17,8 +17,7 @@ block differences is what the log costs per step in that run, and the row gives 
 the runs' costs with its 95 % interval over runs (an A/A row, the same trainer on both sides,
 shows what two identical trainers differ by). (Runs one after the other, as this section timed
 before, compared minutes that this VM made faster or slower by tens of microseconds per
-step.) The file is read back at the end to check it holds
-N + steps entries.
+step.) The file is read back at the end to check it holds N + steps entries.
 
 ``tracking``: per-step time of LogReport alone and of LogReport + ``MLflowLogger`` against a
 local ``mlflow server`` (SQLite store, a free port) that the section starts and stops, and of
@@ -37,9 +36,11 @@ seconds to start). Three clocks: the training thread's CPU time (``time.thread_t
 step path pays), the process's CPU time (a worker thread's client included; a sender process's
 not) and wall time. The tracker's cost is given per step and per entry. Then each tracker
 is timed ``paired`` (:func:`paired_run`) with LogReport alone, the two trainers taking turns on
-one CPU while the server runs on every CPU: the server's load falls on both trainers' blocks
-alike, so the paired difference is what the tracker itself costs the training thread (the
-sequential layouts above show what a server on the same two CPUs costs besides). Then, unless
+one CPU, in three layouts (the tracker's threads, sender process and the server on every CPU,
+on the other CPUs, or the server paused), with an A/A row (LogReport alone on both sides): the
+server's load falls on both trainers' blocks alike, so the paired difference is what the
+tracker itself costs the training thread (the sequential layouts above show what a server on
+the same two CPUs costs besides). ``--paired-steps`` sets the paired runs' length. Then, unless
 ``--quick`` or without valgrind, callgrind counts the instructions per step of the training
 thread and of the process's other threads (``--separate-threads``) over 300 steps with an entry
 each, for a no-op backend, W&B and MLflow on each sender. Skipped, saying so, when mlflow is
@@ -223,7 +224,8 @@ def paired_run(
     Sequential runs compare minutes that the host may have made faster or slower by tens of
     microseconds per step; taking turns every few milliseconds pairs each block with one of
     the other trainer's that saw the same host, so the paired differences measure what the
-    second set of extensions costs the training thread, and their spread says how well.
+    second set of extensions costs the training thread in this run (two identical trainers
+    still differ by a few us for a whole run: compare runs, see :func:`paired_cell`).
     Both threads run on the same CPU (``cpu``, by default the first this process may use):
     on two CPUs of different speed, or one busier with interrupts, each thread would keep to
     its own and the difference would be the CPUs'. ``threads``, when given, receives the two
