@@ -114,7 +114,10 @@ def _recorder(events: list[tuple[int, int]], me: int) -> object:
     return record
 
 
-def test_paired_runs_take_turns_block_by_block(bench_log: ModuleType, tmp_path: object) -> None:
+@pytest.mark.parametrize("first", [0, 1])
+def test_paired_runs_take_turns_block_by_block(
+    bench_log: ModuleType, tmp_path: object, first: int
+) -> None:
     """The log and tracking sections' paired timing compares blocks of the same few
     milliseconds: the two trainers must really alternate, every PAIR_BLOCK steps, and both
     give one timed block per pair, with the weights of an unchanged training."""
@@ -129,13 +132,14 @@ def test_paired_runs_take_turns_block_by_block(bench_log: ModuleType, tmp_path: 
         2 * block,
         (lambda: [_recorder(events, 0)], lambda: [_recorder(events, 1)]),
         outs,
+        first=first,
     )
     runs = [events[i : i + block] for i in range(0, len(events), block)]
     assert len(runs) == 16
     for number, run in enumerate(runs):
-        me = number % 2
-        first = (number // 2) * block + 1
-        assert run == [(me, first + i) for i in range(block)]
+        me = (number + first) % 2  # ``first`` trains each pair's first block
+        start = (number // 2) * block + 1
+        assert run == [(me, start + i) for i in range(block)]
     assert len(result.a) == len(result.b) == len(result.a_wall) == len(result.b_wall) == 6
     assert all(x > 0 for x in result.a + result.b)
     assert suite.same_weights(*result.models)
