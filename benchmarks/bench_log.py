@@ -201,11 +201,9 @@ class PairedResult:
         a, b = (self.a_wall, self.b_wall) if wall else (self.a, self.b)
         return [y - x for x, y in zip(a, b, strict=True)]
 
-    def mean_ci(self, wall: bool = False) -> tuple[float, float]:
-        """The mean per-step difference and the half-width of its 95 % confidence interval."""
-        diffs = self.differences(wall)
-        spread = statistics.stdev(diffs) if len(diffs) > 1 else float("nan")
-        return statistics.fmean(diffs), 1.96 * spread / len(diffs) ** 0.5
+    def mean(self, wall: bool = False) -> float:
+        """The run's per-step cost: the mean of :meth:`differences`."""
+        return statistics.fmean(self.differences(wall))
 
 
 def paired_run(
@@ -313,15 +311,15 @@ def runs_interval(means: list[float]) -> float:
 def paired_cell(results: list[PairedResult], every: int = 1) -> tuple[str, str]:
     """A report row's value and detail for paired runs: the mean of the runs' mean
     differences with its 95 % interval *over runs*, then each run's mean, the block pairs'
-    median and within-run interval, wall time, the cost per entry and the step without.
+    median and interval (taken as independent), wall time, the cost per entry and the step without.
 
     The run is the unit: two identical trainers paired in one run differ by a few us that
     stay for the run (the suite's A/A row measures it: memory layout, which CPU caches what),
     so the blocks of one run are not independent samples of the cost; the spread of the runs'
     means is the uncertainty."""
-    means = [r.mean_ci()[0] for r in results]
+    means = [r.mean() for r in results]
     mean = statistics.fmean(means)
-    wall = statistics.fmean(r.mean_ci(wall=True)[0] for r in results)
+    wall = statistics.fmean(r.mean(wall=True) for r in results)
     diffs = [d for r in results for d in r.differences()]
     without = statistics.fmean(x for r in results for x in r.a)
     half = runs_interval(means)
@@ -329,12 +327,13 @@ def paired_cell(results: list[PairedResult], every: int = 1) -> tuple[str, str]:
     if len(results) > 1:
         value = f"{mean * 1e6:+.1f} +/- {half * 1e6:.1f} us/step thread CPU"
     runs = ", ".join(f"{m * 1e6:+.1f}" for m in means)
-    within = statistics.stdev(diffs) * 1.96 / len(diffs) ** 0.5 if len(diffs) > 1 else 0.0
+    # Over every block pair as if independent: narrower than the runs say (see above).
+    pairs = statistics.stdev(diffs) * 1.96 / len(diffs) ** 0.5 if len(diffs) > 1 else 0.0
     return (
         value,
         f"paired blocks: mean of {len(results)} run(s) (each run's mean: {runs}) +/- 95% "
         f"interval over runs; {len(diffs)} pairs of {PAIR_BLOCK}-step blocks, median "
-        f"{statistics.median(diffs) * 1e6:+.1f}, +/- {within * 1e6:.1f} within runs; wall "
+        f"{statistics.median(diffs) * 1e6:+.1f}, +/- {pairs * 1e6:.1f} over the pairs; wall "
         f"{wall * 1e6:+.1f}; per entry {mean * every * 1e6:+.1f} us; without: "
         f"{without * 1e6:.1f} us/step (the difference is {mean / without * 100:+.1f}% of it)",
     )
@@ -414,7 +413,7 @@ def section_log(report: Any, args: argparse.Namespace) -> None:
         for size in LOG_SIZES:
             runs = results[fmt, size]
             value, detail = paired_cell(runs)
-            means.append(statistics.fmean(r.mean_ci()[0] for r in runs))
+            means.append(statistics.fmean(r.mean() for r in runs))
             report.add(
                 "log",
                 f"LogReport {fmt}, {size // 1000}k entries",
@@ -576,34 +575,13 @@ def _own_core_layout() -> tuple[set[int], set[int]] | None:
     return {cpus[0]}, set(cpus[1:])
 
 
-def _take_own_core(tracker: Any, iteration: int, layout: tuple[set[int], set[int]]) -> Any:
+def _place_tracker(tracker: Any, iteration: int, keep: set[int], cpus: set[int]) -> Any:
     """An extension that, at ``iteration`` (before the timed window, after the tracker is
-    sending), gives the training thread a CPU of its own: the process's other threads and the
-    tracker's sender process (with the server, pinned by the section) run on the others, as
-    on a machine with spare cores."""
-    mine, others = layout
+    sending), moves every thread of this process but those in ``keep`` (native ids: the
+    training thread or a paired run's two), and the tracker's sender process, to ``cpus``.
 
-    @ppe.training.make_extension(
-        trigger=ppe.training.triggers.ManualScheduleTrigger([iteration], "iteration"),
-        priority=-1001,  # after _until_sending
-    )
-    def take_own_core(manager: Any) -> None:
-        me = threading.get_native_id()
-        for tid in os.listdir("/proc/self/task"):
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(int(tid), mine if int(tid) == me else others)
-        pid = getattr(tracker, "sender_pid", None)
-        if pid is not None:
-            _pin_process(pid, others)
-
-    return take_own_core
-
-
-def _place_tracker(tracker: Any, iteration: int, trainers: set[int], cpus: set[int]) -> Any:
-    """An extension that, at ``iteration`` (after the tracker is sending), moves every thread
-    of this process but the ``trainers`` (a paired run's two training threads, on one CPU),
-    and the tracker's sender process, to ``cpus``: threads a pinned trainer starts inherit its
-    CPU, and the paired layouts choose where the tracker's work runs instead."""
+    Threads and processes a pinned trainer starts inherit its CPU; the layouts choose where
+    the tracker's work runs instead. ``keep`` is read when the extension runs."""
 
     @ppe.training.make_extension(
         trigger=ppe.training.triggers.ManualScheduleTrigger([iteration], "iteration"),
@@ -611,7 +589,7 @@ def _place_tracker(tracker: Any, iteration: int, trainers: set[int], cpus: set[i
     )
     def place_tracker(manager: Any) -> None:
         for tid in os.listdir("/proc/self/task"):
-            if int(tid) not in trainers:
+            if int(tid) not in keep:
                 with contextlib.suppress(OSError):
                     os.sched_setaffinity(int(tid), cpus)
         pid = getattr(tracker, "sender_pid", None)
@@ -619,6 +597,27 @@ def _place_tracker(tracker: Any, iteration: int, trainers: set[int], cpus: set[i
             _pin_process(pid, cpus)
 
     return place_tracker
+
+
+def _take_own_core(tracker: Any, iteration: int, layout: tuple[set[int], set[int]]) -> Any:
+    """An extension that, at ``iteration`` (before the timed window, after the tracker is
+    sending), gives the training thread a CPU of its own: the process's other threads and the
+    tracker's sender process (with the server, pinned by the section) run on the others, as
+    on a machine with spare cores."""
+    mine, others = layout
+    keep: set[int] = set()
+    place = _place_tracker(tracker, iteration, keep, others)
+
+    @ppe.training.make_extension(
+        trigger=ppe.training.triggers.ManualScheduleTrigger([iteration], "iteration"),
+        priority=-1001,  # after _until_sending
+    )
+    def take_own_core(manager: Any) -> None:
+        keep.add(threading.get_native_id())
+        os.sched_setaffinity(0, mine)  # this (the training) thread
+        place(manager)
+
+    return take_own_core
 
 
 def _pause_server(server: MlflowServer, start: int, end: int) -> Any:

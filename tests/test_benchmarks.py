@@ -143,9 +143,9 @@ def test_paired_runs_take_turns_block_by_block(
     assert len(result.a) == len(result.b) == len(result.a_wall) == len(result.b_wall) == 6
     assert all(x > 0 for x in result.a + result.b)
     assert suite.same_weights(*result.models)
-    mean, half = result.mean_ci()
+    mean = result.mean()
     assert mean == pytest.approx(sum(result.b) / 6 - sum(result.a) / 6)
-    assert half >= 0
+    assert result.mean(wall=True) == pytest.approx(sum(result.b_wall) / 6 - sum(result.a_wall) / 6)
     # Rows give the mean over runs with an interval over runs (runs, not blocks, are the
     # samples): two equal runs have no spread; a single run has no interval.
     assert (
