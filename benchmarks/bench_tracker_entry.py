@@ -9,10 +9,10 @@ count instructions, which a cold cache turns into time at different rates. Here 
 runs ``LogReport(trigger=(1, "iteration"))`` and a no-op ``BaseTracker`` (a real sender
 process or worker thread, a backend that accepts every batch), and the tracker's entry
 listener (what LogReport calls per entry: the whole of the tracker's work on the training
-thread) is wrapped so that each call is timed with ``time.perf_counter_ns``. Reported: the
-median and 90th percentile per call, each less an empty pair of clock reads, and the same
-wrapper around a function that does nothing (the floor of any Python listener; the entry is
-then queued outside the timed part). The window starts after the tracker is sending
+thread: since 2026-12-06, the queue's own ``append``) is wrapped so that each call is timed
+with ``time.perf_counter_ns``. Reported: the median and 90th percentile per call, each less
+an empty pair of clock reads, and the same wrapper around a function that does nothing (the
+floor of any Python listener; the entry is then queued outside the timed part). The window starts after the tracker is sending
 (``LOG_SKIP`` steps).
 """
 
@@ -33,34 +33,39 @@ import bench_log
 import suite
 
 import ppe_core as ppe
-from ppe_core.tracking import BaseTracker
+from ppe_core.training.extensions import LogReport
 
 #: Steps timed after the window opens (one entry each).
 STEPS = 2_000
 
 
-def _nothing(tracker: BaseTracker, entry: Any) -> None:
+def _nothing(entry: Any) -> None:
     return None
 
 
-def time_listener(sender: str, listener: Callable[[BaseTracker, Any], object]) -> list[int]:
-    """Nanoseconds of each call of ``listener`` (in place of the tracker's) minus its clock
-    pair, one per entry of a ``STEPS``-step run with a no-op tracker on ``sender``."""
+def time_listener(sender: str, *, floor: bool = False) -> list[int]:
+    """Nanoseconds of each call of the tracker's entry listener minus its clock pair, one per
+    entry of a ``STEPS``-step run with a no-op tracker on ``sender``; with ``floor``, of a
+    function that does nothing in its place (the listener is then called untimed)."""
     samples: list[int] = []
     clock = time.perf_counter_ns
+    original_add = LogReport.add_entry_listener
 
-    original = BaseTracker._take
+    def add(log: LogReport, listener: Callable[[Any], object]) -> None:
+        timed_one = _nothing if floor else listener
 
-    def timed(self: BaseTracker, entry: Any) -> None:
-        start = clock()
-        listener(self, entry)
-        end = clock()
-        empty = clock()
-        samples.append((end - start) - (clock() - empty))
-        if listener is not original:  # the floor: the entry is still queued, untimed
-            original(self, entry)
+        def timed(entry: Any) -> None:
+            start = clock()
+            timed_one(entry)
+            end = clock()
+            empty = clock()
+            samples.append((end - start) - (clock() - empty))
+            if floor:
+                listener(entry)
 
-    BaseTracker._take = timed  # type: ignore[method-assign]
+        original_add(log, timed)
+
+    LogReport.add_entry_listener = add  # type: ignore[method-assign]
     try:
 
         def extensions() -> list[Any]:
@@ -73,7 +78,7 @@ def time_listener(sender: str, listener: Callable[[BaseTracker, Any], object]) -
                 suite.batches(500, seed=4), STEPS, bench_log.LOG_SKIP, extensions, out
             )
     finally:
-        BaseTracker._take = original  # type: ignore[method-assign]
+        LogReport.add_entry_listener = original_add  # type: ignore[method-assign]
     return samples[bench_log.LOG_SKIP :]
 
 
@@ -89,8 +94,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f} at the start")
     for sender in args.sender or ["process", "thread"]:
-        took = time_listener(sender, BaseTracker._take)
-        floor = time_listener(sender, _nothing)
+        took = time_listener(sender)
+        floor = time_listener(sender, floor=True)
         print(f"{sender:8} listener {_describe(took)}; empty listener {_describe(floor)}")
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
 

@@ -34,6 +34,33 @@ def linear_manager(
     )
 
 
+def profile_entry_steps(manager: Any, steps: int) -> tuple[list[str], list[Any]]:
+    """Trains ``steps`` steps of ``linear_manager``'s model, profiling the training thread's
+    extension calls after the first step: ``file:function`` of each Python function called
+    and the ``self`` of each C-level ``append`` called."""
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
+    files: list[str] = []
+    appended_to: list[Any] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            files.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
+        elif event == "c_call" and getattr(arg, "__name__", "") == "append":
+            appended_to.append(getattr(arg, "__self__", None))
+
+    from ppe_core.reporting import report
+
+    for step in range(steps):
+        with manager.run_iteration(step_optimizers=["main"]):
+            loss = manager.models["main"](x).square().mean()
+            loss.backward()
+            report({"train/loss": loss})
+            if step:  # the first step initializes the extensions
+                sys.setprofile(profile)
+        sys.setprofile(None)
+    return files, appended_to
+
+
 def run_python(code: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a fresh interpreter (state a test must not leave in its own process:
     the emulated device, a first backward pass); output captured, never raises on failure."""

@@ -73,8 +73,11 @@ class RecordingTracker(BaseTracker):
         return [entry.step for batch in self.batches for entry in batch]
 
 
-def _train(manager: Any, iterations: int | None = None) -> None:
-    """Steps until the stop trigger (or ``iterations`` steps), then finalizes (once)."""
+def _train(manager: Any, iterations: int | None = None, pause: float = 0.0) -> None:
+    """Steps until the stop trigger (or ``iterations`` steps), then finalizes (once).
+
+    ``pause`` seconds pass in each step: the tracker's pump looks at its queue between steps.
+    """
     x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
     steps = 0
     while not manager.stop_trigger and steps != iterations:
@@ -82,6 +85,7 @@ def _train(manager: Any, iterations: int | None = None) -> None:
             loss = manager.models["main"](x).square().mean()
             loss.backward()  # type: ignore[no-untyped-call]
             report({"train/loss": loss})
+            time.sleep(pause)
         steps += 1
     manager.finalize()
 
@@ -93,12 +97,13 @@ def _run(
     trigger: Any = (1, "iteration"),
     max_epochs: int = 3,
     iterations: int | None = None,
+    pause: float = 0.0,
 ) -> LogReport:
     log_report = LogReport(trigger=trigger)
     manager = linear_manager(
         tmp_path, [log_report, tracker], max_epochs=max_epochs, iters_per_epoch=ITERS_PER_EPOCH
     )
-    _train(manager, iterations)
+    _train(manager, iterations, pause)
     return log_report
 
 
@@ -194,16 +199,19 @@ def test_failed_calls_are_retried_with_backoff(tmp_path: Path) -> None:
 def test_a_backend_that_keeps_failing_is_reported_once_and_counted_at_the_end(
     tmp_path: Path,
 ) -> None:
-    tracker = RecordingTracker(fail_first=10**6, max_retries=1, retry_backoff=0, batch_size=1)
+    tracker = RecordingTracker(
+        fail_first=10**6, max_retries=1, retry_backoff=0, batch_size=1, send_interval=0
+    )
     with pytest.warns(TrackerWarning) as record:
-        _run(tmp_path, tracker, max_epochs=2)
+        _run(tmp_path, tracker, max_epochs=2, pause=0.02)
     messages = [str(w.message) for w in record]
-    assert len(messages) <= 2
+    assert len(messages) == 2, messages
+    # The worker's failure, raised on the training thread with a later entry; then the end's.
+    assert "could not send" in messages[0] and "training goes on" in messages[0]
+    assert record[0].filename.endswith("_log_report.py")
     final = messages[-1]
     assert "sent 0 of 8 entries" in final
     assert "last error: ConnectionError: server unreachable" in final
-    if len(messages) == 2:  # the worker failed before training ended: one warning during it
-        assert "could not send" in messages[0]
     counts = tracker.report
     assert counts.sent == 0
     assert counts.failed + counts.unsent == 8
@@ -213,22 +221,26 @@ def test_a_full_queue_drops_with_one_warning_and_the_flush_wait_is_bounded(
     tmp_path: Path,
 ) -> None:
     block = threading.Event()  # the backend hangs: nothing drains
-    tracker = RecordingTracker(block=block, queue_size=2, batch_size=1, flush_timeout=0.2)
+    tracker = RecordingTracker(
+        block=block, queue_size=2, batch_size=1, send_interval=0, flush_timeout=0.2
+    )
     try:
         with pytest.warns(TrackerWarning) as record:
-            _run(tmp_path, tracker, max_epochs=3)
+            _run(tmp_path, tracker, max_epochs=3, pause=0.01)
     finally:
         block.set()
     messages = [str(w.message) for w in record]
     assert len(messages) == 2, messages
-    assert "queue is full (2 entries" in messages[0]
+    # The pump found the queue full while the worker hung; the warning came with a later entry.
+    assert "queue is full (2 entries" in messages[0] and "drops the oldest" in messages[0]
     counts = tracker.report
-    # One entry is in the hung call, two wait in the queue, the other nine were dropped.
-    assert (counts.queued, counts.dropped, counts.unsent, counts.sent) == (3, 9, 3, 0)
+    # Two entries went to the worker (one in the hung call, one waiting for it: the most it
+    # holds), two wait in the queue, the other eight were dropped.
+    assert (counts.queued, counts.dropped, counts.unsent, counts.sent) == (4, 8, 4, 0)
     assert counts.timed_out
     assert "sent 0 of 12 entries" in messages[1]
-    assert "9 dropped because the queue was full" in messages[1]
-    assert "3 still queued when the flush gave up after 0.2 s" in messages[1]
+    assert "8 dropped because the queue was full" in messages[1]
+    assert "4 still queued when the flush gave up after 0.2 s" in messages[1]
     # The training thread never called the backend, even while it hung.
     assert threading.current_thread().name not in {thread for _, thread in tracker.calls}
 
@@ -322,24 +334,83 @@ def test_a_tracker_that_is_not_installed_is_named_with_its_install_command(
         getattr(extensions, name)
 
 
-def test_the_queue_wakes_its_worker_once_per_batch_and_drops_when_full() -> None:
-    from ppe_core.tracking._channel import Outbox as _Outbox
+def _wait_for(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
 
-    outbox = _Outbox(capacity=250, batch_size=100, interval=0.0)
-    wakes: list[int] = []
-    real_notify = outbox._cond.notify
 
-    def counting_notify(n: int = 1) -> None:
-        wakes.append(len(outbox))
-        real_notify(n)
+def _pump(
+    capacity: int,
+    interval: float,
+    deliver: Any,
+    *,
+    finished: Any = lambda: 0,
+    on_full: Any = lambda: None,
+) -> Any:
+    """A pump of batches of 100 that keeps at most 200 entries in flight."""
+    from ppe_core.tracking._channel import Pump
 
-    outbox._cond.notify = counting_notify  # type: ignore[method-assign]
-    assert all(outbox.offer({"iteration": i}) for i in range(250))
-    assert not outbox.offer({"iteration": 250})  # full: refused, never waits
-    assert wakes == [1, 100]  # the first entry of the batch, and the full batch
-    batch = outbox.take()
-    assert batch is not None and [e["iteration"] for e in batch] == list(range(100))
-    outbox.close()
-    rest = [outbox.take(), outbox.take(), outbox.take()]
-    assert [len(b) for b in rest if b is not None] == [100, 50]
-    assert rest[2] is None
+    return Pump(
+        capacity=capacity,
+        batch_size=100,
+        interval=interval,
+        in_flight=200,
+        deliver=deliver,
+        finished=finished,
+        on_full=on_full,
+        name="test-pump",
+    )
+
+
+def test_the_pump_hands_whole_batches_bounds_what_is_in_flight_and_drops_the_oldest() -> None:
+    delivered: list[list[int] | None] = []
+    finished = {"count": -(10**9)}  # nothing may be handed over yet
+    full: list[int] = []
+    pump = _pump(
+        250,
+        60.0,
+        lambda batch: delivered.append(None if batch is None else [e["iteration"] for e in batch]),
+        finished=lambda: finished["count"],
+        on_full=lambda: full.append(len(pump.items)),
+    )
+    for i in range(600):
+        pump.put({"iteration": i})
+    _wait_for(lambda: full)  # a look found it full: each put pushed out the oldest
+    assert delivered == [] and full[0] == 250
+    assert [entry["iteration"] for entry in pump.items] == list(range(350, 600))
+    assert pump.dropped(600) == 350
+
+    finished["count"] = 0  # the backend is free: two whole batches, then the limit
+    _wait_for(lambda: len(delivered) == 2)
+    time.sleep(0.2)  # several looks: 50 entries wait, which fill no batch within 60 s
+    assert delivered == [list(range(350, 450)), list(range(450, 550))]
+    finished["count"] = 200
+    time.sleep(0.2)
+    assert len(delivered) == 2
+    assert (pump.taken, len(pump.items), pump.dropped(600)) == (200, 50, 350)
+
+    pump.close()  # the rest, whatever the interval, then the end
+    assert pump.join(5)
+    assert delivered[2:] == [list(range(550, 600)), None]
+    assert pump.dropped(600) == 350
+
+
+def test_the_pump_sends_a_partial_batch_after_send_interval() -> None:
+    delivered: list[tuple[float, int]] = []
+    pump = _pump(
+        100,
+        0.2,
+        lambda batch: delivered.append((time.monotonic(), -1 if batch is None else len(batch))),
+    )
+    start = time.monotonic()
+    for i in range(10):
+        pump.put({"iteration": i})
+    _wait_for(lambda: delivered)
+    took = delivered[0][0] - start
+    assert delivered[0][1] == 10
+    assert 0.15 <= took < 2.0, took  # about send_interval (looks every 50 ms)
+    pump.close()
+    assert pump.join(5)
+    assert [count for _, count in delivered] == [10, -1]

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import linear_manager
+from helpers import linear_manager, profile_entry_steps
 
 from ppe_core.errors import ConfigurationError, TrackerWarning
 from ppe_core.reporting import report
@@ -84,7 +84,8 @@ def _read(directory: Path, name: str) -> list[Any]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def _train(manager: Any, iterations: int | None = None) -> None:
+def _train(manager: Any, iterations: int | None = None, pause: float = 0.0) -> None:
+    # `pause` seconds pass in each step: the pump looks at its queue between steps.
     x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
     steps = 0
     while not manager.stop_trigger and steps != iterations:
@@ -92,12 +93,18 @@ def _train(manager: Any, iterations: int | None = None) -> None:
             loss = manager.models["main"](x).square().mean()
             loss.backward()
             report({"train/loss": loss})
+            time.sleep(pause)
         steps += 1
     manager.finalize()
 
 
 def _run(
-    tmp_path: Path, tracker: BaseTracker, *, max_epochs: int = 3, iterations: int | None = None
+    tmp_path: Path,
+    tracker: BaseTracker,
+    *,
+    max_epochs: int = 3,
+    iterations: int | None = None,
+    pause: float = 0.0,
 ) -> LogReport:
     log_report = LogReport(trigger=(1, "iteration"))
     manager = linear_manager(
@@ -106,7 +113,7 @@ def _run(
         max_epochs=max_epochs,
         iters_per_epoch=ITERS_PER_EPOCH,
     )
-    _train(manager, iterations)
+    _train(manager, iterations, pause)
     return log_report
 
 
@@ -166,17 +173,59 @@ def test_a_slow_sender_drops_with_one_warning_and_is_killed_after_the_flush_time
         str(tmp_path), delay=60, queue_size=2, batch_size=1, send_interval=0, flush_timeout=0.5
     )
     with pytest.warns(TrackerWarning) as record:
-        _run(tmp_path, tracker)
+        _run(tmp_path, tracker, pause=0.01)
     messages = [str(w.message) for w in record]
     assert len(messages) == 2, messages
     assert "queue is full (2 entries" in messages[0]
     counts = tracker.report
-    assert counts.queued == 2 and counts.dropped == 10
-    assert counts.timed_out and counts.sent == 0 and counts.unsent == 2
-    assert "10 dropped because the queue was full" in messages[1]
-    assert "2 still queued when the flush gave up after 0.5 s" in messages[1]
+    # Two in the child (one in the slow call, one waiting: the most it holds), two in the
+    # queue, eight dropped.
+    assert counts.queued == 4 and counts.dropped == 8
+    assert counts.timed_out and counts.sent == 0 and counts.unsent == 4
+    assert "8 dropped because the queue was full" in messages[1]
+    assert "4 still queued when the flush gave up after 0.5 s" in messages[1]
     assert tracker.sender_pid is not None
     assert not _alive(tracker.sender_pid)
+
+
+def test_a_full_queue_keeps_the_newest_entries(tmp_path: Path) -> None:
+    # The backend takes 0.5 s per batch and training 12 steps of 10 ms: the first two entries
+    # reach the child at once, the others wait in a queue of two, each new one dropping the
+    # oldest; when training ends the two newest are still there and are sent.
+    tracker = FileTracker(
+        str(tmp_path), delay=0.5, queue_size=2, batch_size=1, send_interval=0, flush_timeout=30
+    )
+    with pytest.warns(TrackerWarning) as record:
+        _run(tmp_path, tracker, pause=0.01)
+    assert "queue is full" in str(record[0].message)
+    assert "8 dropped because the queue was full" in str(record[-1].message)
+    steps = [entry["step"] for entry in _read(tmp_path, "entries.jsonl")]
+    assert len(steps) == 4 and steps[2:] == [11, 12], steps
+    assert steps == sorted(steps)
+    counts = tracker.report
+    assert (counts.queued, counts.sent, counts.dropped, counts.unsent) == (4, 4, 8, 0)
+
+
+@pytest.mark.parametrize("sender", ["thread", "process"])
+def test_no_tracker_code_runs_on_the_training_thread_per_entry(tmp_path: Path, sender: str) -> None:
+    # LogReport's listener is the queue's own append (C code): profiled on the training
+    # thread, a step with an entry calls no Python function of ppe_core.tracking.
+    tracker = FileTracker(str(tmp_path), batch_size=5, sender=sender)
+    manager = linear_manager(  # 12 of its 16 steps: training goes on (no finalize)
+        tmp_path / "out",
+        [LogReport(trigger=(1, "iteration")), tracker],
+        max_epochs=4,
+        iters_per_epoch=ITERS_PER_EPOCH,
+    )
+    files, appended_to = profile_entry_steps(manager, 12)
+    assert tracker._pump is not None
+    queue = tracker._pump.items
+    manager.finalize()
+    assert [name for name in files if f"ppe_core{os.sep}tracking" in name] == []
+    assert any("_log_report.py:_emit" in name for name in files)  # it did profile
+    assert sum(1 for target in appended_to if target is queue) == 11
+    steps = [entry["step"] for entry in _read(tmp_path, "entries.jsonl")]
+    assert steps == list(range(1, 13))
 
 
 def test_resume_in_a_sender_process_continues_the_run_and_its_steps(tmp_path: Path) -> None:
@@ -231,7 +280,7 @@ def test_a_tracker_that_cannot_run_in_a_process_falls_back_to_a_thread(tmp_path:
 _ORPHAN_SCRIPT = """
 import sys, torch
 sys.path.insert(0, sys.argv[1])
-from helpers import linear_manager
+from helpers import linear_manager, profile_entry_steps
 from ppe_core.reporting import report
 from ppe_core.training.extensions._log_report import LogReport
 from test_tracking_sender import FileTracker

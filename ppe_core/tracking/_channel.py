@@ -1,5 +1,5 @@
 """What a tracker's training side, its sending worker and its sender process share: the
-outbox between the training thread and the sender, the counts and their lock, and the framing
+pump between the training thread and the sender, the counts and their lock, and the framing
 of the messages on the sender process's pipes.
 
 The bottom of ``ppe_core.tracking``: it imports no other tracking module, so the tracker,
@@ -15,10 +15,10 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import IO, Any
 
-__all__ = ["COUNTS_LOCK", "Outbox", "TrackerReport", "read_message", "write_message"]
+__all__ = ["COUNTS_LOCK", "Pump", "TrackerReport", "read_message", "write_message"]
 
 # Counts are updated by the training thread and the workers; updates are rare (per entry).
 COUNTS_LOCK = threading.Lock()
@@ -30,13 +30,13 @@ _HEADER = struct.Struct("!I")
 class TrackerReport:
     """What a tracker did with the entries LogReport emitted (:attr:`BaseTracker.report`).
 
-    ``queued == sent + failed + skipped + unsent``; ``dropped`` entries never entered the
-    queue.
+    ``queued == sent + failed + skipped + unsent``; LogReport handed ``queued + dropped``
+    entries to the tracker.
 
     Attributes:
-        queued: Entries put on the queue.
+        queued: Entries handed to the tracker and not dropped.
         sent: Entries the backend accepted.
-        dropped: Entries dropped because the queue was full.
+        dropped: Entries pushed out of the full queue (the oldest waiting) by newer ones.
         failed: Entries the backend refused after every retry.
         skipped: Entries at or below the last step a resumed run already held (no duplicates).
         unsent: Entries still queued or in flight (when the final flush timed out).
@@ -58,61 +58,106 @@ class TrackerReport:
     timed_out: bool = False
 
 
-class Outbox:
-    """A bounded queue of LogReport entries between the training thread and the worker.
+#: The longest pause between two looks of a pump at its queue (seconds): an entry waits at
+#: most about ``send_interval`` plus this for its batch.
+MAX_LOOK = 0.05
+#: The shortest pause (``send_interval=0``): at most 500 looks a second.
+MIN_LOOK = 0.002
 
-    ``offer`` never waits: it answers False when the queue is full. It wakes the worker only
-    for the first entry of a batch and for a full batch, so the worker (and the GIL it takes)
-    runs once per batch, not once per entry.
+
+class Pump:
+    """LogReport's entries on their way to a sender: put by the training thread, handed on in
+    batches by a pump thread.
+
+    :attr:`put` is a bounded deque's own ``append``, registered as LogReport's entry listener:
+    all a tracker does on the training thread is that one C-level call (no Python frame, no
+    lock, no wake-up). The pump thread looks at the deque every ``send_interval`` seconds
+    (within 2-50 ms) and hands a batch to ``deliver`` when ``batch_size`` entries wait or
+    the first of them was seen ``send_interval`` seconds ago, while fewer than
+    ``in_flight`` delivered entries are unfinished (``finished()``): a slow backend holds at
+    most that many, the deque at most ``capacity`` more.
+
+    An entry put into a full deque pushes out the oldest waiting one: the owner counts it as
+    dropped (what it put, less :attr:`taken`, less what waits; :meth:`dropped`). Each look
+    that finds the deque full calls ``on_full``. After :meth:`close` the pump delivers what
+    is left, whatever is in flight, then calls ``deliver(None)`` and stops.
     """
 
-    def __init__(self, capacity: int, batch_size: int, interval: float) -> None:
-        self._capacity = capacity
+    def __init__(
+        self,
+        *,
+        capacity: int,
+        batch_size: int,
+        interval: float,
+        in_flight: int,
+        deliver: Callable[[list[Mapping[str, Any]] | None], None],
+        finished: Callable[[], int],
+        on_full: Callable[[], None],
+        name: str,
+    ) -> None:
+        self.items: deque[Mapping[str, Any]] = deque(maxlen=capacity)
+        self.put: Callable[[Mapping[str, Any]], None] = self.items.append
+        # Pump thread only; raised before the entries leave the deque, so a reader on another
+        # thread never counts an entry as dropped that is only on its way out.
+        self.taken = 0
         self._batch_size = batch_size
         self._interval = interval
-        self._items: deque[Mapping[str, Any]] = deque()
-        # The condition's own lock, taken directly by `offer`: a Condition's `with` runs two
-        # Python-level methods around the lock's C-level ones, on the training thread.
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._closed = False
+        self._look = min(MAX_LOOK, max(MIN_LOOK, interval))
+        self._in_flight = in_flight
+        self._deliver = deliver
+        self._finished = finished
+        self._on_full = on_full
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
 
-    def offer(self, item: Mapping[str, Any]) -> bool:
-        """Appends ``item`` unless the queue is full (False); never waits for the worker."""
-        items = self._items
-        with self._lock:
-            count = len(items)
-            if count >= self._capacity:
-                return False
-            items.append(item)
-            if count == 0 or count + 1 == self._batch_size:
-                self._cond.notify()  # the lock is held: a waiting worker cannot miss it
-            return True
+    def dropped(self, put: int) -> int:
+        """Entries pushed out of the full deque, of the ``put`` entries put so far.
 
-    def take(self) -> list[Mapping[str, Any]] | None:
-        """The next batch: ``batch_size`` entries, or those ``interval`` seconds after the
-        first one arrived, or all that is left once closed; None once closed and empty."""
-        with self._cond:
-            while not self._items and not self._closed:
-                self._cond.wait()
-            deadline = time.monotonic() + self._interval
-            while not self._closed and len(self._items) < self._batch_size:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining)
-            if not self._items:
-                return None
-            count = min(self._batch_size, len(self._items))
-            return [self._items.popleft() for _ in range(count)]
+        Exact once the training thread stopped putting; before, read on that thread, it
+        never counts more than were dropped.
+        """
+        return max(0, put - self.taken - len(self.items))
 
     def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
+        """Delivers what waits (in batches), then ``None``; returns at once."""
+        self._closing.set()
 
-    def __len__(self) -> int:
-        return len(self._items)
+    def join(self, timeout: float | None) -> bool:
+        """Waits up to ``timeout`` seconds for the pump to stop; True when it did."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        items, size = self.items, self._batch_size
+        seen_at: float | None = None  # when a look first found the oldest waiting entry
+        while not self._closing.wait(self._look):
+            count = len(items)
+            if count == items.maxlen:
+                self._on_full()
+            if not count:
+                seen_at = None
+                continue
+            now = time.monotonic()
+            # The oldest may have come just after the last look.
+            since = now - self._look if seen_at is None else seen_at
+            while (
+                count
+                and (count >= size or now - since >= self._interval)
+                and self.taken - self._finished() < self._in_flight
+            ):
+                self._hand(min(size, count))
+                count = len(items)
+                since = now
+            seen_at = since if count else None
+        while items:
+            self._hand(min(size, len(items)))
+        self._deliver(None)
+
+    def _hand(self, count: int) -> None:
+        self.taken += count
+        items = self.items
+        self._deliver([items.popleft() for _ in range(count)])
 
 
 def write_message(stream: IO[bytes], message: tuple[Any, ...]) -> None:

@@ -62,19 +62,19 @@ def serve(tracker: BaseTracker, protocol_in: IO[bytes], send: Any) -> int:
     def report() -> None:
         send(("counts", tracker.report, tracker.run_id))
 
-    # Batches arrive whole from the parent, which waited for them to fill (no second wait)
-    # and bounds what is unsent (the child's outbox never refuses one).
-    outbox = tracker.start_worker(0.0, capacity=sys.maxsize, on_counts=report)
+    # Batches arrive whole from the parent's pump, which keeps at most two unfinished here.
+    feed = tracker.start_worker(on_counts=report)
     while True:
         message = read_message(protocol_in)
         if message is None:  # the parent died: a short flush, the run marked failed
+            feed(None)
             tracker.stop_worker(ORPHAN_FLUSH, failed=True, grace=1.0)
             sys.stderr.flush()
             os._exit(0)
         if message[0] == "batch":
-            for entry in message[1]:
-                outbox.offer(entry)
+            feed(list(message[1]))
         elif message[0] == "close":
+            feed(None)
             tracker.stop_worker(None, failed=bool(message[1]))
             report()
             send(("done",))

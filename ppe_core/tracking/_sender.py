@@ -15,7 +15,7 @@ process that holds torch's threads. Messages are length-prefixed pickles:
 The child rebuilds the tracker from the pickle (``BaseTracker.__getstate__`` leaves the
 runtime state out) and runs the same worker as the thread mode: retries, skips on resume,
 artifacts and ``close_run`` behave alike. Neither side touches the tracker's fields: the
-parent reports through the two callbacks the tracker hands it, the child drives the worker
+parent reports through the callbacks the tracker hands it, the child drives the worker
 through ``BaseTracker.start_worker``/``stop_worker`` and reads ``report`` and ``run_id``.
 """
 
@@ -29,11 +29,10 @@ import pickle
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ppe_core.tracking._channel import TrackerReport, read_message, write_message
+from ppe_core.tracking._channel import Pump, TrackerReport, read_message, write_message
 
 if TYPE_CHECKING:
     from ppe_core.tracking._tracker import BaseTracker
@@ -63,10 +62,10 @@ def unsendable_reason(tracker: BaseTracker) -> str:
 class ProcessSender:
     """The parent's end of a sender process: hands entries over in batches, reads counts.
 
-    :meth:`offer` runs on the training thread and only appends to a deque (no lock, no
-    pickling); a pump thread pickles each batch once and writes it to the child's stdin, a
-    reader thread applies the child's counts to the tracker, and a third forwards the
-    child's stderr.
+    The training thread puts entries into :attr:`pump`'s queue (its ``put`` is LogReport's
+    entry listener); the pump thread pickles each batch once and writes it to the child's
+    stdin, keeping at most two batches unfinished in the child; a reader thread applies the
+    child's counts to the tracker, and a third forwards the child's stderr.
     """
 
     def __init__(
@@ -79,22 +78,17 @@ class ProcessSender:
         interval: float,
         on_report: Callable[[TrackerReport, str | None], None],
         on_error: Callable[[str], None],
+        on_full: Callable[[], None],
     ) -> None:
         self._tracker = tracker
-        self._capacity = capacity
-        self._batch_size = batch_size
-        self._interval = interval
         self._on_report = on_report
         self._on_error = on_error
         self._child_report = TrackerReport()
         self._counts_lock = threading.Lock()
         self._run_id: str | None = None
-        self._items: collections.deque[Mapping[str, Any]] = collections.deque()
-        self._wake = threading.Event()
-        self._offered = 0  # training thread only
         self._done = 0  # reader only: entries the child sent, refused or skipped
         self._orphaned = 0  # pump only: entries it could not hand to the child
-        self._closing = False
+        self._started = self._broken = False  # pump only
         self._close_failed = False
         self._finished = False
         self._ended = threading.Event()
@@ -114,91 +108,72 @@ class ProcessSender:
         )
         self._threads = [
             threading.Thread(target=target, name=f"ppe-tracker-{label}-{role}", daemon=True)
-            for target, role in (
-                (self._pump, "pump"),
-                (self._read_counts, "reader"),
-                (self._forward_stderr, "stderr"),
-            )
+            for target, role in ((self._read_counts, "reader"), (self._forward_stderr, "stderr"))
         ]
         for thread in self._threads:
             thread.start()
+        self.pump = Pump(
+            capacity=capacity,
+            batch_size=batch_size,
+            interval=interval,
+            in_flight=2 * batch_size,
+            deliver=self._deliver,
+            finished=self._settled,
+            on_full=on_full,
+            name=f"ppe-tracker-{label}-pump",
+        )
 
     @property
     def pid(self) -> int:
         return self.process.pid
 
-    def offer(self, item: Mapping[str, Any]) -> bool:
-        """Appends ``item`` unless ``queue_size`` entries are unsent (False); never waits."""
-        if self._offered - self._done - self._orphaned >= self._capacity:
-            return False
-        self._offered += 1
-        items = self._items
-        items.append(item)
-        count = len(items)
-        if count == 1 or count == self._batch_size:
-            self._wake.set()
-        return True
-
     def finish(self, failed: bool, timeout: float) -> bool:
         """Sends what is left and closes the run; True when the child was killed after
         ``timeout`` seconds (what it had not sent counts as unsent)."""
         self._close_failed = failed
-        self._closing = True
-        self._wake.set()
+        self.pump.close()
         timed_out = not self._ended.wait(timeout)
         if timed_out:
             self.process.kill()
             self._ended.wait(10)
+        self.pump.join(1)
         for thread in self._threads:
             thread.join(1)
         return timed_out
 
     # ------------------------------------------------------------------ parent threads
 
-    def _pump(self) -> None:
+    def _settled(self) -> int:
+        # Entries handed to the child that it finished (sent, refused, skipped) or never got.
+        return self._done + self._orphaned
+
+    def _deliver(self, batch: list[Mapping[str, Any]] | None) -> None:
+        # The pump thread's: a batch, or None for the end of the run.
         stdin = self.process.stdin
         assert stdin is not None
-        broken = started = False
-        items = self._items
-        while True:
-            self._wake.wait()
-            if not started:
-                # The tracker is pickled when its first entry (or the end) comes, not when it
-                # initializes: a snapshot autoloaded after that (run id, steps) is in it.
-                started = True
-                try:
-                    payload = pickle.dumps(self._tracker, protocol=pickle.HIGHEST_PROTOCOL)
-                    write_message(stdin, ("start", list(sys.path), payload))
-                except Exception as exc:
-                    broken = True
-                    self._on_error(f"{type(exc).__name__}: {exc}")
-            deadline = time.monotonic() + self._interval
-            while not self._closing and len(items) < self._batch_size:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._wake.clear()
-                if self._closing or len(items) >= self._batch_size:
-                    break
-                self._wake.wait(remaining)
-            self._wake.clear()
-            while items:
-                batch = [items.popleft() for _ in range(min(self._batch_size, len(items)))]
-                if not broken:
-                    try:
-                        write_message(stdin, ("batch", batch))
-                        continue
-                    except OSError:
-                        broken = True
-                self._orphan(len(batch))
-            if self._closing and not items:
-                break
-        try:
-            if not broken:
-                write_message(stdin, ("close", self._close_failed))
-            stdin.close()
-        except OSError:
-            pass
+        if not self._started:
+            # The tracker is pickled when its first batch (or the end) comes, not when it
+            # initializes: a snapshot autoloaded after that (run id, steps) is in it.
+            self._started = True
+            try:
+                payload = pickle.dumps(self._tracker, protocol=pickle.HIGHEST_PROTOCOL)
+                write_message(stdin, ("start", list(sys.path), payload))
+            except Exception as exc:
+                self._broken = True
+                self._on_error(f"{type(exc).__name__}: {exc}")
+        if batch is None:
+            with contextlib.suppress(OSError):
+                if not self._broken:
+                    write_message(stdin, ("close", self._close_failed))
+                stdin.close()
+            return
+        if not self._broken:
+            try:
+                write_message(stdin, ("batch", batch))
+                return
+            except OSError:
+                self._broken = True
+        self._orphan(len(batch))
 
     def _orphan(self, count: int) -> None:
         with self._counts_lock:

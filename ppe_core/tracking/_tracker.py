@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import glob
 import os
+import queue
 import threading
 import time
 import types
@@ -19,8 +20,7 @@ from ppe_core.distributed import group_world
 from ppe_core.errors import ConfigurationError, TrackerWarning
 from ppe_core.runtime import get_runtime
 from ppe_core.tracking._channel import COUNTS_LOCK as _COUNTS_LOCK
-from ppe_core.tracking._channel import Outbox as _Outbox
-from ppe_core.tracking._channel import TrackerReport
+from ppe_core.tracking._channel import Pump, TrackerReport
 from ppe_core.tracking._sender import ProcessSender, unsendable_reason
 from ppe_core.training._extension import PRIORITY_READER, Extension
 from ppe_core.training.extensions._log_reader import find_log_report
@@ -46,12 +46,16 @@ _RUNTIME_STATE = (
     "_log_report",
     "_worker",
     "_process",
-    "_outbox",
-    "_offer",
+    "_pump",
+    "_listening",
     "_abandon",
     "_counts",
     "_on_counts",
+    "_notices",
 )
+
+# Guards the notices a sender thread leaves for the training thread (see _announce).
+_NOTICES_LOCK = threading.Lock()
 
 # Scalar types a param may have; anything else (a tensor, a list of tensors) is left out.
 _PARAM_TYPES = (str, int, float, bool, type(None))
@@ -74,16 +78,20 @@ class TrackerEntry:
 class BaseTracker(Extension):
     """Base class of experiment-tracker extensions: LogReport's entries, never blocking a step.
 
-    When the registered LogReport emits an entry, it hands it to the tracker (its entry
-    listener), which puts it on a bounded queue; the manager never calls the tracker, so a
-    step without an entry pays nothing for it. A daemon
-    worker thread takes the entries in batches (``batch_size`` entries, or what waited
-    ``send_interval`` seconds) and hands them to the backend methods below,
-    retrying a failed call with exponential backoff. The training thread never calls the
-    backend, so a slow or unreachable server never slows or stops training:
+    When the registered LogReport emits an entry, it appends it to the tracker's bounded
+    queue (the queue's own ``append`` is LogReport's entry listener: no Python code of the
+    tracker runs on the training thread); the manager never calls the tracker, so a step
+    without an entry pays nothing for it. A daemon pump thread looks at the queue every
+    ``send_interval`` seconds (within 2-50 ms) and hands batches (``batch_size`` entries, or
+    what waited ``send_interval`` seconds) to a daemon worker, which calls the backend
+    methods below, retrying a failed call with exponential backoff. The training thread
+    never calls the backend, so a slow or unreachable server never slows or stops training:
 
-    * a full queue drops the entry; the first drop raises one :class:`TrackerWarning`, and
-      the total is reported when training ends;
+    * the worker holds at most two batches; when the backend is slower than LogReport
+      emits, entries wait in the queue, and an entry put into a full queue drops the oldest
+      waiting one. When the pump finds drops it leaves one :class:`TrackerWarning`, which
+      the training thread raises with LogReport's next entry, and the total is reported
+      when training ends;
     * at the end of training (:meth:`finalize`) the worker gets ``flush_timeout`` seconds to
       send what is queued; what was not sent (dropped, refused, still queued) is counted in
       one :class:`TrackerWarning`, and :attr:`report` holds the counts;
@@ -95,12 +103,12 @@ class BaseTracker(Extension):
     file).
 
     With ``sender="process"`` the backend methods run in a sender process instead of a
-    thread, so the backend's client never holds the training process's GIL: the training
-    thread appends each entry to a plain deque and a pump thread hands batches over through a
-    pipe (one pickle per batch). The child is ``python -m ppe_core.tracking._child`` (the
-    script is never re-run), rebuilt from this instance pickled without its runtime state
-    (:meth:`__getstate__`): the subclass must be importable (not defined in ``__main__``)
-    and picklable once constructed, and create its client lazily in the backend methods.
+    thread, so the backend's client never holds the training process's GIL: the pump hands
+    batches over through a pipe (one pickle per batch). The child is
+    ``python -m ppe_core.tracking._child`` (the script is never re-run), rebuilt from this
+    instance pickled without its runtime state (:meth:`__getstate__`): the subclass must be
+    importable (not defined in ``__main__``) and picklable once constructed, and create its
+    client lazily in the backend methods.
     A tracker that is not falls back to the thread with a :class:`TrackerWarning` saying why.
     The child exits when the parent dies (stdin EOF); its errors reach :attr:`report`.
 
@@ -116,10 +124,11 @@ class BaseTracker(Extension):
         artifacts: Glob patterns, relative to the manager's ``out`` directory, of files to
             upload as artifacts once they appear (e.g. ``"snapshot_iter_*"``); checked by the
             worker after each batch and at the end.
-        queue_size: Entries the queue holds before new ones are dropped.
+        queue_size: Entries waiting in the queue before each new one drops the oldest (besides
+            them, at most two batches are in the worker's or sender process's hands).
         batch_size: Most entries handed to one :meth:`log_metrics` call.
         send_interval: Seconds an entry may wait for its batch to fill before it is sent
-            (the worker wakes once per batch, not once per entry).
+            (the pump looks every ``send_interval`` seconds, within 2-50 ms).
         max_retries: Retries of a failed backend call before its entries count as failed.
         retry_backoff: Seconds before the first retry; doubled for each next one (at most 30).
         flush_timeout: Seconds :meth:`finalize` waits for the queue to drain.
@@ -180,7 +189,7 @@ class BaseTracker(Extension):
         ):
             if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds < 0:
                 raise ConfigurationError(f"{name} {arg} must be seconds >= 0, got {seconds!r}")
-        # Never consulted: LogReport hands each entry over as it emits it (_take).
+        # Never consulted: LogReport hands each entry over as it emits it (Pump.put).
         self.trigger = get_trigger(None)
         self._log_report_name = log_report
         self._extra_params = dict(params or {})
@@ -199,7 +208,8 @@ class BaseTracker(Extension):
         self._sender_pid: int | None = None
         # Set in a sender process only: reports each count change to the parent.
         self._on_counts: Callable[[], None] | None = None
-        # Entries of the LogReport already handed to the queue (or skipped); saved in snapshots.
+        # Entries of the LogReport already handed to the queue (or skipped), while it is not
+        # listening (then: all it holds); saved in snapshots.
         self._seen = 0
         self._restored = False
         self._run_id: str | None = None
@@ -210,18 +220,21 @@ class BaseTracker(Extension):
 
     def _reset_run_state(self) -> None:
         # Everything one Trainer.run() uses; a second run starts afresh (same run id).
-        self._outbox = _Outbox(self._queue_size, self._batch_size, self._send_interval)
-        # What the training thread hands entries to: the queue, or a sender process.
-        self._offer: Callable[[Mapping[str, Any]], bool] = self._outbox.offer
+        # The queue and its pump thread (the sender process's, with sender="process").
+        self._pump: Pump | None = None
+        # The LogReport whose entries are put on the queue as it emits them, and the entries
+        # handed over: _handed, plus its num_entries while listening (no count on the
+        # training thread).
+        self._listening: LogReport | None = None
+        self._handed = 0
         self._abandon = threading.Event()
         self._opened = False
         self._skip_through: int | None = None
         self._run_failed = False
         self._uploaded: set[tuple[str, int, int]] = set()
         self._counts = TrackerReport()
-        # Counted by the training thread alone (no lock on its path); merged into `report`.
-        self._queued = 0
-        self._dropped = 0
+        # Warnings a sender thread found, raised by the training thread (_announce).
+        self._notices: list[str] = []
         self._drop_warned = False
         self._failure_warned = False
 
@@ -341,7 +354,12 @@ class BaseTracker(Extension):
     @property
     def report(self) -> TrackerReport:
         """The counts so far (final once :meth:`finalize` returned)."""
-        return dataclasses.replace(self._counts, queued=self._queued, dropped=self._dropped)
+        pump = self._pump
+        if pump is None:
+            return self._counts
+        handed = self._handed_count()
+        dropped = pump.dropped(handed)
+        return dataclasses.replace(self._counts, queued=handed - dropped, dropped=dropped)
 
     def _resolve(self, manager: ManagerView) -> LogReport:
         if self._log_report is None:
@@ -349,13 +367,13 @@ class BaseTracker(Extension):
         return self._log_report
 
     def initialize(self, manager: ManagerView) -> None:
-        """Finds the LogReport, reads the run's params and starts the worker thread.
+        """Finds the LogReport, reads the run's params and starts the pump and the worker.
 
         Entries the LogReport already holds (restored from an earlier run) are not sent
         again. Nothing here touches the network: the run opens on the worker.
         """
         log_report = self._resolve(manager)
-        log_report.remove_entry_listener(self._take)  # an earlier run's (one call per entry)
+        self._stop_listening()  # an earlier run's, ended without finalize
         if not self._restored:
             self._seen = log_report.num_entries
         if self._run_key is None:
@@ -364,7 +382,6 @@ class BaseTracker(Extension):
         self._active = group_world()[1] == 0
         if not self._active:
             return
-        log_report.add_entry_listener(self._take)
         self._params = {**self.run_params(manager), **self._extra_params}
         self._out_dir = manager.out
         self._process = self._sender_pid = None
@@ -379,10 +396,10 @@ class BaseTracker(Extension):
                     interval=self._send_interval,
                     on_report=self._take_sender_report,
                     on_error=self._take_sender_error,
+                    on_full=self._check_drops,
                 )
                 self._sender_pid = self._process.pid
-                self._offer = self._process.offer
-                self._queue_new(log_report)
+                self._start_listening(log_report, self._process.pump)
                 return
             self._sender_mode = "thread"
             warnings.warn(
@@ -392,61 +409,87 @@ class BaseTracker(Extension):
                 TrackerWarning,
                 stacklevel=2,
             )
-        self.start_worker(self._send_interval)
-        self._queue_new(log_report)
+        feed = self.start_worker()
+        pump = Pump(
+            capacity=self._queue_size,
+            batch_size=self._batch_size,
+            interval=self._send_interval,
+            in_flight=2 * self._batch_size,
+            deliver=feed,
+            finished=self._finished_count,
+            on_full=self._check_drops,
+            name=f"ppe-tracker-{self._label()}-pump",
+        )
+        self._start_listening(log_report, pump)
 
     def __call__(self, manager: ManagerView) -> None:
-        """Queues the entries LogReport holds and this tracker has not seen; never waits.
+        """Does nothing: LogReport hands each entry over as it emits it.
 
-        Training never calls it (its trigger never fires): LogReport hands each entry over
-        as it emits it. Calling it by hand is harmless.
+        Training never calls it (its trigger never fires); calling it by hand is harmless.
         """
-        if self._active:
-            self._queue_new(self._resolve(manager))
 
-    def _take(self, entry: Mapping[str, Any]) -> None:
-        # LogReport's entry listener, on the training thread once per entry: the whole cost a
-        # tracker adds to a step (a sender process or worker does the rest).
-        self._seen += 1
-        if self._offer(entry):
-            self._queued += 1
-        else:
-            self._drop(1)
-        if self._counts.failed and not self._failure_warned:
-            counts = self._counts
-            self._failure_warned = True
-            warnings.warn(
-                f"{self._label()} could not send {counts.failed} entries after "
-                f"{self._max_retries} retries ({counts.last_error}); training goes on, later "
-                "entries are still tried, and the total is reported when training ends",
-                TrackerWarning,
-                stacklevel=3,
-            )
+    def _start_listening(self, log_report: LogReport, pump: Pump) -> None:
+        # The backlog first (a resumed run's entries its snapshot had not handed over yet),
+        # then every entry as LogReport emits it: each one past the `_seen` first ones is
+        # handed over. A sender thread reading the count in between (_handed_count) gets
+        # fewer, never more.
+        self._pump = pump
+        for entry in log_report.entries_since(self._seen):
+            pump.put(entry)
+        self._handed = -self._seen
+        self._listening = log_report
+        log_report.add_entry_listener(pump.put)
 
-    def _queue_new(self, log_report: LogReport) -> None:
-        # The entries LogReport holds beyond those seen: a resumed run's backlog (restored
-        # entries its snapshot had not handed over yet).
-        seen, self._seen = self._seen, log_report.num_entries
-        dropped = 0
-        for entry in log_report.entries_since(seen):
-            if self._offer(entry):
-                self._queued += 1
-            else:
-                dropped += 1
-        if dropped:
-            self._drop(dropped)
+    def _stop_listening(self) -> None:
+        log_report, pump = self._listening, self._pump
+        if log_report is None or pump is None:
+            return
+        self._listening = None
+        log_report.remove_entry_listener(pump.put)
+        self._seen = log_report.num_entries
+        self._handed += log_report.num_entries
 
-    def _drop(self, count: int) -> None:
-        self._dropped += count
-        if not self._drop_warned:
-            self._drop_warned = True
-            warnings.warn(
-                f"{self._label()}'s queue is full ({self._queue_size} entries: the backend is "
-                "slower than LogReport emits, or unreachable); new entries are dropped until it "
-                "drains, and the number dropped is reported when training ends",
-                TrackerWarning,
-                stacklevel=3,
-            )
+    def _handed_count(self) -> int:
+        # Entries handed to the queue: exact on the training thread, never over elsewhere.
+        handed = self._handed
+        log_report = self._listening
+        return handed if log_report is None else handed + log_report.num_entries
+
+    def _finished_count(self) -> int:
+        counts = self._counts
+        return counts.sent + counts.failed + counts.skipped
+
+    def _check_drops(self) -> None:
+        # The pump found the queue full: entries are dropped once one was pushed out.
+        pump = self._pump
+        if self._drop_warned or pump is None or not pump.dropped(self._handed_count()):
+            return
+        self._drop_warned = True
+        self._announce(
+            f"{self._label()}'s queue is full ({self._queue_size} entries: the backend is "
+            "slower than LogReport emits, or unreachable); each new entry drops the oldest "
+            "waiting one until it drains, and the number dropped is reported when training ends"
+        )
+
+    def _announce(self, message: str) -> None:
+        # From a sender thread: the warning is raised on the training thread, by a one-shot
+        # listener at LogReport's next entry (raised on a sender thread it would name no line
+        # of the user's, and with warnings as errors stop that thread). At the end of
+        # training finalize's warning counts everything instead.
+        with _NOTICES_LOCK:
+            log_report = self._listening
+            if log_report is None:
+                return
+            self._notices.append(message)
+            log_report.add_entry_listener(self._raise_notices)
+
+    def _raise_notices(self, entry: Mapping[str, Any]) -> None:
+        with _NOTICES_LOCK:
+            notices, self._notices = self._notices, []
+            if self._log_report is not None:
+                self._log_report.remove_entry_listener(self._raise_notices)
+        for message in notices:
+            warnings.warn(message, TrackerWarning, stacklevel=3)
 
     def on_error(
         self, manager: ManagerView, exc: BaseException, tb: types.TracebackType | None
@@ -455,18 +498,21 @@ class BaseTracker(Extension):
         self._run_failed = True
 
     def finalize(self, manager: ManagerView) -> None:
-        """Queues the last entries and waits up to ``flush_timeout`` seconds for the worker.
+        """Sends what is queued, waiting up to ``flush_timeout`` seconds for the worker.
 
         Warns with a :class:`TrackerWarning` counting every entry that did not reach the
         backend (dropped, refused, or still queued when the wait ran out); the worker of a
         timed-out flush is abandoned (a daemon thread, it does not keep the process alive).
         """
-        worker, process = self._worker, self._process
-        if worker is None and process is None:
+        worker, process, pump = self._worker, self._process, self._pump
+        if (worker is None and process is None) or pump is None:
             return
         self._process = None
-        if self._log_report is not None:
-            self._log_report.remove_entry_listener(self._take)
+        self._stop_listening()
+        with _NOTICES_LOCK:  # this warning counts what they would have said
+            self._notices.clear()
+            if self._log_report is not None:
+                self._log_report.remove_entry_listener(self._raise_notices)
         deadline = time.monotonic() + self._flush_timeout
         if self._artifact_patterns:
             # A snapshot of the last iteration may still be on a background writer (extensions
@@ -476,7 +522,9 @@ class BaseTracker(Extension):
         if process is not None:
             timed_out = process.finish(self._run_failed, remaining)
         else:
-            timed_out = self.stop_worker(remaining)
+            pump.close()  # hands the worker what waits, then the end (never blocks)
+            pump.join(remaining)
+            timed_out = self.stop_worker(max(0.0, deadline - time.monotonic()))
         counts = self.report
         unsent = counts.queued - counts.sent - counts.failed - counts.skipped
         self._update(unsent=unsent, timed_out=timed_out)
@@ -526,7 +574,9 @@ class BaseTracker(Extension):
     def state_dict(self) -> dict[str, Any]:
         """The run id and key, and how many LogReport entries were already handed over."""
         seen = self._seen
-        if not self._active and self._log_report is not None:
+        if self._listening is not None:
+            seen = self._listening.num_entries  # each one was handed over as it was emitted
+        elif not self._active and self._log_report is not None:
             seen = self._log_report.num_entries  # off rank 0 nothing is handed over: all seen
         return {"run_id": self._run_id, "run_key": self._run_key, "entries_seen": seen}
 
@@ -546,46 +596,36 @@ class BaseTracker(Extension):
     # same worker through them (``_child``), so neither reaches into the tracker's fields.
 
     def start_worker(
-        self,
-        interval: float,
-        *,
-        capacity: int | None = None,
-        on_counts: Callable[[], None] | None = None,
-    ) -> _Outbox:
-        """Starts the sending worker on a fresh outbox and returns the outbox to fill.
+        self, *, on_counts: Callable[[], None] | None = None
+    ) -> Callable[[list[Mapping[str, Any]] | None], None]:
+        """Starts the sending worker; returns what hands it a batch (``None``: no more).
 
         Args:
-            interval: Seconds an entry waits for its batch to fill (0: batches arrive whole).
-            capacity: Entries the outbox holds (default ``queue_size``).
             on_counts: Called after every change of :attr:`report` (the child reports it).
         """
-        self._outbox = _Outbox(
-            self._queue_size if capacity is None else capacity, self._batch_size, interval
-        )
-        self._offer = self._outbox.offer
+        batches: queue.SimpleQueue[list[Mapping[str, Any]] | None] = queue.SimpleQueue()
         self._on_counts = on_counts
         self._worker = threading.Thread(
-            target=self._work, name=f"ppe-tracker-{self._label()}", daemon=True
+            target=self._work, args=(batches.get,), name=f"ppe-tracker-{self._label()}", daemon=True
         )
         self._worker.start()
-        return self._outbox
+        return batches.put
 
     def stop_worker(
         self, timeout: float | None, *, failed: bool | None = None, grace: float = 0.0
     ) -> bool:
-        """Lets the worker send what is queued, close the run and stop; True when it was
-        still sending after ``timeout`` seconds and was abandoned (given ``grace`` more
-        seconds to close the run).
+        """Waits for the worker, handed its last batch and ``None``, to send them, close the
+        run and stop; True when it was still sending after ``timeout`` seconds and was
+        abandoned (given ``grace`` more seconds to close the run).
 
         Args:
-            timeout: Seconds to wait for the queue to drain (None: as long as it takes).
+            timeout: Seconds to wait for the batches to be sent (None: as long as it takes).
             failed: Whether the run failed, when known here (the child learns it last).
             grace: Seconds an abandoned worker gets to close the run.
         """
         if failed is not None:
             self._run_failed = failed
         worker, self._worker = self._worker, None
-        self._outbox.close()
         if worker is None:
             return False
         worker.join(timeout)
@@ -605,6 +645,7 @@ class BaseTracker(Extension):
             )
             if run_id is not None:
                 self._run_id = run_id
+        self._check_failures()
 
     def _take_sender_error(self, message: str) -> None:
         self._update(last_error=message[:300])
@@ -627,11 +668,23 @@ class BaseTracker(Extension):
             self._counts = dataclasses.replace(current, **changes)
         if self._on_counts is not None:
             self._on_counts()
+        if "failed" in deltas:
+            self._check_failures()
 
-    def _work(self) -> None:
+    def _check_failures(self) -> None:
+        counts = self._counts
+        if counts.failed and not self._failure_warned:
+            self._failure_warned = True
+            self._announce(
+                f"{self._label()} could not send {counts.failed} entries after "
+                f"{self._max_retries} retries ({counts.last_error}); training goes on, later "
+                "entries are still tried, and the total is reported when training ends"
+            )
+
+    def _work(self, take: Callable[[], list[Mapping[str, Any]] | None]) -> None:
         try:
             while not self._abandon.is_set():
-                batch = self._outbox.take()
+                batch = take()
                 if batch is None:
                     break
                 self._send_batch(batch)

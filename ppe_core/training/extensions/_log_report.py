@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 import json
 import os
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
@@ -43,6 +44,9 @@ LOG_FORMATS = ("json", "json-lines", "yaml")
 LOG_REPORT_FORMATS = (*LOG_FORMATS, "csv")
 
 # Filename suffix -> format, used when ``format`` is None.
+# Entry listeners are added and removed on any thread; emitting reads them without it.
+_LISTENERS_LOCK = threading.Lock()
+
 _SUFFIX_FORMATS = {
     ".json": "json",
     ".jsonl": "json-lines",
@@ -364,14 +368,17 @@ class LogReport(Extension):
         It runs on the training thread inside the step that emits the entry, so it must be
         cheap and must not change the entry: a tracker hands the entry to its queue there, and
         needs no trigger of its own (nothing is consulted on the steps without an entry).
-        Adding a listener twice calls it once.
+        Adding a listener twice calls it once. Listeners may be added and removed from any
+        thread (a tracker's sender thread adds a one-shot one to raise a warning).
         """
-        if listener not in self._listeners:
-            self._listeners = (*self._listeners, listener)
+        with _LISTENERS_LOCK:
+            if listener not in self._listeners:
+                self._listeners = (*self._listeners, listener)
 
     def remove_entry_listener(self, listener: Callable[[dict[str, Any]], object]) -> None:
         """Stops calling ``listener`` (no error when it was not added)."""
-        self._listeners = tuple(item for item in self._listeners if item != listener)
+        with _LISTENERS_LOCK:
+            self._listeners = tuple(item for item in self._listeners if item != listener)
 
     @property
     def log(self) -> list[dict[str, Any]]:
