@@ -12,8 +12,8 @@ listener (what LogReport calls per entry: the whole of the tracker's work on the
 thread: since 2026-12-06, the queue's own ``append``) is wrapped so that each call is timed
 with ``time.perf_counter_ns``. Reported: the median and 90th percentile per call, each less
 an empty pair of clock reads, and the same wrapper around a function that does nothing (the
-floor of any Python listener; the entry is then queued outside the timed part). The window starts after the tracker is sending
-(``LOG_SKIP`` steps).
+floor of any Python listener; the entry is then queued outside the timed part). The window
+starts after the tracker is sending (``LOG_SKIP`` steps).
 """
 
 from __future__ import annotations
