@@ -166,6 +166,42 @@ def test_a_sender_process_that_dies_is_reported_with_its_stderr(tmp_path: Path) 
     assert counts.sent == 0 and counts.failed + counts.unsent == 8
 
 
+def test_entries_after_the_sender_process_died_count_as_failed_not_dropped(
+    tmp_path: Path,
+) -> None:
+    # The child exits at its first batch. Until the parent notices, entries wait (a queue of
+    # two: the oldest are dropped); from then on the pump no longer waits for the child to
+    # finish what it holds, so later entries fail at once (counted) instead of being dropped.
+    tracker = FileTracker(str(tmp_path), fail="exit", queue_size=2, batch_size=1, send_interval=0)
+    manager = linear_manager(
+        tmp_path / "out",
+        [LogReport(trigger=(1, "iteration")), tracker],
+        max_epochs=1000,
+        iters_per_epoch=ITERS_PER_EPOCH,
+    )
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
+    noticed: int | None = None
+    dropped_then = 0
+    steps = 0
+    with pytest.warns(TrackerWarning) as record:
+        while noticed is None or steps < noticed + 30:
+            with manager.run_iteration(step_optimizers=["main"]):
+                manager.models["main"](x).square().mean().backward()
+                time.sleep(0.01)
+            steps += 1
+            if noticed is None and "exited with code 3" in (tracker.report.last_error or ""):
+                noticed, dropped_then = steps, tracker.report.dropped
+            assert steps < 3000, "the sender process's death was never reported"
+        manager.finalize()
+    counts = tracker.report
+    assert counts.dropped == dropped_then  # none after the death was noticed
+    assert counts.failed >= 30 and counts.sent == 0
+    # The entries the child held when it died are unsent; the rest failed or were dropped.
+    assert counts.failed + counts.unsent + counts.dropped == counts.queued + counts.dropped == steps
+    assert "exited with code 3" in (counts.last_error or "")  # not lost to later counts
+    assert "the sender process exited with code 3" in str(record[-1].message)
+
+
 def test_a_slow_sender_drops_with_one_warning_and_is_killed_after_the_flush_timeout(
     tmp_path: Path,
 ) -> None:

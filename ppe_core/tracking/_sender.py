@@ -77,12 +77,11 @@ class ProcessSender:
         batch_size: int,
         interval: float,
         on_report: Callable[[TrackerReport, str | None], None],
-        on_error: Callable[[str], None],
         on_full: Callable[[], None],
     ) -> None:
         self._tracker = tracker
         self._on_report = on_report
-        self._on_error = on_error
+        self._error: str | None = None  # what went wrong on this side (under _counts_lock)
         self._child_report = TrackerReport()
         self._counts_lock = threading.Lock()
         self._run_id: str | None = None
@@ -144,7 +143,10 @@ class ProcessSender:
     # ------------------------------------------------------------------ parent threads
 
     def _settled(self) -> int:
-        # Entries handed to the child that it finished (sent, refused, skipped) or never got.
+        # Entries handed to the child that it finished (sent, refused, skipped) or never got;
+        # once it exited, all: what comes next fails at once (counted), never waits to drop.
+        if self._ended.is_set():
+            return self.pump.taken
         return self._done + self._orphaned
 
     def _deliver(self, batch: list[Mapping[str, Any]] | None) -> None:
@@ -160,7 +162,7 @@ class ProcessSender:
                 write_message(stdin, ("start", list(sys.path), payload))
             except Exception as exc:
                 self._broken = True
-                self._on_error(f"{type(exc).__name__}: {exc}")
+                self._fail(f"{type(exc).__name__}: {exc}")
         if batch is None:
             with contextlib.suppress(OSError):
                 if not self._broken:
@@ -175,6 +177,11 @@ class ProcessSender:
                 self._broken = True
         self._orphan(len(batch))
 
+    def _fail(self, message: str) -> None:
+        with self._counts_lock:
+            self._error = message[:300]
+            self._report()
+
     def _orphan(self, count: int) -> None:
         with self._counts_lock:
             self._orphaned += count
@@ -183,9 +190,13 @@ class ProcessSender:
     def _report(self) -> None:
         # Under _counts_lock (the pump and the reader both report, one at a time, so an older
         # report never overwrites a newer one): the child's counts, with the entries it never
-        # got as failed.
+        # got as failed and this side's error (the child's death) before the child's last.
         child = self._child_report
-        counts = dataclasses.replace(child, failed=child.failed + self._orphaned)
+        counts = dataclasses.replace(
+            child,
+            failed=child.failed + self._orphaned,
+            last_error=self._error or child.last_error,
+        )
         self._on_report(counts, self._run_id)
 
     def _read_counts(self) -> None:
@@ -210,14 +221,14 @@ class ProcessSender:
                         self._done = child.sent + child.failed + child.skipped
         except Exception as exc:  # a garbled message: the child is no use any more
             self.process.kill()
-            self._on_error(f"{type(exc).__name__}: {exc}")
+            self._fail(f"{type(exc).__name__}: {exc}")
         stdout.close()
         code = self.process.wait()
         if not self._finished:
             self._stderr_done.wait(5)
             tail = [line for line in self._stderr_tail if line.strip()]
             detail = f": {tail[-1].strip()}" if tail else ""
-            self._on_error(f"the sender process exited with code {code}{detail}")
+            self._fail(f"the sender process exited with code {code}{detail}")
         self._ended.set()
 
     def _forward_stderr(self) -> None:

@@ -395,7 +395,6 @@ class BaseTracker(Extension):
                     batch_size=self._batch_size,
                     interval=self._send_interval,
                     on_report=self._take_sender_report,
-                    on_error=self._take_sender_error,
                     on_full=self._check_drops,
                 )
                 self._sender_pid = self._process.pid
@@ -646,9 +645,6 @@ class BaseTracker(Extension):
             if run_id is not None:
                 self._run_id = run_id
         self._check_failures()
-
-    def _take_sender_error(self, message: str) -> None:
-        self._update(last_error=message[:300])
 
     def _label(self) -> str:
         return self.name or type(self).__name__
