@@ -202,6 +202,28 @@ def test_entries_after_the_sender_process_died_count_as_failed_not_dropped(
     assert "the sender process exited with code 3" in str(record[-1].message)
 
 
+def test_an_entry_that_cannot_be_pickled_fails_its_batch_not_the_sender(tmp_path: Path) -> None:
+    # A CSV log writes any value as text; a postprocess that adds a lock to two entries makes
+    # their batches unpicklable: those fail with the reason, the rest still reach the child.
+    def add_lock(entry: dict[str, Any]) -> None:
+        if entry["iteration"] in (3, 7):
+            entry["handle"] = threading.Lock()
+
+    tracker = FileTracker(str(tmp_path), batch_size=1, send_interval=0)
+    log_report = LogReport(trigger=(1, "iteration"), format="csv", postprocess=add_lock)
+    manager = linear_manager(
+        tmp_path / "out", [log_report, tracker], max_epochs=3, iters_per_epoch=ITERS_PER_EPOCH
+    )
+    with pytest.warns(TrackerWarning) as record:
+        _train(manager, pause=0.01)
+    steps = [entry["step"] for entry in _read(tmp_path, "entries.jsonl")]
+    assert steps == [i for i in range(1, 13) if i not in (3, 7)]
+    counts = tracker.report
+    assert (counts.sent, counts.failed, counts.unsent) == (10, 2, 0)
+    final = str(record[-1].message)
+    assert "2 refused" in final and "cannot pickle" in final, final
+
+
 def test_a_slow_sender_drops_with_one_warning_and_is_killed_after_the_flush_timeout(
     tmp_path: Path,
 ) -> None:

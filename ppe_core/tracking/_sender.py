@@ -175,6 +175,9 @@ class ProcessSender:
                 return
             except OSError:
                 self._broken = True
+            except Exception as exc:  # an entry that cannot be pickled: this batch fails
+                reason = f"{type(exc).__name__}: {exc}"
+                self._fail(f"a batch could not be handed to the sender process: {reason}")
         self._orphan(len(batch))
 
     def _fail(self, message: str) -> None:
