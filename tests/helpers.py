@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from ppe_core.reporting import report
 from ppe_core.training.manager import ExtensionsManager
 
 
@@ -47,8 +48,6 @@ def profile_entry_steps(manager: Any, steps: int) -> tuple[list[str], list[Any]]
             files.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
         elif event == "c_call" and getattr(arg, "__name__", "") == "append":
             appended_to.append(getattr(arg, "__self__", None))
-
-    from ppe_core.reporting import report
 
     for step in range(steps):
         with manager.run_iteration(step_optimizers=["main"]):

@@ -20,7 +20,7 @@ from typing import IO, Any
 
 __all__ = ["COUNTS_LOCK", "Pump", "TrackerReport", "read_message", "write_message"]
 
-# Counts are updated by the training thread and the workers; updates are rare (per entry).
+# Counts are updated by the worker, the sender's reader and pump threads; rarely (per batch).
 COUNTS_LOCK = threading.Lock()
 
 _HEADER = struct.Struct("!I")
@@ -73,9 +73,9 @@ class Pump:
     all a tracker does on the training thread is that one C-level call (no Python frame, no
     lock, no wake-up). The pump thread looks at the deque every ``send_interval`` seconds
     (within 2-50 ms) and hands a batch to ``deliver`` when ``batch_size`` entries wait or
-    the first of them was seen ``send_interval`` seconds ago, while fewer than
-    ``in_flight`` delivered entries are unfinished (``finished()``): a slow backend holds at
-    most that many, the deque at most ``capacity`` more.
+    the first of them was seen ``send_interval`` seconds ago, while fewer than two batches
+    of delivered entries are unfinished (``finished()``): a slow backend holds at most that
+    many, the deque at most ``capacity`` more.
 
     An entry put into a full deque pushes out the oldest waiting one: the owner counts it as
     dropped (what it put, less :attr:`taken`, less what waits; :meth:`dropped`). Each look
@@ -89,7 +89,6 @@ class Pump:
         capacity: int,
         batch_size: int,
         interval: float,
-        in_flight: int,
         deliver: Callable[[list[Mapping[str, Any]] | None], None],
         finished: Callable[[], int],
         on_full: Callable[[], None],
@@ -103,7 +102,7 @@ class Pump:
         self._batch_size = batch_size
         self._interval = interval
         self._look = min(MAX_LOOK, max(MIN_LOOK, interval))
-        self._in_flight = in_flight
+        self._in_flight = 2 * batch_size
         self._deliver = deliver
         self._finished = finished
         self._on_full = on_full

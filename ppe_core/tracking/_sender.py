@@ -115,7 +115,6 @@ class ProcessSender:
             capacity=capacity,
             batch_size=batch_size,
             interval=interval,
-            in_flight=2 * batch_size,
             deliver=self._deliver,
             finished=self._settled,
             on_full=on_full,

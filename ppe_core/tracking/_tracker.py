@@ -413,7 +413,6 @@ class BaseTracker(Extension):
             capacity=self._queue_size,
             batch_size=self._batch_size,
             interval=self._send_interval,
-            in_flight=2 * self._batch_size,
             deliver=feed,
             finished=self._finished_count,
             on_full=self._check_drops,
