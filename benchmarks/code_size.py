@@ -154,9 +154,10 @@ FILES: dict[str, tuple[str, str]] = {
         BEYOND,
         "the runtime layer's checks PPE lacks: a device neither a non-empty str nor a "
         "torch.device, an unknown device type's hint, runtimes registered as instances or for "
-        "a device, a runtime_class or grad_scaler of another type, code-block outputs with "
-        "nothing to backpropagate, ppe.map's out_keys on a non-dict (PPE: Python's or torch's "
-        "error, or no backward in silence)",
+        "a device, a runtime_class or grad_scaler of another type, an autocast option of "
+        "another type, a device spec torch.device refuses, code-block outputs with nothing to "
+        "backpropagate, ppe.map's out_keys on a non-dict (PPE: Python's or torch's error, or "
+        "no backward in silence)",
     ),
     "ppe_core/runtime/_runtime.py": (
         SAME,
@@ -225,21 +226,24 @@ FILES: dict[str, tuple[str, str]] = {
         "the manager's checks PPE lacks: models in a dict, a non-integer iters_per_epoch, a "
         "negative max_epochs, writer, state objects, extensions and priorities, "
         "step_optimizers names, extend()'s ignored keyword arguments, make_extension's, the "
-        "ignite package, a Trainer's manager arguments and max_epochs (PPE: a TypeError when "
-        "run() starts); the errors PPE also raises are counted same in code_size_symbols.json",
+        "ignite package, a Trainer's manager arguments, max_epochs and optimizer names, loaded "
+        "states without an extension's entry (PPE: a TypeError when run() starts, a KeyError, "
+        "silence); the errors PPE also raises are counted same in code_size_symbols.json",
     ),
     _T + "_manager_protocol.py": (COMPAT, "PPE's path of the manager protocols"),
     _T + "_metric_checks.py": (
         BEYOND,
         "evaluators' metrics, and a Trainer's evaluators, checked where given (PPE fails at the "
         "first batch), and the extension Evaluator's two-argument metrics told from PPE's "
-        "three-argument ones",
+        "three-argument ones; AccuracyMetric's inputs explained (a missing key, no labels, "
+        "element counts that differ)",
     ),
     _T + "_protocols.py": (SAME, "the manager protocols"),
     _T + "_ranks.py": (
         BEYOND,
         "ranks agree at start which extensions issue collectives, and a distributed "
-        "evaluation's reported keys before its means are reduced (no hang on mismatch)",
+        "evaluation's reported keys before its means are reduced (no hang on mismatch), its "
+        "collective timeouts explained",
     ),
     _T + "_resume.py": (
         BEYOND,

@@ -61,7 +61,9 @@ class Registry(Generic[T]):
         """
         self._check_name(name, "register('mydev', obj)")
         self._validate(name, obj)
-        self._admit(name, obj, describe(obj), replace)
+        entry = self._admit(name, obj, describe(obj), replace)
+        if entry is not None:
+            self._entries[name] = entry
         return obj
 
     def register_lazy(self, name: str, target: str, *, replace: bool = False) -> None:
@@ -74,7 +76,9 @@ class Registry(Generic[T]):
         lazy = LazyTarget(target)
         self._check_name(name, "register_lazy('mydev', 'pkg.mod:Obj')")
         # The placeholder stands in for T until _resolve replaces it with the real object.
-        self._admit(name, cast(T, lazy), target, replace)
+        entry = self._admit(name, cast(T, lazy), target, replace)
+        if entry is not None:
+            self._entries[name] = entry
 
     def _check_name(self, name: object, example: str) -> None:
         if not isinstance(name, str) or not name:
@@ -83,8 +87,10 @@ class Registry(Generic[T]):
                 f"users will ask for, e.g. {example}"
             )
 
-    def _admit(self, name: str, obj: T, described: str, replace: bool) -> None:
-        """Enters ``obj`` as ``name`` if :func:`~ppe_core._registrations.admit` admits it
+    def _admit(self, name: str, obj: T, described: str, replace: bool) -> RegistryEntry[T] | None:
+        """The entry to store for ``obj`` under ``name`` (its registrant and the entry it
+        replaces), or ``None`` when nothing changes: :func:`~ppe_core._registrations.admit`'s
+        duplicate policy, and :attr:`replaced_warning` when user code replaces a taken name
         (called directly by the public register methods: the caller's frame is found by
         depth)."""
         previous = self._entries.get(name)
@@ -95,7 +101,7 @@ class Registry(Generic[T]):
             and not replace
         ):
             if previous.obj is obj:
-                return  # the same object again (e.g. set-up code run twice): nothing changes
+                return None  # the same object again (e.g. set-up code run twice): nothing changes
             warnings.warn(
                 self.replaced_warning(
                     f"{self.kind} for {name!r} replaced: {described} now serves {name!r} "
@@ -107,9 +113,7 @@ class Registry(Generic[T]):
             )
             replace = True
         admitted = admit(previous, self.kind, name, described, replace, self._current_registrant)
-        if admitted is not None:
-            registrant, previous = admitted
-            self._entries[name] = RegistryEntry(name, obj, registrant, previous)
+        return None if admitted is None else RegistryEntry(name, obj, *admitted)
 
     def _resolve(self, entry: RegistryEntry[T]) -> T:
         """The entry's object; a lazy entry's target is imported, validated and stored in place

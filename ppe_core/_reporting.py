@@ -535,6 +535,14 @@ class Summary:
         else:  # the unmerged accumulators: the sums go on bit for bit
             (self._x, self._x2, self._n), self._dev, self._dtype = read_exact(exact)
 
+    def _exact_state(self) -> dict[str, Any]:
+        """The device accumulators and host sums as they are, under :data:`EXACT_KEY`, for a
+        bit-exact resume (PPE readers ignore the entry); none without device accumulators."""
+        if self._dev is None:
+            return {}
+        host_sums = [self._x, self._x2, self._n]
+        return {EXACT_KEY: exact_entry(self._dev, host_sums, self._dtype)}
+
     def __add__(self, other: Summary) -> Summary:
         """Returns a new summary of both summaries' values (neither operand changes)."""
         if not isinstance(other, Summary):
@@ -572,15 +580,12 @@ def _states(summaries: Mapping[str, Summary]) -> dict[str, dict[str, Any]]:
     states: dict[str, dict[str, Any]] = {}
     for name, summary in summaries.items():
         sums = (0.0, float(summary._x), float(summary._x2), float(summary._n))
-        exact = {}
         if summary._dev is not None:
             shift, s1, s2, n = host[name]
             dn = summary._dev[3]
             sums = _merged(sums, (shift, s1, s2, n if isinstance(dn, _Tensor) else dn))
-            # The accumulators as they are, for a bit-exact resume (PPE readers ignore them).
-            host_sums = [summary._x, summary._x2, summary._n]
-            exact[EXACT_KEY] = exact_entry(summary._dev, host_sums, summary._dtype)
-        states[name] = {"_x": sums[1], "_x2": sums[2], "_n": _whole(sums[3]), **exact}
+        states[name] = {"_x": sums[1], "_x2": sums[2], "_n": _whole(sums[3])}
+        states[name].update(summary._exact_state())
     return states
 
 

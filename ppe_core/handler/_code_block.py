@@ -16,7 +16,7 @@ import torch
 
 from ppe_core.errors import ArgumentTypeError, CodeBlockError, ConfigurationError, NoRuntimeError
 from ppe_core.handler._logic import ModelLogic
-from ppe_core.handler._optimizer_targets import code_block_optimizers, parse_optimizer_names
+from ppe_core.handler._optimizer_targets import code_block_optimizers, pop_optimizer_names
 from ppe_core.runtime import get_runtime
 from ppe_core.runtime._execute import CodeBlock
 
@@ -126,9 +126,7 @@ class CodeBlockLogic(ModelLogic):
                 "them all and leave the option out, they are backpropagated together)"
             )
         self.backward_outputs: str | None = key
-        names = options.pop("optimizers", None)
-        if names is not None:
-            self._optimizer_names = parse_optimizer_names(names)
+        self._optimizer_names = pop_optimizer_names(options, self._optimizer_names)
         # (model, optimizers' items) -> the optimizers to step: chosen once per pair.
         self._targeted: tuple[Any, list[torch.optim.Optimizer]] | None = None
 

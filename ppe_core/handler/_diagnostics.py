@@ -145,12 +145,12 @@ def explain_dtype_mismatch(model: torch.nn.Module, batch: Any, exc: RuntimeError
 
 def check_logic_options(options: Mapping[str, Any]) -> None:
     """Refuses ``Logic`` options of the wrong type or range when they are given, before the
-    Logic takes any (PPE takes them as they are, to fail at some step with PyTorch's error).
+    Logic takes any (PPE takes them as they are, to fail at some step with PyTorch's error);
+    the ``grad_scaler`` option, which PPE checks too, is checked by the Logic.
 
     Raises:
         ConfigurationError: ``backward_outputs``, ``backward_function``, ``autocast`` or
             ``grad_accumulation_steps`` is unusable.
-        AMPOptionError: ``grad_scaler`` is not a ``torch.amp.GradScaler``.
     """
     keys = options.get("backward_outputs")
     if keys and (
@@ -173,13 +173,6 @@ def check_logic_options(options: Mapping[str, Any]) -> None:
         raise ConfigurationError(
             f"option 'autocast' must be a bool or a dict of torch.autocast arguments, "
             f"got {autocast!r}; e.g. options={{'autocast': {{'dtype': torch.bfloat16}}}}"
-        )
-    scaler = options.get("grad_scaler")
-    if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
-        raise AMPOptionError(
-            f"option 'grad_scaler' must be a torch.amp.GradScaler, got "
-            f"{type(scaler).__name__}; e.g. options={{'grad_scaler': "
-            "torch.amp.GradScaler('cuda')}"
         )
     steps = options.get("grad_accumulation_steps")
     if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
@@ -254,7 +247,6 @@ def holds_parameters(optimizer: torch.optim.Optimizer, params: Iterable[torch.Te
 def warn_skipped_backward(key: str, outputs: Mapping[str, Any]) -> None:
     """Warn that the named backward output ``key`` is skipped: it is not among ``outputs``
     (PPE warns, without the fix) or has no graph (PPE skips it in silence)."""
-    value = outputs.get(key)
     if key not in outputs:
         skipped = (
             f"requested backward value: {key} is not among the model's outputs "
@@ -262,17 +254,23 @@ def warn_skipped_backward(key: str, outputs: Mapping[str, Any]) -> None:
             "model's outputs."
         )
     else:
-        what = (
-            "does not require grad"
-            if isinstance(value, torch.Tensor)
-            else f"is a {type(value).__name__}, not a tensor"
-        )
-        skipped = (
-            f"the backward output {key!r} {what}, so it is skipped and nothing is "
-            "backpropagated for it; compute it from the parameters with autograd "
-            "enabled (not under torch.no_grad(), not .detach()ed or .item()ed)."
-        )
+        skipped = _no_graph_message(key, outputs[key])
     warnings.warn(skipped, BackwardOutputWarning, stacklevel=3)
+
+
+def _no_graph_message(key: str, value: Any) -> str:
+    """Why the named backward output ``key``, whose ``value`` has no graph, is skipped (PPE
+    skips it in silence)."""
+    what = (
+        "does not require grad"
+        if isinstance(value, torch.Tensor)
+        else f"is a {type(value).__name__}, not a tensor"
+    )
+    return (
+        f"the backward output {key!r} {what}, so it is skipped and nothing is "
+        "backpropagated for it; compute it from the parameters with autograd "
+        "enabled (not under torch.no_grad(), not .detach()ed or .item()ed)."
+    )
 
 
 def non_scalar_backward(key: str, value: torch.Tensor) -> ModelOutputError:
@@ -335,16 +333,22 @@ def check_closure_options(grad_accumulation_steps: int, staged: bool) -> None:
 
 def pop_report_keys(options: dict[str, Any], name: str) -> list[str] | None:
     """Pops the Handler option ``name`` (``train_report_keys``/``eval_report_keys``): a list of
-    output keys, or None; refused when it is anything else (PPE iterates what it is given)."""
+    output keys, or None; refused when it is anything else (see :func:`_check_report_keys`)."""
     value = options.pop(name, None)
     if value is None:
         return None
+    _check_report_keys(name, value)
+    return list(value)
+
+
+def _check_report_keys(name: str, value: Any) -> None:
+    """Refuses the report keys option ``name`` when ``value`` is not a list of output keys (PPE
+    iterates what it is given)."""
     if isinstance(value, str) or not all(isinstance(k, str) for k in value):
         raise ConfigurationError(
             f"option {name!r} must be a list of output keys, got {value!r}; e.g. "
             f"options={{{name!r}: ['loss']}}"
         )
-    return list(value)
 
 
 def missing_report_keys(keys: list[str], outputs: Mapping[str, Any]) -> ConfigurationError:

@@ -168,9 +168,9 @@ class Handler(HandlerScalerState, BaseHandler):
         loader: Any,
         optimizers: Mapping[str, torch.optim.Optimizer] | None,
     ) -> None:
-        """Finds the runtimes (a run without any is refused), binds the logic to its model's
-        device type and offers it the runtime's grad scaler; given ``optimizers``, each runtime
-        initialises its module (with the optimizer keyed like it, or the only one)."""
+        """Finds the runtimes (a run without any is refused) and binds the logic to them; given
+        ``optimizers``, each runtime initialises its module (with the optimizer keyed like it,
+        or the only one)."""
         self._discover(models)
         if not self._modules:
             names = ", ".join(models)
@@ -179,18 +179,23 @@ class Handler(HandlerScalerState, BaseHandler):
                 "which device runtime executes them. Call ppe.to(model, device) before running, "
                 "e.g. ppe.to(model, 'cpu')."
             )
-        logic = self._logic
-        model_name = getattr(logic, "model_name", None)
-        model = models.get(model_name) if isinstance(model_name, str) else None
-        runtime = next((rt for _, m, rt in self._modules if m is model), self._modules[0][2])
-        logic.bind_device(autocast_device_type_of(runtime))
-        offer_runtime_scaler(logic, (runtime, self._entry_runtime))
+        self._bind_logic(models)
         if optimizers is None:
             return
         sole = next(iter(optimizers.values())) if len(optimizers) == 1 else None
         for name, module, runtime in self._modules:
             load = loader.get(name) if isinstance(loader, dict) else loader
             runtime.initialize_module(module, load, optimizers.get(name, sole))
+
+    def _bind_logic(self, models: Mapping[str, torch.nn.Module]) -> None:
+        """Binds the logic to the device type of its model's runtime (the model named by its
+        ``model_name``, else the first found) and offers it that runtime's grad scaler."""
+        logic = self._logic
+        model_name = getattr(logic, "model_name", None)
+        model = models.get(model_name) if isinstance(model_name, str) else None
+        runtime = next((rt for _, m, rt in self._modules if m is model), self._modules[0][2])
+        logic.bind_device(autocast_device_type_of(runtime))
+        offer_runtime_scaler(logic, (runtime, self._entry_runtime))
 
     # Trainer --------------------------------------------------------------------------------
     def train_setup(self, trainer: Any, loader: Iterable[Any]) -> None:

@@ -27,7 +27,6 @@ from ppe_core.handler._diagnostics import (
     warn_skipped_backward,
 )
 from ppe_core.handler._grad_scalers import LogicScalerState
-from ppe_core.handler._optimizer_targets import parse_targets
 from ppe_core.runtime import (
     autocast_device_type_of,
     device_type_of,
@@ -138,6 +137,13 @@ class _AutocastManager:
         if self.enabled and "device_type" not in self._options:
             check_autocast_device(device_type)
             self._options["device_type"] = device_type
+
+    def bind_to(self, model: torch.nn.Module) -> None:
+        """:meth:`bind` to the device type of ``model``'s runtime, if it has one (a Logic driven
+        without the Handler's setup binds at its first step)."""
+        runtime = get_runtime(model)
+        if runtime is not None:
+            self.bind(autocast_device_type_of(runtime))
 
     def autocast(self, enabled: bool = True) -> contextlib.AbstractContextManager[Any]:
         """The context the forward runs in (a no-op context when autocast is off)."""
@@ -292,9 +298,13 @@ class ModelLogic(BaseLogic):
         try:
             return items[self.model_name]
         except KeyError:  # only on the first step of a misconfigured run
-            cls = type(self)
-            logic = ("ppe.handler." if cls in (Logic, ModelLogic) else "") + cls.__name__
-            raise unknown_name_error(logic, self.model_name, kind, sorted(items)) from None
+            raise self._unknown_name(items, kind) from None
+
+    def _unknown_name(self, items: Mapping[str, Any], kind: str) -> ConfigurationError:
+        """The explained error for a ``kind`` keyed ``model_name`` missing from ``items``."""
+        cls = type(self)
+        logic = ("ppe.handler." if cls in (Logic, ModelLogic) else "") + cls.__name__
+        return unknown_name_error(logic, self.model_name, kind, sorted(items))
 
 
 class Logic(LogicScalerState, ModelLogic):
@@ -341,6 +351,13 @@ class Logic(LogicScalerState, ModelLogic):
     def consume_options(self, options: dict[str, Any]) -> None:
         super().consume_options(options)
         check_logic_options(options)
+        scaler = options.get("grad_scaler")
+        if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
+            raise AMPOptionError(
+                f"option 'grad_scaler' must be a torch.amp.GradScaler, got "
+                f"{type(scaler).__name__}; e.g. options={{'grad_scaler': "
+                "torch.amp.GradScaler('cuda')}"
+            )
         # An option left out (or None) keeps its current value; the checks above make every
         # given value but autocast's truthy. Each is set on the instance (the class defaults
         # are read once, here): the step reads instance attributes.
@@ -349,11 +366,7 @@ class Logic(LogicScalerState, ModelLogic):
         autocast = options.pop("autocast", None)
         self._autocast = self._autocast if autocast is None else _AutocastManager(autocast)
         self._grad_scaler = options.pop("grad_scaler", None) or self._grad_scaler
-        steps = options.pop("grad_accumulation_steps", None)
-        self.grad_accumulation_steps = steps or self.grad_accumulation_steps
-        targets = options.pop("optimizers", None)
-        self._targets = self._targets if targets is None else parse_targets(targets)
-        self._plan = None  # options changed: planned again at the next step
+        self._consume_staged_options(options)
 
     def bind_device(self, device_type: str) -> None:
         """Autocast on ``device_type`` unless the ``autocast`` option names a device type."""
@@ -464,10 +477,15 @@ class Logic(LogicScalerState, ModelLogic):
         named = outputs if type(outputs) is dict else self._keyed(outputs)
         self._backward(named, window)
         if self._first_step:  # one attribute test per step; the check itself runs once
-            self._first_step = False
-            if self.backward_outputs is None:
-                check_something_trains(model, named)
+            self._check_first_step(model, named)
         return outputs
+
+    def _check_first_step(self, model: torch.nn.Module, named: Mapping[str, Any]) -> None:
+        """At the first training step: without ``backward_outputs``, the outputs must let the
+        model train (see :func:`check_something_trains`)."""
+        self._first_step = False
+        if self.backward_outputs is None:
+            check_something_trains(model, named)
 
     def train_step_optimizers(
         self,
@@ -499,9 +517,8 @@ class Logic(LogicScalerState, ModelLogic):
         autocast = self._autocast
         if not autocast.enabled:  # the common case: no context object per step
             return self._forward(model, batch)
-        runtime = get_runtime(model) if "device_type" not in autocast._options else None
-        if runtime is not None:  # bound to the device type of the model's runtime
-            autocast.bind(autocast_device_type_of(runtime))
+        if "device_type" not in autocast._options:
+            autocast.bind_to(model)
         with autocast.autocast():
             return self._forward(model, batch)
 

@@ -180,6 +180,15 @@ class StagedSteps(Accumulation):
 
         def _to_backward(self, outputs: Mapping[str, Any]) -> list[torch.Tensor]: ...
 
+    def _consume_staged_options(self, options: dict[str, Any]) -> None:
+        """Pops the ``grad_accumulation_steps`` and ``optimizers`` options (one not given keeps
+        its value), and plans the stages again at the next step: the options changed."""
+        steps = options.pop("grad_accumulation_steps", None)
+        self.grad_accumulation_steps = steps or self.grad_accumulation_steps
+        targets = options.pop("optimizers", None)
+        self._targets = self._targets if targets is None else parse_targets(targets)
+        self._plan = None
+
     def _staged_models(self, models: Mapping[str, torch.nn.Module]) -> list[torch.nn.Module]:
         """The models the targets name, once each (an unknown name is the plan's to explain)."""
         assert self._targets is not None
@@ -384,12 +393,18 @@ def refuse_unknown(names: Iterable[str], optimizers: Mapping[str, Any], option: 
         )
 
 
-def parse_optimizer_names(names: Any) -> tuple[str, ...]:
-    """``CodeBlockLogic``'s ``optimizers`` option: a list of the trainer's optimizer names.
+def pop_optimizer_names(
+    options: dict[str, Any], current: tuple[str, ...] | None
+) -> tuple[str, ...] | None:
+    """Pops ``CodeBlockLogic``'s ``optimizers`` option, a list of the trainer's optimizer names
+    (``current`` when it is not given).
 
     Raises:
-        ConfigurationError: ``names`` is not a list of str.
+        ConfigurationError: the option is not a list of str.
     """
+    names = options.pop("optimizers", None)
+    if names is None:
+        return current
     if isinstance(names, (Mapping, str)) or not all(isinstance(n, str) for n in names):
         raise ConfigurationError(
             f"CodeBlockLogic option 'optimizers' must be a list of optimizer names, got "
@@ -414,15 +429,36 @@ def code_block_optimizers(
         ConfigurationError: none holds the model's parameters, or ``names`` names an unknown
             optimizer or one holding none of them.
     """
-    if names is None:
-        chosen = [o for o in optimizers.values() if holds_parameters(o, model.parameters())]
-        if not chosen and optimizers:
-            raise ConfigurationError(
-                f"none of the optimizers {sorted(optimizers)} holds parameters of the model "
-                f"{model_name!r} CodeBlockLogic trains, so nothing would learn; build "
-                "one from that model's parameters, or set model_name to the model they train"
-            )
-        return chosen
+    if names is not None:
+        return _named_optimizers(model, optimizers, names, model_name)
+    chosen = [o for o in optimizers.values() if holds_parameters(o, model.parameters())]
+    if not chosen and optimizers:
+        raise _none_hold_model(optimizers, model_name)
+    return chosen
+
+
+def _none_hold_model(optimizers: Mapping[str, Any], model_name: str) -> ConfigurationError:
+    """The error for a ``CodeBlockLogic`` none of whose trainer's optimizers holds parameters
+    of its model (PPE steps them all)."""
+    return ConfigurationError(
+        f"none of the optimizers {sorted(optimizers)} holds parameters of the model "
+        f"{model_name!r} CodeBlockLogic trains, so nothing would learn; build "
+        "one from that model's parameters, or set model_name to the model they train"
+    )
+
+
+def _named_optimizers(
+    model: torch.nn.Module,
+    optimizers: Mapping[str, torch.optim.Optimizer],
+    names: tuple[str, ...],
+    model_name: str,
+) -> list[torch.optim.Optimizer]:
+    """The optimizers ``CodeBlockLogic``'s ``optimizers`` option names (PPE has no such option).
+
+    Raises:
+        ConfigurationError: ``names`` names an unknown optimizer or one holding none of the
+            parameters of ``model`` (keyed ``model_name``).
+    """
     refuse_unknown(names, optimizers, "CodeBlockLogic option 'optimizers'")
     idle = [n for n in names if not holds_parameters(optimizers[n], model.parameters())]
     if idle:

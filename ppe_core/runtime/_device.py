@@ -63,20 +63,32 @@ class DeviceRuntime(PyTorchRuntime):
     shared_options = staticmethod(shared_option_specs)
 
     def __init__(self, device_spec: DeviceLike, options: Mapping[str, Any] | None = None) -> None:
-        name = type(self).__name__
         torch_device = torch_device_for(type(self), device_spec)
         resolved = self.option_spec.validate(options)
-        autocast_type = type(self).autocast_device_type or device_type_of(torch_device)
+        super().__init__(torch_device, self._normalise_autocast(torch_device, options, resolved))
+        self.device_spec = device_spec  # what the user passed, e.g. "mydev:1"
+        self._apply_shared_options(resolved)
+
+    def _normalise_autocast(
+        self, torch_device: DeviceLike, options: Mapping[str, Any] | None, resolved: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Resolve :attr:`autocast_device_type` and return the options given, with ``autocast``
+        in the normalised form :class:`PyTorchRuntime` and the Handler read (checked on that
+        device type)."""
+        name = type(self).__name__
+        self.autocast_device_type = type(self).autocast_device_type or device_type_of(torch_device)
         autocast = device_autocast_kwargs(
-            resolved["autocast"], autocast_type, self.default_autocast_dtype, name
+            resolved["autocast"], self.autocast_device_type, self.default_autocast_dtype, name
         )
         given = {k: v for k, v in (options or {}).items() if v is not None and k != "autocast"}
         if autocast is not None:
-            require_autocast(autocast_type, f"{name} option 'autocast'", name)
+            require_autocast(self.autocast_device_type, f"{name} option 'autocast'", name)
             given["autocast"] = autocast  # the normalised form the core's handler reads
-        super().__init__(torch_device, given)
-        self.device_spec = device_spec  # what the user passed, e.g. "mydev:1"
-        self.autocast_device_type = autocast_type
+        return given
+
+    def _apply_shared_options(self, resolved: dict[str, Any]) -> None:
+        """Keep the validated options, read the module and batch options, and bind the batch
+        mover those need."""
         #: Every declared option, defaults filled in.
         self.resolved_options: dict[str, Any] = resolved
         self.channels_last: bool = bool(resolved["channels_last"])
@@ -106,7 +118,11 @@ class DeviceRuntime(PyTorchRuntime):
     def move_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """Move ``module`` and apply the module options (channels-last, autocast, compile),
         once, when it is moved."""
-        module = module.to(self.device)
+        return self._apply_module_options(module.to(self.device))
+
+    def _apply_module_options(self, module: torch.nn.Module) -> torch.nn.Module:
+        """``module`` (just moved) in channels-last format, its forward under autocast, and
+        compiled in place, as the options ask."""
         if self.channels_last:
             module = module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         set_autocast_forward(module, self.autocast)

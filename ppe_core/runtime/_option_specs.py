@@ -16,7 +16,7 @@ import torch
 
 from ppe_core.errors import ConfigurationError, RuntimeOptionError, RuntimeOptionTypeError
 
-__all__ = ["OptionSpec", "RuntimeOptions", "positive_int", "reject_unknown"]
+__all__ = ["OptionSpec", "RuntimeOptions", "positive_int", "reject_undeclared", "reject_unknown"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +136,16 @@ def reject_unknown(
             f"{', '.join(map(repr, unknown))}; accepted options: {listing or '(none)'}. "
             "Remove them from ppe.to(options=...) / runtime_options, or fix the spelling."
         )
+
+
+def reject_undeclared(runtime_class: type, options: Mapping[str, Any]) -> None:
+    """Raise :class:`~ppe_core.errors.ConfigurationError` for the keys of ``options`` outside
+    the ``accepted_options`` declared in ``runtime_class``'s own body (none declared: any key
+    is accepted, as in PPE)."""
+    accepted = runtime_class.__dict__.get("accepted_options")
+    if accepted is not None:
+        listing = ", ".join(sorted(accepted))
+        reject_unknown(runtime_class.__name__, options, accepted, listing, ConfigurationError)
 
 
 def _type_name(t: type) -> str:

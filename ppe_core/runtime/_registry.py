@@ -136,9 +136,15 @@ class RuntimeRegistry(Registry[type[BaseRuntime]]):
         device_type = device_type_of(device)
         if device_type in self:
             return self.get(device_type)  # get() imports a lazily registered runtime
+        self._check_fallback(device_type)
+        return PyTorchRuntime
+
+    def _check_fallback(self, device_type: str) -> None:
+        """Refuse the generic runtime for an unregistered ``device_type`` whose plugin failed to
+        load or was blocked, or that PyTorch does not know."""
         problem = self._provider_failure(device_type) if self._provider_failure else None
         if problem is None and is_torch_device_type(device_type):
-            return PyTorchRuntime
+            return
         hint = problem or unknown_device_hint(device_type)
         raise RuntimeNotFoundError(self._not_found_message(device_type, hint))
 

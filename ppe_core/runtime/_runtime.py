@@ -9,10 +9,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ppe_core.errors import ConfigurationError, RuntimeOptionError
+from ppe_core.errors import RuntimeOptionError
 from ppe_core.runtime._execute import run_code_block
-from ppe_core.runtime._option_specs import reject_unknown
-from ppe_core.runtime._runtime_checks import check_grad_scaler, check_map_output
+from ppe_core.runtime._option_specs import reject_undeclared
+from ppe_core.runtime._runtime_checks import (
+    check_autocast_option,
+    check_grad_scaler,
+    check_map_output,
+    device_spec_error,
+)
 
 _Tensor = torch.Tensor
 
@@ -63,10 +68,7 @@ class BaseRuntime:
     def __init__(self, device_spec: DeviceLike, options: Mapping[str, Any] | None = None) -> None:
         self.device_spec = device_spec
         self.options: dict[str, Any] = dict(options or {})
-        accepted = type(self).__dict__.get("accepted_options")
-        if accepted is not None:
-            listing = ", ".join(sorted(accepted))
-            reject_unknown(type(self).__name__, self.options, accepted, listing, ConfigurationError)
+        reject_undeclared(type(self), self.options)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         """Pickles the runtime with the module it tags; a runtime that cannot be pickled
@@ -249,10 +251,7 @@ class PyTorchRuntime(BaseRuntime):
             #: The ``torch.device`` this runtime moves data to.
             self.device = torch.device(device_spec)
         except (RuntimeError, TypeError, ValueError) as exc:
-            raise ConfigurationError(
-                f"{type(self).__name__} cannot use the device {device_spec!r}: {exc}. Pass a "
-                "device type with an optional index, e.g. 'cpu', 'cuda' or 'cuda:1'."
-            ) from exc
+            raise device_spec_error(type(self).__name__, device_spec, exc) from exc
         self._on_cpu = self.device.type == "cpu"
         #: ``torch.autocast`` arguments code blocks run under (``None``: off).
         self.autocast = autocast_kwargs(self.options.get("autocast"), self.device.type)
@@ -305,12 +304,7 @@ def autocast_kwargs(option: Any, device_type: str) -> dict[str, Any] | None:
     ``_autocast.py``). ``DeviceRuntime`` adds its forms on top (``device_autocast_kwargs``)."""
     if option is None or option is False:
         return None
-    if option is not True and not isinstance(option, Mapping):
-        raise RuntimeOptionError(
-            f"runtime option 'autocast' must be a bool or a dict of torch.autocast arguments, "
-            f"got {option!r}; e.g. options={{'autocast': True}} or "
-            "{'autocast': {'dtype': torch.bfloat16}}"
-        )
+    check_autocast_option(option)
     kwargs = {} if option is True else dict(option)
     kwargs.setdefault("device_type", device_type)
     return kwargs if kwargs.pop("enabled", True) else None
@@ -331,22 +325,26 @@ def map_tensors(
         return fn(obj)
     if isinstance(obj, Mapping):
         converted = {k: map_tensors(v, fn, leaf) for k, v in obj.items()}
-        if type(obj) is dict:
-            return converted
-        try:
-            result = type(obj)(converted)  # type: ignore[call-arg]  # OrderedDict, subclasses
-        except TypeError:
-            return converted
-        metadata = getattr(obj, "_metadata", None)
-        if metadata is not None:
-            result._metadata = metadata.copy()  # type: ignore[attr-defined]
-        return result
+        return converted if type(obj) is dict else _as_mapping_type_of(obj, converted)
     if isinstance(obj, tuple):
         items = [map_tensors(v, fn, leaf) for v in obj]
         return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)  # namedtuple
     if isinstance(obj, list):
         return [map_tensors(v, fn, leaf) for v in obj]
     return obj if leaf is None else leaf(obj)
+
+
+def _as_mapping_type_of(obj: Mapping[Any, Any], converted: dict[Any, Any]) -> Any:
+    """``converted`` as ``obj``'s own mapping type (an ``OrderedDict``, a subclass), with a
+    module ``state_dict``'s ``_metadata``; a plain dict when that type cannot be built from one."""
+    try:
+        result = type(obj)(converted)  # type: ignore[call-arg]
+    except TypeError:
+        return converted
+    metadata = getattr(obj, "_metadata", None)
+    if metadata is not None:
+        result._metadata = metadata.copy()  # type: ignore[attr-defined]
+    return result
 
 
 #: Runtimes whose picklability is being checked (see ``BaseRuntime.__reduce_ex__``).

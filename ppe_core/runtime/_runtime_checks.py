@@ -1,11 +1,11 @@
 """The runtime layer's checks PPE lacks, each raising an error that names the cause and the fix:
-a device that is neither a non-empty str nor a ``torch.device``, a device type no runtime
-serves and PyTorch does not know, a runtime registered as an instance or for a device instead
-of a device type, a ``runtime_class`` that is not a runtime class, a ``grad_scaler`` option of
-another type, a code block's outputs that cannot be backpropagated, ``ppe.map``'s ``out_keys``
-on an output that is not a dict. PPE stores, calls or indexes what it is given and leaves the
-failure to Python or PyTorch (or, with nothing to backpropagate, steps without gradients in
-silence).
+a device that is neither a non-empty str nor a ``torch.device``, a spec ``torch.device``
+refuses, a device type no runtime serves and PyTorch does not know, a runtime registered as an
+instance or for a device instead of a device type, a ``runtime_class`` that is not a runtime
+class, an ``autocast`` or ``grad_scaler`` option of another type, a code block's outputs that
+cannot be backpropagated, ``ppe.map``'s ``out_keys`` on an output that is not a dict. PPE
+stores, calls or indexes what it is given and leaves the failure to Python or PyTorch (or,
+with nothing to backpropagate, steps without gradients in silence).
 """
 
 from __future__ import annotations
@@ -24,11 +24,13 @@ from ppe_core.errors import (
 
 __all__ = [
     "backprop_error",
+    "check_autocast_option",
     "check_grad_scaler",
     "check_map_output",
     "check_runtime_class",
     "check_runtime_registration",
     "device_error",
+    "device_spec_error",
     "unknown_device_hint",
 ]
 
@@ -43,6 +45,14 @@ def device_error(device: object) -> ConfigurationError:
     return ArgumentTypeError(
         f"device must be a str or a torch.device, got {type(device).__name__} {device!r}; pass "
         "e.g. device='cpu', device='cuda:0' or torch.device('cuda', 0)"
+    )
+
+
+def device_spec_error(owner: str, device_spec: object, exc: Exception) -> ConfigurationError:
+    """Why ``torch.device`` refused ``device_spec`` (``exc``), for the runtime class ``owner``."""
+    return ConfigurationError(
+        f"{owner} cannot use the device {device_spec!r}: {exc}. Pass a device type with an "
+        "optional index, e.g. 'cpu', 'cuda' or 'cuda:1'."
     )
 
 
@@ -74,12 +84,26 @@ def check_runtime_registration(name: str, obj: object, base: type) -> None:
 
 
 def check_runtime_class(runtime_class: object, base: type) -> None:
-    """``runtime_class`` (of ``ppe.to`` / ``runtime_for``) must be a subclass of ``base``."""
-    if not (isinstance(runtime_class, type) and issubclass(runtime_class, base)):
+    """``runtime_class`` (of ``ppe.to`` / ``runtime_for``) must be ``None`` or a subclass of
+    ``base``."""
+    if runtime_class is not None and not (
+        isinstance(runtime_class, type) and issubclass(runtime_class, base)
+    ):
         raise ArgumentTypeError(
             f"runtime_class must be a subclass of ppe_core.runtime.BaseRuntime, got "
             f"{runtime_class!r}; pass the class (not an instance), or omit it to use the runtime "
             "registered for the device"
+        )
+
+
+def check_autocast_option(option: object) -> None:
+    """The ``autocast`` runtime option must be a bool or a dict of ``torch.autocast``
+    arguments."""
+    if not isinstance(option, (bool, Mapping)):
+        raise RuntimeOptionError(
+            f"runtime option 'autocast' must be a bool or a dict of torch.autocast arguments, "
+            f"got {option!r}; e.g. options={{'autocast': True}} or "
+            "{'autocast': {'dtype': torch.bfloat16}}"
         )
 
 

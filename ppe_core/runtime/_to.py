@@ -55,9 +55,24 @@ def runtime_for(
         ConfigurationError: ``"auto"`` without a default device, or options the runtime
             rejects.
     """
-    if runtime_class is not None:
-        check_runtime_class(runtime_class, BaseRuntime)
+    check_runtime_class(runtime_class, BaseRuntime)
     device = registry.resolve_device(device)
+    runtime = _tagged_runtime(device, options, runtime_class, modules)
+    if runtime is not None:
+        return runtime
+    if runtime_class is None:
+        runtime_class = registry.get_runtime_class_for_device_spec(device)
+    return runtime_class(device, options)
+
+
+def _tagged_runtime(
+    device: DeviceLike,
+    options: Mapping[str, Any] | None,
+    runtime_class: type[BaseRuntime] | None,
+    modules: Iterable[torch.nn.Module],
+) -> BaseRuntime | None:
+    """The runtime one of ``modules`` is tagged with that serves ``device`` (as written), is
+    of ``runtime_class`` (when given) and has ``options`` (when given), else ``None``."""
     for module in modules:
         for _, _, runtime in iter_runtime_modules(module):
             if (
@@ -66,9 +81,7 @@ def runtime_for(
                 and (not options or dict(options) == getattr(runtime, "options", None))
             ):
                 return runtime
-    if runtime_class is None:
-        runtime_class = registry.get_runtime_class_for_device_spec(device)
-    return runtime_class(device, options)
+    return None
 
 
 def to(

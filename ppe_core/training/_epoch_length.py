@@ -23,6 +23,7 @@ __all__ = [
     "PROVISIONAL_EPOCH_LENGTH",
     "EpochLengthState",
     "check_epoch_end",
+    "check_given_length",
     "check_triggers",
     "due_checks",
     "optional_length",
@@ -42,11 +43,7 @@ def optional_length(loader: Iterable[Any], given: int | None, argument: str) -> 
     None for a loader without ``len()`` (it is read until it runs out); a clear error for a
     ``given`` that is not a positive int and for an empty loader."""
     if given is not None:
-        if not isinstance(given, int) or isinstance(given, bool) or given < 1:
-            raise ConfigurationError(
-                f"{argument} must be a positive int, got {given!r}; pass the number of batches "
-                f"to take per pass, or leave it out for len(loader)"
-            )
+        check_given_length(given, argument)
         return given
     try:
         length = len(loader)  # type: ignore[arg-type]
@@ -59,6 +56,16 @@ def optional_length(loader: Iterable[Any], given: int | None, argument: str) -> 
             "yields nothing)."
         )
     return length
+
+
+def check_given_length(given: object, argument: str) -> None:
+    """Refuses a ``train_len``/``eval_len`` (``argument``) that is not a positive int (PPE
+    takes it as it is)."""
+    if not isinstance(given, int) or isinstance(given, bool) or given < 1:
+        raise ConfigurationError(
+            f"{argument} must be a positive int, got {given!r}; pass the number of batches "
+            f"to take per pass, or leave it out for len(loader)"
+        )
 
 
 def _inner_triggers(extension: object) -> Iterator[tuple[str, object]]:

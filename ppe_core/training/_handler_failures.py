@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 
 from ppe_core.errors import ExtensionErrorHandlerWarning
 
-__all__ = ["call_each"]
+__all__ = ["call_each", "warn_failures"]
 
 
 def call_each(
@@ -32,11 +32,19 @@ def call_each(
             failures.append((name, failure))
     if failures and handling is None:
         raise failures[0][1]
+    warn_failures(kind, failures, handling)
+
+
+def warn_failures(
+    kind: str, failures: Iterable[tuple[str, Exception]], handling: BaseException | None
+) -> None:
+    """Warns of each handler's failure while ``handling`` is handled, instead of raising it
+    (see :func:`call_each`)."""
     for name, error in failures:
         warnings.warn(
             ExtensionErrorHandlerWarning(
                 f"{kind} of {name!r} raised {type(error).__name__}: {error} while "
                 f"handling {type(handling).__name__}"
             ),
-            stacklevel=3,
+            stacklevel=4,
         )

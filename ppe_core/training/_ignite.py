@@ -126,11 +126,9 @@ class IgniteExtensionsManager(ExtensionsManager):
         self._close_scope()
 
     def _on_engine_completed(self, engine: Any) -> None:
-        try:
+        with self._run_lock.released_after():
             for entry in list(self._slots):
                 entry.extension.finalize(self)
-        finally:
-            self._run_lock.release()
 
     def state_dict(self, *, transform_models: TransformModel | None = None) -> dict[str, Any]:
         """The state of :meth:`ExtensionsManager.state_dict`, with the engine's epoch length."""

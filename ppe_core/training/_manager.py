@@ -42,17 +42,17 @@ from ppe_core.training._manager_checks import (
     not_a_model_error,
     unknown_extension_error,
     warn_ignored_arguments,
+    warn_missing_extension_states,
 )
 from ppe_core.training._protocols import StateObjectProtocol
 from ppe_core.training._ranks import agree_on_collectives, device_of
-from ppe_core.training._resume import VERSION_KEY, ResumeStates, rank_resume_states
+from ppe_core.training._resume import VERSION_KEY, ResumeStates
 from ppe_core.training._run_lock import ManagerRunLock
 from ppe_core.training._state import PPE_CORE_STATE_KEY
 from ppe_core.training._state_mismatch import (
+    check_loadable,
     load_model_state,
     load_optimizer_state,
-    require_iteration,
-    require_states,
 )
 from ppe_core.training._stop_reason import StopKind, StopReason
 from ppe_core.training.triggers import NEVER, Trigger, TriggerLike, get_trigger, next_due
@@ -298,8 +298,8 @@ class ExtensionsManager(EpochLengthState):
             max_epochs_trigger(max_epochs) if stop_trigger is None else get_trigger(stop_trigger)
         )
         self._stop_kind: StopKind = "max_epochs" if stop_trigger is None else "stop_trigger"
-        self._stop_due = -1
-        self._stop_checked_at = -1  # the iteration of the last answer, _stop_value
+        # _stop_due: the first iteration at which it may fire; _stop_checked_at: the iteration
+        # of the last answer, _stop_value (both -1 until the schedule is built).
         self._stop_value = False
         self._stopped = False  # the manager saw the condition fire after an iteration
         self._stop_reason: StopReason | None = None
@@ -315,14 +315,14 @@ class ExtensionsManager(EpochLengthState):
         # Extensions called directly on steps where nothing else is due (LogReport
         # accumulating, ...): those whose trigger fires every iteration (not when profiling).
         self._every: list[Callable[[Any], object]] = []
-        # The first iteration at which an extension declaring needs_model_state is due.
-        self._state_due = -1
         # False while extensions run in an iteration where no needs_model_state one is due:
         # the models then refuse reads.
         self._model_available = True
-        # The first iteration at which the schedule or the stop trigger is due; -1: the
-        # schedule must be rebuilt, which the next step's slow path does.
-        self._next_due = -1
+        # _next_due: the first iteration at which the schedule or the stop trigger is due;
+        # _state_due: the first at which an extension declaring needs_model_state is due. -1
+        # (as the stop trigger's): the schedule must be rebuilt, which the next step's slow
+        # path does.
+        self._invalidate_schedule()
 
         self._iteration = 0
         #: Iterations run by this process since the (possibly restored) start; PPE's name.
@@ -567,17 +567,11 @@ class ExtensionsManager(EpochLengthState):
             return
         self._take_run_lock()  # before any initialize: autoload reads the directory
         self._start_time = time.perf_counter()
-        try:
-            # Before any extension initializes: extensions that issue collectives ask the result.
-            self._ranks_lacking = agree_on_collectives(
-                self._slots, self._iters_per_epoch, device_of(self._models.values())
-            )
+        with self._run_lock.released_on_error():
+            self._agree_on_collectives()  # before any extension initializes: they ask it
             for entry in list(self._slots):  # a copy: extensions may register others
                 if not getattr(entry.trigger, "finished", False):
                     entry.extension.initialize(self)
-        except BaseException:
-            self._run_lock.release()  # the run never started: another may use the directory
-            raise
         self.observation = {}
         with self.reporter.scope(self.observation):
             for entry in list(self._slots):
@@ -601,6 +595,13 @@ class ExtensionsManager(EpochLengthState):
         """
         lacking = self._ranks_lacking
         return None if lacking is None else lacking.get(name)
+
+    def _agree_on_collectives(self) -> None:
+        """Agrees with the other ranks which extensions issue collectives (see
+        :meth:`ranks_lacking`)."""
+        self._ranks_lacking = agree_on_collectives(
+            self._slots, self._iters_per_epoch, device_of(self._models.values())
+        )
 
     def run_iteration(
         self, *, step_optimizers: Sequence[str] | None = None
@@ -713,7 +714,7 @@ class ExtensionsManager(EpochLengthState):
         finally:
             self._close_scope()
             if not isinstance(exc, Exception):
-                self._record_error(exc)
+                self._record_stop("error", self._iteration, error=exc)
                 self._finalize(exc)
 
     def handle_training_error(self, exc: BaseException) -> None:
@@ -726,7 +727,7 @@ class ExtensionsManager(EpochLengthState):
         try:
             self.abort_iteration(exc)
         finally:
-            self._record_error(exc)
+            self._record_stop("error", self._iteration, error=exc)
             self._finalize(exc)
 
     def _close_scope(self) -> None:
@@ -793,10 +794,8 @@ class ExtensionsManager(EpochLengthState):
         ]
         if self.writer is not None:
             calls.append(("<writer>", self.writer.finalize))
-        try:
+        with self._run_lock.released_after():  # after the writer: its saves are on disk
             call_each("finalize", calls, original)
-        finally:
-            self._run_lock.release()  # after the writer: its pending saves are on disk
 
     def _take_run_lock(self) -> None:
         """Locks the output directory for this run when the run writes there (see
@@ -913,19 +912,22 @@ class ExtensionsManager(EpochLengthState):
         value = bool(self._stop_trigger(self))
         self._stop_due = next_due(self._stop_trigger, iteration, self._iters_per_epoch)
         self._stop_checked_at, self._stop_value = iteration, value
-        if value and self._stop_reason is None:
-            self._stop_reason = StopReason(
-                self._stop_kind, iteration, iteration / self._iters_per_epoch, self._stop_trigger
-            )
+        if value:
+            self._record_stop(self._stop_kind, iteration, self._stop_trigger)
         return value
 
-    def _record_error(self, error: BaseException) -> None:
-        """Records that ``error`` ended training, unless a stop trigger had fired before."""
+    def _record_stop(
+        self,
+        kind: StopKind,
+        iteration: int,
+        trigger: Trigger | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        """Records why training ended at ``iteration`` (:attr:`stop_reason`): the stop trigger
+        that fired or the ``error``; only the first reason counts."""
         if self._stop_reason is None:
-            iteration = self._iteration
-            self._stop_reason = StopReason(
-                "error", iteration, iteration / self._iters_per_epoch, error=error
-            )
+            epoch_detail = iteration / self._iters_per_epoch
+            self._stop_reason = StopReason(kind, iteration, epoch_detail, trigger, error)
 
     def needs_model_state(self, iteration: int | None = None) -> bool:
         """Whether an extension declaring ``needs_model_state`` may run at ``iteration``.
@@ -965,6 +967,11 @@ class ExtensionsManager(EpochLengthState):
         """
         check_state_object(name, obj)
         self._objects[name] = obj
+        self._set_optional(name, optional)
+
+    def _set_optional(self, name: str, optional: bool) -> None:
+        """Records whether a loaded state may lack the state object ``name`` (it then keeps
+        its state)."""
         if optional:
             self._optional.add(name)
         else:
@@ -1046,9 +1053,7 @@ class ExtensionsManager(EpochLengthState):
                 missing and unexpected keys).
         """
         transform = self._transform_model if transform_models is None else transform_models
-        model_states = require_states(to_load, "models", self._models)
-        optimizer_states = require_states(to_load, "optimizers", self._optimizers)
-        require_iteration(to_load)
+        check_loadable(to_load, self._models, self._optimizers, self._objects, self._optional)
         saved = to_load.get("ppe_version")
         if saved != __version__ and not (
             isinstance(saved, str) and saved.startswith(_COMPATIBLE_PPE_VERSIONS)
@@ -1061,36 +1066,23 @@ class ExtensionsManager(EpochLengthState):
                 ),
                 stacklevel=2,
             )
-        object_states: Mapping[str, Any] = {}
-        if "state_objects" in to_load and self._objects:
-            required = [n for n in self._objects if n not in self._optional]
-            object_states = require_states(to_load, "state_objects", required)
         for name, model in self._models.items():
-            load_model_state(name, transform(name, model), model_states[name])
+            load_model_state(name, transform(name, model), to_load["models"][name])
         for name, optimizer in self._optimizers.items():
-            load_optimizer_state(name, optimizer, optimizer_states[name])
+            load_optimizer_state(name, optimizer, to_load["optimizers"][name])
+        object_states: Mapping[str, Any] = to_load.get("state_objects", {})
         for name, obj in self._objects.items():
             if name in object_states:
                 obj.load_state_dict(object_states[name])
         extension_states: Mapping[str, Any] = to_load.get("extensions") or {}
-        missing = [name for name in self._entries if name not in extension_states]
         for name, entry in self._entries.items():
             if name in extension_states:
                 entry.load_state_dict(extension_states[name])
-        # Under torch.distributed each rank restores its own entry (see rank_resume_states).
-        internal_states = rank_resume_states(to_load.get(PPE_CORE_STATE_KEY) or {})
-        self._resume_states.load_state_dict(internal_states, extension_states)
+        self._resume_states.load_from(to_load)  # ppe-core's own, under PPE_CORE_STATE_KEY
         iteration = self._start_iteration = self._iteration = int(to_load["_start_iteration"])
         self.execution = int(to_load.get("_start_execution", iteration))
         self._invalidate_schedule()
-        if missing:
-            warnings.warn(
-                MissingExtensionStateWarning(
-                    f"the loaded state has no entry for the extensions {missing}; they keep "
-                    "their current state (the state was saved without them, or under other names)"
-                ),
-                stacklevel=3,
-            )
+        warn_missing_extension_states(self._entries, extension_states)
         self._load_epoch_length(to_load, stacklevel=3)
 
 

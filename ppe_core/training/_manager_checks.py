@@ -18,7 +18,7 @@ from __future__ import annotations
 import difflib
 import operator
 import warnings
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from ppe_core.errors import (
@@ -28,7 +28,9 @@ from ppe_core.errors import (
     IgniteNotInstalledError,
     IgnoredArgumentWarning,
     ManagerStateError,
+    MissingExtensionStateWarning,
     ModelStateUnavailableError,
+    UnknownOptimizerError,
 )
 
 __all__ = [
@@ -43,26 +45,37 @@ __all__ = [
     "check_writer",
     "described",
     "finalized_error",
+    "import_ignite",
+    "integer_iters_per_epoch",
     "missing_max_epochs_error",
     "model_unavailable_error",
     "not_a_model_error",
     "not_an_extension_error",
     "unknown_extension_error",
+    "unknown_optimizer_error",
     "warn_ignored_arguments",
+    "warn_missing_extension_states",
 ]
 
 
 def check_iters_per_epoch(iters_per_epoch: object) -> None:
-    """Raises ``ConfigurationError`` unless ``iters_per_epoch`` is an integer >= 1."""
-    if isinstance(iters_per_epoch, bool) or not isinstance(iters_per_epoch, int):
-        raise ConfigurationError(
-            f"iters_per_epoch must be an integer >= 1, got {iters_per_epoch!r}"
-        )
-    if iters_per_epoch < 1:
+    """Raises ``ConfigurationError`` unless ``iters_per_epoch`` is an integer
+    (:func:`integer_iters_per_epoch`) >= 1."""
+    if integer_iters_per_epoch(iters_per_epoch) < 1:
         raise ConfigurationError(
             f"iters_per_epoch must be >= 1, got {iters_per_epoch}; pass the number of "
             "iterations per epoch, usually len(loader) (an empty loader gives 0)"
         )
+
+
+def integer_iters_per_epoch(iters_per_epoch: object) -> int:
+    """``iters_per_epoch``, refused with a ``ConfigurationError`` unless an integer (PPE
+    compares whatever it is given with 1)."""
+    if isinstance(iters_per_epoch, bool) or not isinstance(iters_per_epoch, int):
+        raise ConfigurationError(
+            f"iters_per_epoch must be an integer >= 1, got {iters_per_epoch!r}"
+        )
+    return iters_per_epoch
 
 
 def described(value: object) -> str:
@@ -84,12 +97,25 @@ def not_a_model_error(argument: str, name: str, model: object) -> ArgumentTypeEr
 
 
 def check_engine(engine: object) -> None:
-    """Raises unless pytorch-ignite is installed and ``engine`` is its ``Engine``.
+    """Raises unless pytorch-ignite is installed (:func:`import_ignite`) and ``engine`` is its
+    ``Engine``.
+
+    Raises:
+        ArgumentTypeError: ``engine`` is not an ignite ``Engine``.
+    """
+    if not isinstance(engine, import_ignite().engine.Engine):
+        raise ArgumentTypeError(
+            f"engine must be an ignite.engine.Engine, got {type(engine).__name__}; pass "
+            "e.g. ignite.engine.create_supervised_trainer(model, optimizer, loss_fn)"
+        )
+
+
+def import_ignite() -> Any:
+    """The ``ignite`` package, its ``engine`` module imported.
 
     Raises:
         IgniteNotInstalledError: pytorch-ignite is not installed (an ``ImportError``; PPE's
             manager module fails to import without it).
-        ArgumentTypeError: ``engine`` is not an ignite ``Engine``.
     """
     try:
         import ignite.engine
@@ -98,11 +124,7 @@ def check_engine(engine: object) -> None:
             "IgniteExtensionsManager needs pytorch-ignite: pip install pytorch-ignite "
             "(or use ExtensionsManager with your own loop)"
         ) from exc
-    if not isinstance(engine, ignite.engine.Engine):
-        raise ArgumentTypeError(
-            f"engine must be an ignite.engine.Engine, got {type(engine).__name__}; pass "
-            "e.g. ignite.engine.create_supervised_trainer(model, optimizer, loss_fn)"
-        )
+    return ignite
 
 
 def missing_max_epochs_error() -> ConfigurationError:
@@ -185,6 +207,20 @@ def warn_ignored_arguments(kwargs: Mapping[str, Any]) -> None:
         )
 
 
+def warn_missing_extension_states(registered: Iterable[str], states: Mapping[str, Any]) -> None:
+    """Warns, after a state loaded, of the ``registered`` extensions it had no entry for in
+    ``states`` (its ``'extensions'``): they keep their state (PPE: a bare ``KeyError``)."""
+    missing = [name for name in registered if name not in states]
+    if missing:
+        warnings.warn(
+            MissingExtensionStateWarning(
+                f"the loaded state has no entry for the extensions {missing}; they keep "
+                "their current state (the state was saved without them, or under other names)"
+            ),
+            stacklevel=4,
+        )
+
+
 def check_manager_kwargs(given: Collection[str], known: Collection[str]) -> None:
     """Raises ``ArgumentTypeError`` naming the arguments of ``given`` a Trainer does not take
     (``known``: the manager's it forwards), each with the closest known one."""
@@ -198,6 +234,14 @@ def check_manager_kwargs(given: Collection[str], known: Collection[str]) -> None
             f"Trainer got unexpected argument(s) {', '.join(hints)}; besides handler, evaluator, "
             f"models and profile it takes ExtensionsManager's: {', '.join(sorted(known))}"
         )
+
+
+def unknown_optimizer_error(name: str, optimizers: Collection[str]) -> UnknownOptimizerError:
+    """What ``trainer.get_optimizer(name)`` raises when no optimizer has that name (PPE: a
+    bare ``KeyError``)."""
+    return UnknownOptimizerError(
+        f"no optimizer named {name!r}; the trainer has {sorted(optimizers)}"
+    )
 
 
 def check_writer(writer: object) -> None:

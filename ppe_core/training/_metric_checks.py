@@ -1,7 +1,9 @@
 """Evaluators' metrics, checked where they are given (PPE calls whatever it is given, to fail
 at the first batch), and the extension Evaluator's metrics of two arguments ``(batch,
 outputs)`` told apart from PPE's three ``(batch, outputs, last_iteration)``. A Trainer's
-evaluators are checked likewise when given."""
+evaluators are checked likewise when given. AccuracyMetric's inputs are explained too: a
+missing key, an empty batch, labels and predictions that do not pair (PPE: Python's or torch's
+error)."""
 
 from __future__ import annotations
 
@@ -9,13 +11,18 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from ppe_core.errors import ArgumentTypeError
+import torch
+
+from ppe_core.errors import ArgumentTypeError, MetricInputError, MetricKeyError
 
 __all__ = [
     "MetricFn",
+    "check_accuracy_inputs",
+    "check_accuracy_labels",
     "check_metric",
     "check_metrics",
     "metric_result_error",
+    "missing_metric_key_error",
     "not_an_evaluator_error",
     "takes_last_iteration",
 ]
@@ -87,3 +94,36 @@ def not_an_evaluator_error(name: str, evaluator: object) -> ArgumentTypeError:
         f"evaluator {name!r} must be created with ppe.engine.create_evaluator, "
         f"got {type(evaluator).__name__}"
     )
+
+
+def missing_metric_key_error(values: Any, key: str, where: str) -> MetricKeyError:
+    """What AccuracyMetric raises for ``key`` missing from the batch or the outputs (``where``)
+    (PPE: a bare ``KeyError``)."""
+    keys = sorted(values) if isinstance(values, Mapping) else type(values).__name__
+    return MetricKeyError(
+        f"AccuracyMetric found no {key!r} in the {where} (it has: {keys}); pass the "
+        f"{where}'s key, e.g. AccuracyMetric(label_key='t', output_key='y')"
+    )
+
+
+def check_accuracy_labels(label_key: str, count: int) -> None:
+    """Refuses a batch of no labels (PPE: a ``ZeroDivisionError``)."""
+    if count == 0:
+        raise MetricInputError(
+            f"AccuracyMetric got an empty batch of labels ({label_key!r}); the "
+            "loader yielded a batch with no examples"
+        )
+
+
+def check_accuracy_inputs(
+    label_key: str, output_key: str, labels: torch.Tensor, predictions: torch.Tensor
+) -> None:
+    """Refuses labels and predictions of other numbers of elements (PPE: ``view_as``'s
+    error)."""
+    if labels.numel() != predictions.numel():
+        raise MetricInputError(
+            f"AccuracyMetric needs one predicted label per label: {label_key!r} "
+            f"has shape {tuple(labels.shape)} but {output_key!r} has "
+            f"{tuple(predictions.shape)}; for class scores, report "
+            "scores.argmax(dim=1) as the prediction"
+        )

@@ -18,6 +18,7 @@ from ppe_core.errors import (
     EpochLengthChangedWarning,
     WorldSizeMismatchWarning,
 )
+from ppe_core.training._state import PPE_CORE_STATE_KEY
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import StateObjectProtocol
@@ -89,6 +90,12 @@ class ResumeStates:
             if state is not None:
                 obj.load_state_dict(state)
 
+    def load_from(self, to_load: Mapping[str, Any]) -> None:
+        """Restores the objects from a loaded manager state: from this rank's entries of its
+        ``'_ppe_core'`` (:func:`rank_resume_states`), else from its ``'extensions'``."""
+        saved = rank_resume_states(to_load.get(PPE_CORE_STATE_KEY) or {})
+        self.load_state_dict(saved, to_load.get("extensions") or {})
+
 
 def record_ranks(
     internal: dict[str, Any], world_size: int, rank_states: Sequence[Mapping[str, Any]] | None
@@ -130,7 +137,7 @@ def rank_resume_states(saved: Mapping[str, Any]) -> Mapping[str, Any]:
                 "exactly, or use another output directory to train anew (resuming across "
                 "world sizes is not supported)."
             ),
-            stacklevel=5,
+            stacklevel=6,
         )
         return saved
     ranks = saved.get(RANKS_KEY)

@@ -25,6 +25,7 @@ import threading
 import time
 import warnings
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 from ppe_core.errors import OutputDirectoryInUseError, RunLockWarning
@@ -225,6 +226,24 @@ class ManagerRunLock:
         lock, self._lock = self._lock, None
         if lock is not None:
             lock.release()
+
+    @contextlib.contextmanager
+    def released_after(self) -> Iterator[None]:
+        """Releases the lock when the block ends, also when it raises (the run is over)."""
+        try:
+            yield
+        finally:
+            self.release()
+
+    @contextlib.contextmanager
+    def released_on_error(self) -> Iterator[None]:
+        """Releases the lock when the block raises: the run never started, so another may use
+        the directory."""
+        try:
+            yield
+        except BaseException:
+            self.release()
+            raise
 
 
 def _lock_file(directory: str, path: str) -> int | None:

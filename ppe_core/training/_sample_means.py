@@ -11,7 +11,7 @@ import torch
 
 from ppe_core.reporting import DictSummary
 
-__all__ = ["add_per_sample", "batch_size"]
+__all__ = ["add_per_sample", "batch_size", "weighted"]
 
 
 def add_per_sample(
@@ -32,16 +32,19 @@ def add_per_sample(
     if size == unit:
         summary.add(observation)
         return unit
-    scale = size / unit
-    summary.add(
-        {
-            key: (value[0], value[1] * scale)
-            if isinstance(value, tuple) and len(value) == 2
-            else (value, scale)
-            for key, value in observation.items()
-        }
-    )
+    summary.add(weighted(observation, size / unit))
     return unit
+
+
+def weighted(observation: dict[str, Any], scale: float) -> dict[str, Any]:
+    """``observation`` with every value's weight multiplied by ``scale`` (a plain value
+    weighs 1, a ``(value, weight)`` pair its weight)."""
+    return {
+        key: (value[0], value[1] * scale)
+        if isinstance(value, tuple) and len(value) == 2
+        else (value, scale)
+        for key, value in observation.items()
+    }
 
 
 def batch_size(batch: Any) -> int:

@@ -10,14 +10,23 @@ to fix it. The manager's state (``_state.py``) loads through these functions.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import contextlib
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from ppe_core.errors import StateDictKeyError, StateDictMismatchError
 
-__all__ = ["load_model_state", "load_optimizer_state", "require_iteration", "require_states"]
+__all__ = [
+    "check_loadable",
+    "load_model_state",
+    "load_optimizer_state",
+    "model_mismatch_error",
+    "optimizer_mismatch_explained",
+    "require_iteration",
+    "require_states",
+]
 
 _MAX_KEYS = 8  # keys listed in a mismatch message; the rest are counted
 
@@ -55,6 +64,27 @@ def require_iteration(to_load: Mapping[str, Any]) -> None:
         )
 
 
+def check_loadable(
+    to_load: Mapping[str, Any],
+    models: Iterable[str],
+    optimizers: Iterable[str],
+    objects: Collection[str],
+    optional: Collection[str],
+) -> None:
+    """Checks, before anything loads, that ``to_load`` holds the iteration and a state for
+    every model and optimizer, and (when it has ``'state_objects'``) for every state object
+    of ``objects`` that is not ``optional``.
+
+    Raises:
+        StateDictKeyError: An entry is missing (see :func:`require_states`).
+    """
+    require_states(to_load, "models", models)
+    require_states(to_load, "optimizers", optimizers)
+    require_iteration(to_load)
+    if "state_objects" in to_load and objects:
+        require_states(to_load, "state_objects", [n for n in objects if n not in optional])
+
+
 def _key_list(keys: Sequence[str]) -> str:
     listed = ", ".join(repr(k) for k in keys[:_MAX_KEYS])
     more = len(keys) - _MAX_KEYS
@@ -62,53 +92,58 @@ def _key_list(keys: Sequence[str]) -> str:
 
 
 def load_model_state(name: str, module: torch.nn.Module, state: Mapping[str, Any]) -> None:
-    """``module.load_state_dict(state)``, explaining a mismatch by model name and keys.
+    """``module.load_state_dict(state)``; a mismatch raises :func:`model_mismatch_error`.
 
     Raises:
-        StateDictMismatchError: The state does not fit (names missing/unexpected keys, size
-            mismatches, and a ``module.`` prefix from a data-parallel wrapper).
+        StateDictMismatchError: The state does not fit.
     """
     try:
         module.load_state_dict(state)
     except RuntimeError as exc:
-        expected = list(module.state_dict())
-        known = set(expected)
-        missing = [k for k in expected if k not in state]
-        unexpected = [k for k in state if k not in known]
-        lines = [f"the loaded state of model {name!r} does not fit {type(module).__name__}:"]
-        if missing:
-            lines.append(f"  missing keys (in the model, not in the state): {_key_list(missing)}")
-        if unexpected:
-            lines.append(
-                f"  unexpected keys (in the state, not in the model): {_key_list(unexpected)}"
-            )
-        lines.extend(
-            f"  {line.strip()}" for line in str(exc).splitlines() if "size mismatch" in line
-        )
-        if not missing and not unexpected and len(lines) == 1:
-            lines.append(f"  {exc}")
-        prefix = "module."
-        if unexpected and all(k.startswith(prefix) for k in unexpected):
-            lines.append(
-                "The state's keys start with 'module.': it was saved from a DataParallel/"
-                "DistributedDataParallel wrapper. Pass transform_model="
-                "ppe.training.manager.default_transform_model when saving, or strip the prefix."
-            )
-        elif missing and all(k.startswith(prefix) for k in missing):
-            lines.append(
-                "The model's keys start with 'module.': unwrap it when loading with "
-                "transform_model=ppe.training.manager.default_transform_model."
-            )
+        raise model_mismatch_error(name, module, state, exc) from exc
+
+
+def model_mismatch_error(
+    name: str, module: torch.nn.Module, state: Mapping[str, Any], exc: RuntimeError
+) -> StateDictMismatchError:
+    """Explains torch's ``exc`` for the state of model ``name`` by model name and keys: the
+    missing and unexpected keys, size mismatches, and a ``module.`` prefix from a
+    data-parallel wrapper."""
+    expected = list(module.state_dict())
+    known = set(expected)
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in known]
+    lines = [f"the loaded state of model {name!r} does not fit {type(module).__name__}:"]
+    if missing:
+        lines.append(f"  missing keys (in the model, not in the state): {_key_list(missing)}")
+    if unexpected:
+        lines.append(f"  unexpected keys (in the state, not in the model): {_key_list(unexpected)}")
+    lines.extend(f"  {line.strip()}" for line in str(exc).splitlines() if "size mismatch" in line)
+    if not missing and not unexpected and len(lines) == 1:
+        lines.append(f"  {exc}")
+    prefix = "module."
+    if unexpected and all(k.startswith(prefix) for k in unexpected):
         lines.append(
-            f"Load a snapshot saved from the same architecture under the name {name!r}, or load "
-            f"the weights yourself with model.load_state_dict(state['models'][{name!r}], "
-            "strict=False) to keep the matching part."
+            "The state's keys start with 'module.': it was saved from a DataParallel/"
+            "DistributedDataParallel wrapper. Pass transform_model="
+            "ppe.training.manager.default_transform_model when saving, or strip the prefix."
         )
-        raise StateDictMismatchError("\n".join(lines)) from exc
+    elif missing and all(k.startswith(prefix) for k in missing):
+        lines.append(
+            "The model's keys start with 'module.': unwrap it when loading with "
+            "transform_model=ppe.training.manager.default_transform_model."
+        )
+    lines.append(
+        f"Load a snapshot saved from the same architecture under the name {name!r}, or load "
+        f"the weights yourself with model.load_state_dict(state['models'][{name!r}], "
+        "strict=False) to keep the matching part."
+    )
+    return StateDictMismatchError("\n".join(lines))
 
 
 def load_optimizer_state(name: str, optimizer: Any, state: Mapping[str, Any]) -> None:
-    """``optimizer.load_state_dict(state)``, explaining a mismatch by optimizer name.
+    """``optimizer.load_state_dict(state)``; a torch optimizer's mismatch is explained
+    (:func:`optimizer_mismatch_explained`).
 
     Raises:
         StateDictMismatchError: The state is another optimizer type's or has other groups.
@@ -117,6 +152,15 @@ def load_optimizer_state(name: str, optimizer: Any, state: Mapping[str, Any]) ->
         # Anything with load_state_dict (PPE does not type-check optimizers either).
         optimizer.load_state_dict(state)
         return
+    with optimizer_mismatch_explained(name, optimizer):
+        optimizer.load_state_dict(dict(state))
+
+
+@contextlib.contextmanager
+def optimizer_mismatch_explained(name: str, optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    """Around loading the state of optimizer ``name``: torch's ``ValueError``/``KeyError`` and
+    a state without some of the groups' hyperparameters (another optimizer type's) raise a
+    :class:`StateDictMismatchError` naming the optimizer and the fix."""
     fix = (
         f"Create optimizer {name!r} as when the snapshot was saved (same type, the same "
         "parameters in the same groups), or restore only the weights with "
@@ -125,7 +169,7 @@ def load_optimizer_state(name: str, optimizer: Any, state: Mapping[str, Any]) ->
     # Hyperparameters each group has now; a state from another optimizer type lacks some.
     before = [set(group) - {"params", "param_names"} for group in optimizer.param_groups]
     try:
-        optimizer.load_state_dict(dict(state))
+        yield
     except (ValueError, KeyError) as exc:
         raise StateDictMismatchError(
             f"the loaded state of optimizer {name!r} ({type(optimizer).__name__}) does not fit "

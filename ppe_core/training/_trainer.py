@@ -32,7 +32,11 @@ from ppe_core.training._epoch_length import (
 from ppe_core.training._evaluator import Evaluator
 from ppe_core.training._extension import PRIORITY_WRITER, Extension, ExtensionEntry
 from ppe_core.training._manager import ExtensionsManager, named_models
-from ppe_core.training._manager_checks import check_manager_kwargs, missing_max_epochs_error
+from ppe_core.training._manager_checks import (
+    check_manager_kwargs,
+    missing_max_epochs_error,
+    unknown_optimizer_error,
+)
 from ppe_core.training._metric_checks import not_an_evaluator_error
 from ppe_core.training._resume import TrainerState, attach_resume_state
 from ppe_core.training.triggers import get_trigger
@@ -96,6 +100,16 @@ def manager_arguments() -> list[str]:
     """The ExtensionsManager arguments a Trainer forwards (all but models, iters_per_epoch)."""
     skip = {"models", "iters_per_epoch"}
     return [k for k in inspect.signature(ExtensionsManager).parameters if k not in skip]
+
+
+def _wrapped_by_extensions(manager: ExtensionsManager, train_step: _Step) -> _Step:
+    """``train_step`` wrapped by the extensions that watch the steps (Throughput counts
+    samples), once per run; none registered, it is unchanged."""
+    for _, entry in manager.extensions:
+        wrap = getattr(entry.extension, "wrap_train_step", None)
+        if wrap is not None:
+            train_step = wrap(train_step)
+    return train_step
 
 
 class Trainer:
@@ -234,9 +248,7 @@ class Trainer:
         try:
             return self.optimizers[name]
         except KeyError:
-            raise UnknownOptimizerError(
-                f"no optimizer named {name!r}; the trainer has {sorted(self.optimizers)}"
-            ) from None
+            raise unknown_optimizer_error(name, self.optimizers) from None
 
     def set_optimizer(self, name: str, optimizer: torch.optim.Optimizer) -> None:
         """Replace (or add) the optimizer ``name``, also in a running manager."""
@@ -381,12 +393,7 @@ class Trainer:
         if self._enable_profile or self._enable_trace:
             scopes = _StepScopes(self._enable_profile, self._enable_trace)
             begin, end, train_step = scopes.wrap(begin, end, train_step)
-        # Extensions that watch the steps (Throughput counts samples) wrap the step function
-        # once per run; none registered, the loop is unchanged.
-        for _, entry in manager.extensions:
-            wrap = getattr(entry.extension, "wrap_train_step", None)
-            if wrap is not None:
-                train_step = wrap(train_step)
+        train_step = _wrapped_by_extensions(manager, train_step)
         profile = self._profile
         manager.start_extensions()
         host.trainer_setup(self)
@@ -430,12 +437,11 @@ class Trainer:
         except BaseException as exc:
             # A collective's timeout (DDP's gradient all-reduce, an extension's barrier) says
             # which rank and what to do, not only the backend's "Timed out waiting 600000ms".
-            timed_out = timeout_error(exc, f"training (iteration {manager.iteration})")
-            error = exc if timed_out is None else timed_out
+            error = timeout_error(exc, f"training (iteration {manager.iteration})") or exc
             manager.handle_training_error(error)
-            if timed_out is not None:
-                raise timed_out from exc
-            raise
+            if error is exc:
+                raise
+            raise error from exc
         finally:
             if scopes is not None:
                 scopes.close()

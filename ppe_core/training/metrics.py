@@ -13,6 +13,11 @@ from typing import Any, TypeAlias
 import torch
 
 from ppe_core.errors import MetricInputError, MetricKeyError
+from ppe_core.training._metric_checks import (
+    check_accuracy_inputs,
+    check_accuracy_labels,
+    missing_metric_key_error,
+)
 
 __all__ = ["AccuracyMetric", "Batch", "MetricInputError", "MetricKeyError", "MetricType"]
 
@@ -26,11 +31,7 @@ def _lookup(values: Any, key: str, where: str) -> torch.Tensor:
     try:
         found = values[key]
     except (KeyError, TypeError, IndexError):
-        keys = sorted(values) if isinstance(values, Mapping) else type(values).__name__
-        raise MetricKeyError(
-            f"AccuracyMetric found no {key!r} in the {where} (it has: {keys}); pass the "
-            f"{where}'s key, e.g. AccuracyMetric(label_key='t', output_key='y')"
-        ) from None
+        raise missing_metric_key_error(values, key, where) from None
     return torch.as_tensor(found)  # a tensor as it is
 
 
@@ -62,19 +63,9 @@ class AccuracyMetric:
         with torch.no_grad():
             labels = _lookup(batch, self.label_key, "batch")
             count = labels.shape[0] if labels.ndim else 1
-            if count == 0:
-                raise MetricInputError(
-                    f"AccuracyMetric got an empty batch of labels ({self.label_key!r}); the "
-                    "loader yielded a batch with no examples"
-                )
+            check_accuracy_labels(self.label_key, count)
             predictions = _lookup(out, self.output_key, "outputs")[:count]
-            if labels.numel() != predictions.numel():
-                raise MetricInputError(
-                    f"AccuracyMetric needs one predicted label per label: {self.label_key!r} "
-                    f"has shape {tuple(labels.shape)} but {self.output_key!r} has "
-                    f"{tuple(predictions.shape)}; for class scores, report "
-                    "scores.argmax(dim=1) as the prediction"
-                )
+            check_accuracy_inputs(self.label_key, self.output_key, labels, predictions)
             labels = labels.to(predictions.device)  # itself when already there
             correct = (labels.view_as(predictions) == predictions).sum()
             return {"accuracy": correct / count}

@@ -143,14 +143,19 @@ def __getattr__(name: str) -> Any:
     try:
         return active_host().extensions.get(name)
     except RegistryLookupError as exc:
-        package = _TRACKER_PACKAGES.get(name)
-        if package is None:
-            raise AttributeError(str(exc)) from None
-        raise AttributeError(
-            f"{exc}\n{name} is provided by the {package} package, which is not installed (or "
-            f"its plugin did not load): run `pip install -e plugins/{package.replace('-', '_')}` "
-            "in a ppe-core checkout (see docs/tracking.md)"
-        ) from None
+        raise AttributeError(f"{exc}{_tracker_hint(name)}") from None
+
+
+def _tracker_hint(name: str) -> str:
+    """For a tracker extension of a ppe-core package that is not installed, which to install."""
+    package = _TRACKER_PACKAGES.get(name)
+    if package is None:
+        return ""
+    return (
+        f"\n{name} is provided by the {package} package, which is not installed (or its "
+        f"plugin did not load): run `pip install -e plugins/{package.replace('-', '_')}` in a "
+        "ppe-core checkout (see docs/tracking.md)"
+    )
 
 
 def __dir__() -> list[str]:

@@ -40,9 +40,13 @@ def _plain(value: Any) -> Any:
     try:
         return float(value)  # Python and NumPy numbers, other float-likes
     except (TypeError, ValueError):
-        raise ArgumentTypeError(
-            f"accumulate extensions take numbers or tensors, got {type(value).__name__} {value!r}"
-        ) from None
+        raise _not_a_number(value) from None
+
+
+def _not_a_number(value: object) -> ArgumentTypeError:
+    return ArgumentTypeError(
+        f"accumulate extensions take numbers or tensors, got {type(value).__name__} {value!r}"
+    )
 
 
 def _sqrt(value: Any) -> Any:
@@ -205,15 +209,7 @@ class AccumulateBase(Extension):
         distributed: bool = False,
     ) -> None:
         pair = conversion_key_pair
-        if (
-            not isinstance(pair, (tuple, list))
-            or len(pair) != 2
-            or not all(isinstance(key, str) and key for key in pair)
-        ):
-            raise ArgumentTypeError(
-                f"{type(self).__name__} conversion_key_pair must be (source key, destination "
-                f"key), e.g. ('main/loss', 'main/loss/mean'); got {pair!r}"
-            )
+        self._check_pair(pair)
         self._conversion_key_pair: tuple[str, str] = (pair[0], pair[1])
         self._trigger = get_trigger(trigger)
         self._due = DueCheck(self._trigger)
@@ -229,12 +225,7 @@ class AccumulateBase(Extension):
         try:
             value = observation[source]
         except KeyError:
-            raise MissingObservationError(
-                f"{type(self).__name__} found no {source!r} in the observation of iteration "
-                f"{manager.iteration} (keys: {sorted(observation) or 'none'}); report it every "
-                "iteration the extension runs, or register the extension with the trigger on "
-                "which it is reported, e.g. manager.extend(ext, trigger=(1, 'epoch'))"
-            ) from None
+            raise self._missing_error(source, manager) from None
         self._summary.add(_plain(value))
         if self._due(manager):
             summary = self._summary
@@ -243,6 +234,25 @@ class AccumulateBase(Extension):
                 summary = self._summary_class.merged(_env.gather_objects(summary.state_dict()))
             observation[destination] = summary.compute()
             self._summary = self._summary_class()
+
+    def _check_pair(self, pair: object) -> None:
+        if (
+            not isinstance(pair, (tuple, list))
+            or len(pair) != 2
+            or not all(isinstance(key, str) and key for key in pair)
+        ):
+            raise ArgumentTypeError(
+                f"{type(self).__name__} conversion_key_pair must be (source key, destination "
+                f"key), e.g. ('main/loss', 'main/loss/mean'); got {pair!r}"
+            )
+
+    def _missing_error(self, source: str, manager: ManagerView) -> MissingObservationError:
+        return MissingObservationError(
+            f"{type(self).__name__} found no {source!r} in the observation of iteration "
+            f"{manager.iteration} (keys: {sorted(manager.observation) or 'none'}); report it "
+            "every iteration the extension runs, or register the extension with the trigger "
+            "on which it is reported, e.g. manager.extend(ext, trigger=(1, 'epoch'))"
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """Returns the trigger's state and the running summary (PPE's keys)."""

@@ -205,31 +205,12 @@ class Evaluator(Extension):
         eval_func: Callable[..., Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        unknown = sorted(set(kwargs) - _KNOWN_OPTIONS)
-        if unknown:
-            warnings.warn(
-                IgnoredArgumentWarning(
-                    f"{type(self).__name__} ignores the keyword arguments {unknown} (it "
-                    "understands progress_bar= and metrics=); move batches to the device in "
-                    "eval_func if that was the intent"
-                ),
-                stacklevel=2,
-            )
-        if isinstance(iterator, Mapping):
-            self._iterators: dict[str, Iterable[Any]] = dict(iterator)
-        elif isinstance(iterator, Iterable):
-            self._iterators = {"main": iterator}
-        else:
-            raise ArgumentTypeError(
-                f"{type(self).__name__} iterator must be a loader (an iterable of batches) or "
-                f"a dict of loaders, got {type(iterator).__name__}"
-            )
+        self._check_arguments(iterator, eval_func, kwargs)
+        self._iterators: dict[str, Iterable[Any]] = (
+            dict(iterator) if isinstance(iterator, Mapping) else {"main": iterator}
+        )
         # The shared validator; pass {} as target when eval_func does all the work.
         self._targets: dict[str, torch.nn.Module] = named_models(target, "target")
-        if eval_func is not None and not callable(eval_func):
-            raise ArgumentTypeError(
-                f"eval_func must be callable with a batch, got {type(eval_func).__name__}"
-            )
         self.name = None
         self.eval_hook = eval_hook
         self._eval_func = eval_func
@@ -238,18 +219,46 @@ class Evaluator(Extension):
             kwargs.get("metrics"), "metric(batch, outputs, last_iteration)"
         )
 
+    def _check_arguments(
+        self, iterator: object, eval_func: object, kwargs: Mapping[str, Any]
+    ) -> None:
+        """Warns about keyword arguments it ignores, and refuses an iterator that is neither a
+        loader nor a dict of loaders, and an eval_func that is not callable."""
+        unknown = sorted(set(kwargs) - _KNOWN_OPTIONS)
+        if unknown:
+            warnings.warn(
+                IgnoredArgumentWarning(
+                    f"{type(self).__name__} ignores the keyword arguments {unknown} (it "
+                    "understands progress_bar= and metrics=); move batches to the device in "
+                    "eval_func if that was the intent"
+                ),
+                stacklevel=3,
+            )
+        if not isinstance(iterator, Iterable):  # a dict of loaders is one too
+            raise ArgumentTypeError(
+                f"{type(self).__name__} iterator must be a loader (an iterable of batches) or "
+                f"a dict of loaders, got {type(iterator).__name__}"
+            )
+        if eval_func is not None and not callable(eval_func):
+            raise ArgumentTypeError(
+                f"eval_func must be callable with a batch, got {type(eval_func).__name__}"
+            )
+
     def eval_func(self, *args: Any, **kwargs: Any) -> Any:
         """Evaluates one batch: calls ``eval_func`` (or the ``'main'`` target) with it."""
         func = self._eval_func
         if func is None:
             func = self._targets.get("main")
             if func is None:
-                raise MissingEvalTargetError(
-                    f"{type(self).__name__} has no eval_func and no target named 'main' (targets: "
-                    f"{sorted(self._targets) or 'none'}); pass eval_func=..., or the model to "
-                    "evaluate as target"
-                )
+                raise self._missing_target_error()
         return func(*args, **kwargs)
+
+    def _missing_target_error(self) -> MissingEvalTargetError:
+        return MissingEvalTargetError(
+            f"{type(self).__name__} has no eval_func and no target named 'main' (targets: "
+            f"{sorted(self._targets) or 'none'}); pass eval_func=..., or the model to "
+            "evaluate as target"
+        )
 
     def get_iterator(self, name: str) -> Any:
         """Returns the iterator registered under ``name``."""
@@ -432,10 +441,7 @@ class IgniteEvaluator(Evaluator):
         try:
             from ignite.engine import Events
         except ImportError as exc:
-            raise OptionalDependencyError(
-                "IgniteEvaluator needs pytorch-ignite, which is not installed; install it "
-                "with `pip install pytorch-ignite`"
-            ) from exc
+            raise _ignite_missing() from exc
         engine = self.evaluator
         engine.add_event_handler(Events.ITERATION_STARTED, self._open_observation)
         engine.add_event_handler(Events.ITERATION_COMPLETED, self._close_observation)
@@ -474,3 +480,10 @@ class IgniteEvaluator(Evaluator):
                 self._bar.close()
                 self._bar = None
         return self.summary.compute_mean()
+
+
+def _ignite_missing() -> OptionalDependencyError:
+    return OptionalDependencyError(
+        "IgniteEvaluator needs pytorch-ignite, which is not installed; install it "
+        "with `pip install pytorch-ignite`"
+    )

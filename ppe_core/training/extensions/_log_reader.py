@@ -71,10 +71,7 @@ def find_log_report(manager: ManagerView, name: str, reader: str) -> LogReport:
     """
     get_extension: Any = getattr(manager, "get_extension", None)
     if get_extension is None:
-        raise ConfigurationError(
-            f"{reader} needs a manager with get_extension() to find the LogReport "
-            f"{name!r}; pass the LogReport instance instead"
-        )
+        raise _no_get_extension(name, reader)
     try:
         extension = get_extension(name)
     except ExtensionNameError:
@@ -89,3 +86,10 @@ def find_log_report(manager: ManagerView, name: str, reader: str) -> LogReport:
             f"{reader} log_report {name!r} names a {type(extension).__name__}, not a LogReport"
         )
     return extension
+
+
+def _no_get_extension(name: str, reader: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"{reader} needs a manager with get_extension() to find the LogReport "
+        f"{name!r}; pass the LogReport instance instead"
+    )

@@ -79,12 +79,18 @@ def _checked_format(
             f"{caller} format must be one of {list(formats)}, got {fmt!r}; pass one of them, "
             f"or leave format out and end the filename in one of {suffixes}"
         )
-    if fmt == "yaml" and importlib.util.find_spec("yaml") is None:
+    if fmt == "yaml":
+        _require_yaml(caller)
+    return fmt
+
+
+def _require_yaml(caller: str) -> None:
+    """Refuses the 'yaml' format without PyYAML installed, before anything is logged."""
+    if importlib.util.find_spec("yaml") is None:
         raise OptionalDependencyError(
             f"{caller}(format='yaml') needs PyYAML, which is not installed; run "
             "`pip install pyyaml`, or use format='json' or 'json-lines'"
         )
-    return fmt
 
 
 class LogSaver:
@@ -348,9 +354,7 @@ class LogReport(Extension):
     def _rewrite(self, writer: Any, filename: str, out: str) -> None:
         """Replaces the file with the whole log; later entries are added to it."""
         if self._format == "csv":
-            self._columns = dict.fromkeys(entry_columns(self._log))
-            self._saver = LogSaver("csv", tuple(self._columns))
-            self._extender = LogSaver("csv", tuple(self._columns), extend=True)
+            self._widen_csv_header()
         # A copy: background writers serialize it after this returns.
         writer(filename, out, list(self._log), savefun=self._saver, append=False)
         self._file = filename
@@ -361,6 +365,12 @@ class LogReport(Extension):
         # ppe_core.writing.Appender), and says when the file was replaced.
         adds = isinstance(writer, Writer) and (self._format != "json" or writer.writes_local_files)
         self._appender = writer.appender(filename, out, self._extender) if adds else None
+
+    def _widen_csv_header(self) -> None:
+        """A CSV log's header: the keys of the whole log, in order of first appearance."""
+        self._columns = dict.fromkeys(entry_columns(self._log))
+        self._saver = LogSaver("csv", tuple(self._columns))
+        self._extender = LogSaver("csv", tuple(self._columns), extend=True)
 
     def add_entry_listener(self, listener: Callable[[dict[str, Any]], object]) -> None:
         """Calls ``listener`` with each entry emitted from now on, once it is stored and written.

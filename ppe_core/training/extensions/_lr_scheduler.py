@@ -63,6 +63,14 @@ def _optimizer_has_stepped(optimizer: torch.optim.Optimizer) -> bool:
     return int(getattr(optimizer, "_step_count", 0)) >= 1
 
 
+def _check_scheduler(scheduler: object) -> None:
+    if not callable(getattr(scheduler, "step", None)):
+        raise ConfigurationError(
+            f"LRScheduler needs a torch.optim.lr_scheduler scheduler, got "
+            f"{type(scheduler).__name__}; e.g. LRScheduler(StepLR(optimizer, step_size=10))"
+        )
+
+
 class LRScheduler(Extension):
     """Steps a ``torch.optim.lr_scheduler`` scheduler when the trigger fires.
 
@@ -101,11 +109,7 @@ class LRScheduler(Extension):
         wait_for_first_optimizer_step: bool = False,
         is_async: bool = True,
     ) -> None:
-        if not callable(getattr(scheduler, "step", None)):
-            raise ConfigurationError(
-                f"LRScheduler needs a torch.optim.lr_scheduler scheduler, got "
-                f"{type(scheduler).__name__}; e.g. LRScheduler(StepLR(optimizer, step_size=10))"
-            )
+        _check_scheduler(scheduler)
         self.scheduler = scheduler
         self.stepper = stepper
         self.trigger = get_trigger(trigger)

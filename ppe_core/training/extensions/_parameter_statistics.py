@@ -40,6 +40,23 @@ _DEFAULT_STATISTICS: dict[str, StatisticFunction] = {
 }
 
 
+def _check_modules(modules: Iterable[object]) -> None:
+    for module in modules:
+        if not isinstance(module, torch.nn.Module):
+            raise ConfigurationError(
+                "ParameterStatistics links must be a torch.nn.Module or an iterable of "
+                f"modules, got an element of type {type(module).__name__}"
+            )
+
+
+def _check_default(statistics: str) -> None:
+    if statistics != "default":
+        raise ConfigurationError(
+            f"ParameterStatistics statistics must be 'default', None or a mapping of "
+            f"names to functions, got {statistics!r}"
+        )
+
+
 class ParameterStatistics(Extension):
     """Reports statistics of the parameters (and gradients) of modules.
 
@@ -88,21 +105,12 @@ class ParameterStatistics(Extension):
         skip_nan_params: bool = False,
     ) -> None:
         modules = [links] if isinstance(links, torch.nn.Module) else list(links)
-        for module in modules:
-            if not isinstance(module, torch.nn.Module):
-                raise ConfigurationError(
-                    "ParameterStatistics links must be a torch.nn.Module or an iterable of "
-                    f"modules, got an element of type {type(module).__name__}"
-                )
+        _check_modules(modules)
         self._links = modules
         if statistics is None:
             self._statistics: dict[str, StatisticFunction] = {}
         elif isinstance(statistics, str):
-            if statistics != "default":
-                raise ConfigurationError(
-                    f"ParameterStatistics statistics must be 'default', None or a mapping of "
-                    f"names to functions, got {statistics!r}"
-                )
+            _check_default(statistics)
             self._statistics = dict(self.default_statistics)
         else:
             self._statistics = dict(statistics)

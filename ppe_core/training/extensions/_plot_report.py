@@ -40,6 +40,11 @@ def matplotlib_available() -> bool:
     return True
 
 
+def _check_y_keys(y_keys: tuple[str, ...]) -> None:
+    if not y_keys:
+        raise ConfigurationError("PlotReport needs at least one key in y_keys")
+
+
 class PlotReport(Extension):
     """Plots the mean of reported values over each interval and saves the figure.
 
@@ -88,8 +93,7 @@ class PlotReport(Extension):
         if filename is None:
             filename = "plot.png" if file_name is None else file_name
         self._y_keys = (y_keys,) if isinstance(y_keys, str) else tuple(y_keys)
-        if not self._y_keys:
-            raise ConfigurationError("PlotReport needs at least one key in y_keys")
+        _check_y_keys(self._y_keys)
         self.trigger = EveryIteration()  # it must see every iteration's values
         self._x_key = x_key
         self._trigger = DueCheck(get_trigger(trigger))

@@ -193,11 +193,7 @@ class PrintReport(Extension):
         once, since the output stream is new). A LogReport instance passed as ``log_report``
         is saved here too, as in PPE.
         """
-        state: dict[str, Any] = {
-            "_printed": self._printed,
-            "_columns": list(self._columns),
-            "_seen": list(self._seen),
-        }
+        state = self._printed_state()
         if isinstance(self._log_report, LogReport):
             state["_log_report"] = self._log_report.state_dict()
         return state
@@ -206,6 +202,18 @@ class PrintReport(Extension):
         """Restores :meth:`state_dict`'s output (PPE's, which may be empty, is accepted)."""
         if isinstance(self._log_report, LogReport) and "_log_report" in to_load:
             self._log_report.load_state_dict(to_load["_log_report"])
+        self._load_printed_state(to_load)
+
+    def _printed_state(self) -> dict[str, Any]:
+        """What was printed: the entries' count, the inferred columns and the keys seen."""
+        return {
+            "_printed": self._printed,
+            "_columns": list(self._columns),
+            "_seen": list(self._seen),
+        }
+
+    def _load_printed_state(self, to_load: Mapping[str, Any]) -> None:
+        """Restores :meth:`_printed_state`'s output; the header is printed again."""
         if "_printed" in to_load:
             self._printed = int(to_load["_printed"])
             self._restored = True

@@ -178,11 +178,7 @@ class ProgressBar(Extension):
         *,
         min_interval: float | None = None,
     ) -> None:
-        for name, value in (("update_interval", update_interval), ("bar_length", bar_length)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigurationError(
-                    f"ProgressBar {name} must be a positive integer, got {value!r}"
-                )
+        _check_positive(update_interval=update_interval, bar_length=bar_length)
         self._min_interval = plain_min_interval(min_interval, out)
         if training_length is not None:
             _check_length(training_length)
@@ -230,10 +226,7 @@ class ProgressBar(Extension):
     def __call__(self, manager: ManagerView) -> None:
         """Redraws the bar (or prints a line) for the current iteration."""
         if self._length_unknown and _length_known(manager):
-            # The first epoch ran out: the bar starts again, with its total.
-            if self._display is not None:
-                self._display.close()
-            self._display = None
+            self._restart()
         if self._display is None:
             self.initialize(manager)
         assert self._display is not None
@@ -245,6 +238,13 @@ class ProgressBar(Extension):
                 self._display.rebase(iteration)
             self._initial = None
         self._display.update(iteration, manager.epoch_detail)
+
+    def _restart(self) -> None:
+        """The first epoch over a loader without ``len()`` ran out: the bar is closed, to be
+        made again with its total."""
+        if self._display is not None:
+            self._display.close()
+        self._display = None
 
     def finalize(self, manager: ManagerView) -> None:
         """Draws the final state and closes the bar."""
@@ -261,6 +261,14 @@ class ProgressBar(Extension):
 def _length_known(manager: ManagerView) -> bool:
     # Not part of ManagerView (PPE's managers always know it): an ExtensionsManager has it.
     return getattr(manager, "epoch_length_known", True) is not False
+
+
+def _check_positive(**values: Any) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigurationError(
+                f"ProgressBar {name} must be a positive integer, got {value!r}"
+            )
 
 
 def _check_length(length: Any) -> tuple[float, str]:

@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ppe_core.errors import SlackPostWarning, SlackTokenError
+from ppe_core.errors import OptionalDependencyError, SlackPostWarning, SlackTokenError
 from ppe_core.training._extension import Extension
 from ppe_core.training._protocols import ManagerView
 from ppe_core.training.triggers import Trigger, TriggerLike, get_trigger
@@ -172,6 +172,26 @@ def _post_json(url: str, payload: dict[str, Any], headers: dict[str, str]) -> An
     return urllib.request.urlopen(request)
 
 
+class _WebApiClient:
+    """The calls :class:`Slack` makes of ``slack_sdk.WebClient``, through urllib, for when
+    slack_sdk is not installed: messages are posted to Slack's Web API; files cannot be
+    uploaded."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    def chat_postMessage(self, channel: str, text: str, thread_ts: str | None) -> Any:
+        payload: dict[str, Any] = {"channel": channel, "text": text}
+        if thread_ts is not None:
+            payload["thread_ts"] = thread_ts
+        headers = {"Authorization": f"Bearer {self._token}"}
+        with _post_json(_WEB_API + "chat.postMessage", payload, headers) as reply:
+            return json.loads(reply.read().decode("utf-8"))
+
+    def files_upload(self, file: str) -> Any:
+        raise OptionalDependencyError("Slack file upload needs slack_sdk (`pip install slack_sdk`)")
+
+
 class Slack(_SlackBase):
     """Posts messages (and uploads files) to a Slack channel as a bot.
 
@@ -220,26 +240,17 @@ class Slack(_SlackBase):
         self._thread = thread
         self._thread_ts: str | None = None
         self._token = token
-        self._client: Any = None
-        if _slack_sdk_available:
-            self._client = importlib.import_module("slack_sdk").WebClient(token=token)
+        self._client: Any = (
+            importlib.import_module("slack_sdk").WebClient(token=token)
+            if _slack_sdk_available
+            else _WebApiClient(token)
+        )
 
     def _post_message(self, text: str) -> None:
         try:
-            if self._client is not None:
-                response: Any = self._client.chat_postMessage(
-                    channel=self._channel, text=text, thread_ts=self._thread_ts
-                )
-            else:
-                payload: dict[str, Any] = {"channel": self._channel, "text": text}
-                if self._thread_ts is not None:
-                    payload["thread_ts"] = self._thread_ts
-                with _post_json(
-                    _WEB_API + "chat.postMessage",
-                    payload,
-                    {"Authorization": f"Bearer {self._token}"},
-                ) as reply:
-                    response = json.loads(reply.read().decode("utf-8"))
+            response = self._client.chat_postMessage(
+                channel=self._channel, text=text, thread_ts=self._thread_ts
+            )
             if not response.get("ok"):
                 raise RuntimeError(f"Slack answered {response.get('error', response)!r}")
             if self._thread and self._thread_ts is None:
@@ -252,14 +263,6 @@ class Slack(_SlackBase):
             )
 
     def _upload_files(self, filenames: Sequence[str]) -> list[str]:
-        if self._client is None:
-            warnings.warn(
-                f"Slack file upload needs slack_sdk (`pip install slack_sdk`); not uploading "
-                f"{list(filenames)}",
-                SlackPostWarning,
-                stacklevel=2,
-            )
-            return []
         links: list[str] = []
         try:
             for filename in filenames:

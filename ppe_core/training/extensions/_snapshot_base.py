@@ -125,6 +125,11 @@ class _Snapshot(SnapshotRanks):
             state = {key: value.state_dict() for key, value in target.items()}
         else:
             state = target.state_dict() if hasattr(target, "state_dict") else target
+        return self._checked_state(state)
+
+    def _checked_state(self, state: Any) -> Any:
+        """Adds ppe-core's resume data to the manager's state, and checks that the state
+        loads safely (sharded state refused in a mode that writes one rank's file)."""
         if self._target is None and isinstance(state, dict):
             # The world size, and every rank's resume data when gathered (__call__).
             internal = state.setdefault(PPE_CORE_STATE_KEY, {})
@@ -180,10 +185,7 @@ class _Snapshot(SnapshotRanks):
         try:
             self._restore(state, manager)
         except Exception as exc:
-            raise SnapshotError(
-                f"autoloading snapshot {path} failed: {exc}. Point out_dir elsewhere or remove "
-                "the snapshot if it belongs to another model."
-            ) from exc
+            raise _autoload_error(path, exc) from exc
         self.loaded_from = path
         return os.path.relpath(path, out_dir)
 
@@ -211,16 +213,12 @@ class _Snapshot(SnapshotRanks):
     def __call__(self, manager: Any) -> None:
         # Every rank reaches this iteration's trigger alike (agreed at start), so the gather
         # comes before the condition, which only the saver's answer decides.
-        if self._collective and self._target is None:
-            self._rank_states = self._gather_rank_states(manager)
-        try:
+        with self._rank_states_gathered(manager):
             if self.condition is not None and not self.condition():
                 return
             # When training stops after this iteration, run() would wait for a background save
             # at once: saving in this thread spares the host copy of the whole state.
             self._save(manager, final=bool(getattr(manager, "stop_trigger", False)))
-        finally:
-            self._rank_states = None
         # No barrier: no rank reads the file while training, and the writes are atomic, so a
         # rank failing meanwhile at worst loses this snapshot (resume takes the previous one).
 
@@ -361,3 +359,10 @@ class _Snapshot(SnapshotRanks):
         save(manifest_path(filename), manifest, write_bytes)
         if not on_error:
             self._series.added(files_dir, os.path.join(files_dir, filename), self.n_retains)
+
+
+def _autoload_error(path: str, exc: Exception) -> SnapshotError:
+    return SnapshotError(
+        f"autoloading snapshot {path} failed: {exc}. Point out_dir elsewhere or remove "
+        "the snapshot if it belongs to another model."
+    )

@@ -11,8 +11,10 @@ this class.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -118,6 +120,17 @@ class SnapshotRanks(Extension):
             ),
             stacklevel=4,
         )
+
+    @contextlib.contextmanager
+    def _rank_states_gathered(self, manager: Any) -> Iterator[None]:
+        """Every rank's resume data gathered for the save inside (when this snapshot saves the
+        manager with collectives), and dropped after it."""
+        if self._collective and self._target is None:
+            self._rank_states = self._gather_rank_states(manager)
+        try:
+            yield
+        finally:
+            self._rank_states = None
 
     def _gather_rank_states(self, manager: Any) -> list[Any] | None:
         """Every rank's resume data on the saver (None elsewhere): one ``gather_object``."""

@@ -60,6 +60,23 @@ def glob_pattern(filename: str) -> str:
     return re.sub(r"\{[^{}]*\}", "*", glob.escape(filename).replace("[{]", "{").replace("[}]", "}"))
 
 
+def _read_state_iterations(candidates: list[Candidate]) -> None:
+    """Gives each candidate whose iteration neither a manifest nor its name tells the one its
+    state starts at (-1 when it holds none), and drops, with a warning, a file that is not a
+    snapshot (text, random bytes): said now, as it has no place in line."""
+    for candidate in [c for c in candidates if c.iteration is None and c.problem is None]:
+        try:
+            state = load_unverified(candidate.path)
+        except UnsafeSnapshotError:
+            raise
+        except SnapshotError as exc:
+            warnings.warn(SnapshotVerificationWarning(f"skipping: {exc}"), stacklevel=6)
+            candidates.remove(candidate)
+            continue
+        start = state.get("_start_iteration") if isinstance(state, Mapping) else None
+        candidate.iteration = start if _is_int(start) else -1
+
+
 class SnapshotSeries:
     """The files one snapshot extension writes into an output directory.
 
@@ -102,19 +119,7 @@ class SnapshotSeries:
             Candidate(path, out_dir, name_iteration or (lambda name: None))
             for path in self.files(out_dir)
         ]
-        for candidate in [c for c in candidates if c.iteration is None and c.problem is None]:
-            # Neither a manifest nor the name tells the iteration: the state does.
-            try:
-                state = load_unverified(candidate.path)
-            except UnsafeSnapshotError:
-                raise
-            except SnapshotError as exc:
-                # Not a snapshot (text, random bytes): said now, as it has no place in line.
-                warnings.warn(SnapshotVerificationWarning(f"skipping: {exc}"), stacklevel=5)
-                candidates.remove(candidate)
-                continue
-            start = state.get("_start_iteration") if isinstance(state, Mapping) else None
-            candidate.iteration = start if _is_int(start) else -1
+        _read_state_iterations(candidates)
         candidates.sort(
             key=lambda c: (-1 if c.iteration is None else c.iteration, c.mtime), reverse=True
         )
@@ -144,6 +149,12 @@ class SnapshotSeries:
             return path, state
         return None, None
 
+    def _remember(self, path: str) -> None:
+        """Records ``path`` as the newest file written, for a callable filename's series."""
+        if path in self._written:
+            self._written.remove(path)
+        self._written.append(path)
+
     def added(self, out_dir: str, path: str, n_retains: int) -> None:
         """Records the complete periodic snapshot ``path`` in ``out_dir``, then keeps the newest
         ``n_retains`` there.
@@ -154,9 +165,7 @@ class SnapshotSeries:
         :class:`Orphans`). Other files stay: those with a manifest they do not match (a
         background save may still be writing them) and those ppe-core did not write (PPE's).
         """
-        if path in self._written:
-            self._written.remove(path)
-        self._written.append(path)
+        self._remember(path)
         if n_retains <= 0:
             return
         complete = []

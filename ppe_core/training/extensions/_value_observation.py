@@ -17,6 +17,18 @@ if TYPE_CHECKING:
 __all__ = ["observe_lr", "observe_value"]
 
 
+def _check_observation(observation_key: object, target_func: object) -> None:
+    if not isinstance(observation_key, str) or not observation_key:
+        raise ConfigurationError(
+            f"observe_value needs a non-empty str observation_key such as 'lr', got "
+            f"{observation_key!r}"
+        )
+    if not callable(target_func):
+        raise ConfigurationError(
+            f"observe_value needs a callable target_func(manager), got {type(target_func).__name__}"
+        )
+
+
 class _ObserveValue(Extension):
     """Writes ``target_func(manager)`` into ``manager.observation[observation_key]``."""
 
@@ -25,16 +37,7 @@ class _ObserveValue(Extension):
     priority = PRIORITY_WRITER
 
     def __init__(self, observation_key: str, target_func: Callable[[ManagerView], Any]) -> None:
-        if not isinstance(observation_key, str) or not observation_key:
-            raise ConfigurationError(
-                f"observe_value needs a non-empty str observation_key such as 'lr', got "
-                f"{observation_key!r}"
-            )
-        if not callable(target_func):
-            raise ConfigurationError(
-                f"observe_value needs a callable target_func(manager), got "
-                f"{type(target_func).__name__}"
-            )
+        _check_observation(observation_key, target_func)
         self.observation_key = observation_key
         self.target_func = target_func
 
@@ -82,6 +85,15 @@ def observe_lr(
     Raises:
         ConfigurationError: ``param_group`` is not an index of ``optimizer.param_groups``.
     """
+    _check_param_group(optimizer, param_group)
+
+    def learning_rate(manager: ManagerView) -> Any:
+        return optimizer.param_groups[param_group]["lr"]
+
+    return observe_value(observation_key, learning_rate)
+
+
+def _check_param_group(optimizer: torch.optim.Optimizer, param_group: object) -> None:
     groups = optimizer.param_groups
     if isinstance(param_group, bool) or not isinstance(param_group, int):
         raise ConfigurationError(
@@ -92,8 +104,3 @@ def observe_lr(
             f"observe_lr param_group={param_group} is out of range: the optimizer has "
             f"{len(groups)} parameter group(s)"
         )
-
-    def learning_rate(manager: ManagerView) -> Any:
-        return optimizer.param_groups[param_group]["lr"]
-
-    return observe_value(observation_key, learning_rate)

@@ -144,6 +144,13 @@ def _save_figure(target: tuple[Any, str], file_obj: IO[bytes]) -> None:
     figure.savefig(file_obj, format=image_format)
 
 
+def _check_keys(keys: list[str]) -> None:
+    if not keys:
+        raise ConfigurationError(
+            "VariableStatisticsPlot has nothing to plot: set report_data or report_grad"
+        )
+
+
 class VariableStatisticsPlot(Extension):
     """Plots the statistics of tensors' values and gradients over the iterations.
 
@@ -216,10 +223,7 @@ class VariableStatisticsPlot(Extension):
         self._keys: list[str] = [
             key for key, wanted in (("data", report_data), ("grad", report_grad)) if wanted
         ]
-        if not self._keys:
-            raise ConfigurationError(
-                "VariableStatisticsPlot has nothing to plot: set report_data or report_grad"
-            )
+        _check_keys(self._keys)
         self._plot_mean = plot_mean
         self._plot_std = plot_std
         self._n_percentile = n_percentile

@@ -41,22 +41,33 @@ def _positive_number(value: object, wrong_type: str, not_positive: str) -> float
 
 
 def check_unit(unit: object, owner: str) -> str:
-    """Validates a trigger unit, naming the owner and the accepted values in the error."""
-    example = f"e.g. {owner}(1, 'epoch')"
+    """Refuses a unit other than 'epoch' or 'iteration', naming the owner, with a hint."""
+    checked = check_unit_type(unit, owner)
+    if checked not in UNITS:
+        hint = unit_hint(checked, owner)
+        raise ConfigurationError(f"{owner} unit must be 'epoch' or 'iteration', got {unit!r}{hint}")
+    return checked
+
+
+def check_unit_type(unit: object, owner: str) -> str:
+    """Returns ``unit``; raises ``TriggerTypeError`` explaining the arguments unless a str."""
     if not isinstance(unit, str):
         raise TriggerTypeError(
             f"{owner} unit must be the string 'epoch' or 'iteration', got "
-            f"{type(unit).__name__} {unit!r}; the arguments are (period, unit), {example}"
+            f"{type(unit).__name__} {unit!r}; the arguments are (period, unit), "
+            f"e.g. {owner}(1, 'epoch')"
         )
-    if unit not in UNITS:
-        stem = unit.lower().rstrip("s")
-        hint = f"; did you mean {stem!r}?" if stem in UNITS else f"; {example}"
-        raise ConfigurationError(f"{owner} unit must be 'epoch' or 'iteration', got {unit!r}{hint}")
     return unit
 
 
+def unit_hint(unit: str, owner: str) -> str:
+    """The end of the message for an unknown ``unit``: the unit meant, or an example."""
+    stem = unit.lower().rstrip("s")
+    return f"; did you mean {stem!r}?" if stem in UNITS else f"; e.g. {owner}(1, 'epoch')"
+
+
 def check_amount(value: object, unit: str, what: str, owner: str) -> Fraction:
-    """Validates a positive period or point and returns it as an exact fraction.
+    """A period or point (checked by :func:`check_positive_amount`) as an exact fraction.
 
     Args:
         value: The user's number.
@@ -64,24 +75,39 @@ def check_amount(value: object, unit: str, what: str, owner: str) -> Fraction:
         what: The argument's name for messages (``'period'``, ``'point'``).
         owner: The trigger class name for messages.
     """
-    number = _positive_number(
-        value,
-        f"{owner} {what} must be a positive int or float, got {type(value).__name__} "
-        f"{value!r}; the arguments are ({what}, unit), e.g. {owner}(1, 'epoch')",
-        f"{owner} {what} must be a finite number > 0, got {value!r}; use e.g. 1 or 0.5",
-    )
+    number = check_positive_amount(value, unit, what, owner)
     if unit == "iteration":
-        if not number.is_integer():
-            raise ConfigurationError(
-                f"{owner} {what} in 'iteration' units must be a whole number, got {value!r}; "
-                "round it, or use unit='epoch' for fractions of an epoch"
-            )
         return Fraction(int(number))
     if isinstance(value, numbers.Rational):
         return Fraction(int(value.numerator), int(value.denominator))
     exact = Fraction(number)
     close = exact.limit_denominator(_MAX_DENOMINATOR)
     return close if close > 0 and abs(close - exact) <= exact * Fraction(1, 10**6) else exact
+
+
+def check_positive_amount(value: object, unit: str, what: str, owner: str) -> float:
+    """``value`` as a float; raises unless a finite number > 0, whole for ``'iteration'``."""
+    number = _positive_number(
+        value,
+        f"{owner} {what} must be a positive int or float, got {type(value).__name__} "
+        f"{value!r}; the arguments are ({what}, unit), e.g. {owner}(1, 'epoch')",
+        f"{owner} {what} must be a finite number > 0, got {value!r}; use e.g. 1 or 0.5",
+    )
+    if unit == "iteration" and not number.is_integer():
+        raise ConfigurationError(
+            f"{owner} {what} in 'iteration' units must be a whole number, got {value!r}; "
+            "round it, or use unit='epoch' for fractions of an epoch"
+        )
+    return number
+
+
+def not_a_trigger_error(trigger: object) -> TriggerTypeError:
+    """The error for what ``get_trigger`` cannot make a trigger from, with what it accepts."""
+    return TriggerTypeError(
+        f"cannot make a trigger from {type(trigger).__name__} {trigger!r}; pass a (period, unit) "
+        "pair such as (1, 'epoch') or (100, 'iteration'), a Trigger instance, a callable "
+        "taking the manager and returning a bool, or None for a trigger that never fires"
+    )
 
 
 def check_key(key: object, owner: str, what: str = "key") -> str:
@@ -143,15 +169,18 @@ def check_points(points: object, unit: object) -> tuple[str, list[Any], list[Fra
     an iterable of them) and each point as an exact fraction."""
     owner = "ManualScheduleTrigger"
     checked = check_unit(unit, owner)
-    if isinstance(points, numbers.Real):
-        points = [points]
-    elif not isinstance(points, Iterable) or isinstance(points, (str, bytes)):
+    check_points_type(points, owner)
+    given = list(points) if isinstance(points, Iterable) else [points]
+    return checked, given, [check_amount(p, checked, "point", owner) for p in given]
+
+
+def check_points_type(points: object, owner: str) -> None:
+    """Raises ``TriggerTypeError`` unless ``points`` is a number or an iterable of them."""
+    if not isinstance(points, (numbers.Real, Iterable)) or isinstance(points, (str, bytes)):
         raise TriggerTypeError(
             f"{owner} points must be a number or a list of numbers, got "
             f"{type(points).__name__} {points!r}; e.g. {owner}([10, 20], 'epoch')"
         )
-    given = list(points)
-    return checked, given, [check_amount(p, checked, "point", owner) for p in given]
 
 
 def check_early_stopping(patience: object, mode: object) -> None:
@@ -195,14 +224,12 @@ def explain_unread_value(owner: str, key: str, manager: ManagerView, present: bo
     )
 
 
-def training_length_of(max_trigger: object) -> tuple[float, str]:
-    """``EarlyStoppingTrigger``'s training length: its ``max_trigger``'s (PPE's is always an
-    interval trigger; ours may be any trigger, refused here when it defines no length)."""
-    length = getattr(max_trigger, "get_training_length", None)
-    if length is None:
+def check_training_length(max_trigger: object) -> Any:
+    """Returns ``EarlyStoppingTrigger``'s ``max_trigger``; raises unless it defines a training
+    length (PPE's is always an interval trigger; ours may be any trigger)."""
+    if getattr(max_trigger, "get_training_length", None) is None:
         raise ConfigurationError(
             f"EarlyStoppingTrigger max_trigger {max_trigger!r} has no training "
             "length; pass a (period, unit) pair such as (100, 'epoch')"
         )
-    result: tuple[float, str] = length()
-    return result
+    return max_trigger

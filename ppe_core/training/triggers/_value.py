@@ -12,8 +12,8 @@ from ppe_core.training.triggers._checks import (
     check_compare,
     check_early_stopping,
     check_key,
+    check_training_length,
     explain_unread_value,
-    training_length_of,
 )
 from ppe_core.training.triggers._early_stopping_state import EarlyStoppingState
 from ppe_core.training.triggers._factory import get_trigger
@@ -242,7 +242,8 @@ class EarlyStoppingTrigger(EarlyStoppingState, _MonitorTrigger):
         Raises:
             ConfigurationError: ``max_trigger`` does not define a length.
         """
-        return training_length_of(self._max_trigger)
+        length: tuple[float, str] = check_training_length(self._max_trigger).get_training_length()
+        return length
 
     def __repr__(self) -> str:
         return (
