@@ -394,6 +394,29 @@ def test_slack_posts_through_the_web_api_in_one_thread(requests: list[Any], tmp_
     ]
 
 
+def test_slack_without_slack_sdk_posts_and_warns_that_files_need_it(
+    requests: list[Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ppe_core.errors import SlackPostWarning
+    from ppe_core.training.extensions import _slack
+
+    monkeypatch.setattr(_slack, "_slack_sdk_available", False)
+    (tmp_path / "curve.png").write_bytes(b"png")
+    extension = ppe_core.training.extensions.Slack(
+        "#exp",
+        "It {manager.iteration}",
+        token="xoxb-test",
+        start_msg=None,
+        end_msg=None,
+        filenames=[str(tmp_path / "curve.png")],
+    )
+    with pytest.warns(SlackPostWarning, match=r"needs slack_sdk \(`pip install slack_sdk`\)") as w:
+        _slack_run(ppe_core, extension, tmp_path)
+    assert all("curve.png" in str(warning.message) for warning in w)
+    # the messages are still posted, through the Web API, without file links
+    assert [json.loads(r.data)["text"] for r in requests] == ["It 1", "It 2"]
+
+
 def test_slack_error_message_and_failed_posts_warn(
     requests: list[Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

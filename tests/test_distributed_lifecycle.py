@@ -206,3 +206,21 @@ def test_only_a_collective_timeout_becomes_a_collective_timeout_error() -> None:
     assert timeout_error(RuntimeError("Connection closed by peer"), "testing") is None
     assert timeout_error(ValueError("timed out"), "testing") is None  # not a backend's error
     assert timeout_error(error, "testing") is None  # already explained
+
+
+def test_timeouts_explained_raises_a_timeout_in_its_block_explained_and_others_unchanged() -> None:
+    from ppe_core.distributed import CollectiveTimeoutError, timeouts_explained
+
+    gloo = RuntimeError("[gloo/unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation")
+    with (
+        pytest.raises(CollectiveTimeoutError, match="while reducing") as caught,
+        timeouts_explained("reducing"),
+    ):
+        raise gloo
+    assert caught.value.__cause__ is gloo
+    other = RuntimeError("Connection closed by peer")
+    with pytest.raises(RuntimeError) as passed, timeouts_explained("reducing"):
+        raise other
+    assert passed.value is other
+    with timeouts_explained("reducing"):
+        pass  # nothing raised: nothing happens

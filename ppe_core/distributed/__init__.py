@@ -18,6 +18,7 @@ from ppe_core.distributed._env import (
     run_collective,
     shutdown,
     timeout_error,
+    timeouts_explained,
 )
 from ppe_core.distributed._initialize import initialize_ompi_environment
 from ppe_core.distributed._sampler import (
@@ -52,4 +53,5 @@ __all__ = [
     "run_collective",
     "shutdown",
     "timeout_error",
+    "timeouts_explained",
 ]

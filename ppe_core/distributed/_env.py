@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
 from typing import Any, NamedTuple
 
@@ -405,13 +406,9 @@ def shutdown() -> None:
     if dist is None:
         return
     try:
-        if dist.get_world_size() > 1:
-            _wait_for_every_rank(dist)
-    except RuntimeError as exc:
-        timed_out = timeout_error(exc, "waiting for the other ranks to shut down")
-        if timed_out is None:
-            raise
-        raise timed_out from exc
+        with timeouts_explained("waiting for the other ranks to shut down"):
+            if dist.get_world_size() > 1:
+                _wait_for_every_rank(dist)
     finally:
         _destroy(dist)
 
@@ -495,3 +492,17 @@ def timeout_error(exc: BaseException, during: str) -> CollectiveTimeoutError | N
         f"snapshot), wait longer: init_from_env(timeout=<seconds>) or "
         f"{ENV_TIMEOUT}=<seconds> (default {DEFAULT_TIMEOUT:g}). Backend's message: {text}"
     )
+
+
+@contextlib.contextmanager
+def timeouts_explained(during: str) -> Iterator[None]:
+    """Raises a collective's timeout in the block as :func:`timeout_error`'s
+    ``CollectiveTimeoutError`` (``during``: what the collectives do), from the backend's error;
+    other errors pass unchanged."""
+    try:
+        yield
+    except RuntimeError as exc:
+        timed_out = timeout_error(exc, during)
+        if timed_out is None:
+            raise
+        raise timed_out from exc

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ppe_core._active_host import active_host
-from ppe_core.distributed import is_distributed, run_collective
+from ppe_core.distributed import is_distributed, run_collective, timeouts_explained
 from ppe_core.errors import DistributedNotInitializedError
 from ppe_core.handler._handler import step_function
 from ppe_core.handler._logic import keep_modes
@@ -19,7 +19,7 @@ from ppe_core.training._epoch_length import optional_length
 from ppe_core.training._eval_progress import make_bar
 from ppe_core.training._manager import default_transform_model, named_models
 from ppe_core.training._metric_checks import check_metrics, metric_result_error
-from ppe_core.training._ranks import check_same_keys, timeouts_explained
+from ppe_core.training._ranks import check_same_keys
 from ppe_core.training._sample_means import add_per_sample
 
 if TYPE_CHECKING:

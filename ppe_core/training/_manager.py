@@ -568,7 +568,10 @@ class ExtensionsManager(EpochLengthState):
         self._take_run_lock()  # before any initialize: autoload reads the directory
         self._start_time = time.perf_counter()
         with self._run_lock.released_on_error():
-            self._agree_on_collectives()  # before any extension initializes: they ask it
+            # Before any extension initializes: extensions that issue collectives ask the result.
+            self._ranks_lacking = agree_on_collectives(
+                self._slots, self._iters_per_epoch, device_of(self._models.values())
+            )
             for entry in list(self._slots):  # a copy: extensions may register others
                 if not getattr(entry.trigger, "finished", False):
                     entry.extension.initialize(self)
@@ -595,13 +598,6 @@ class ExtensionsManager(EpochLengthState):
         """
         lacking = self._ranks_lacking
         return None if lacking is None else lacking.get(name)
-
-    def _agree_on_collectives(self) -> None:
-        """Agrees with the other ranks which extensions issue collectives (see
-        :meth:`ranks_lacking`)."""
-        self._ranks_lacking = agree_on_collectives(
-            self._slots, self._iters_per_epoch, device_of(self._models.values())
-        )
 
     def run_iteration(
         self, *, step_optimizers: Sequence[str] | None = None
@@ -967,11 +963,6 @@ class ExtensionsManager(EpochLengthState):
         """
         check_state_object(name, obj)
         self._objects[name] = obj
-        self._set_optional(name, optional)
-
-    def _set_optional(self, name: str, optional: bool) -> None:
-        """Records whether a loaded state may lack the state object ``name`` (it then keeps
-        its state)."""
         if optional:
             self._optional.add(name)
         else:

@@ -10,8 +10,7 @@ ppe-core's Trainer and in PPE's hand-written loops alike); each extension then a
 manager's :meth:`~ppe_core.training.ExtensionsManager.ranks_lacking`.
 
 A distributed evaluation agrees likewise, before it all-reduces its means, that every rank
-reported the same keys (:func:`check_same_keys`; PPE reduces whatever each rank holds), and a
-timeout of its collectives says which rank and what to do (:func:`timeouts_explained`).
+reported the same keys (:func:`check_same_keys`; PPE reduces whatever each rank holds).
 
 An extension declares its collectives with a ``collectives`` attribute: a string naming what
 it issues and when (e.g. ``"snapshot(mode=DEFAULT, autoload=True)"``); None or absent: none.
@@ -22,22 +21,16 @@ from __future__ import annotations
 import contextlib
 import re
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 
-from ppe_core.distributed import group_world, run_collective, timeout_error
+from ppe_core.distributed import group_world, run_collective
 from ppe_core.errors import ConfigurationError
 
-__all__ = [
-    "agree_on_collectives",
-    "check_same_keys",
-    "device_of",
-    "object_device",
-    "timeouts_explained",
-]
+__all__ = ["agree_on_collectives", "check_same_keys", "device_of", "object_device"]
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
@@ -128,17 +121,3 @@ def check_same_keys(keys: Sequence[str], move: Callable[[torch.Tensor], torch.Te
             f"{list(keys)}); every rank must report the same keys, e.g. give each rank batches "
             "from a DistributedSampler and report values unconditionally"
         )
-
-
-@contextlib.contextmanager
-def timeouts_explained(during: str) -> Iterator[None]:
-    """Raises a collective's timeout in the block as a ``CollectiveTimeoutError`` saying which
-    rank and what to do (``during``: what the collectives do), not only the backend's "Timed
-    out waiting 600000ms"."""
-    try:
-        yield
-    except RuntimeError as exc:
-        timed_out = timeout_error(exc, during)
-        if timed_out is None:
-            raise
-        raise timed_out from exc

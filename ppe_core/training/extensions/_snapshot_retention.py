@@ -149,12 +149,6 @@ class SnapshotSeries:
             return path, state
         return None, None
 
-    def _remember(self, path: str) -> None:
-        """Records ``path`` as the newest file written, for a callable filename's series."""
-        if path in self._written:
-            self._written.remove(path)
-        self._written.append(path)
-
     def added(self, out_dir: str, path: str, n_retains: int) -> None:
         """Records the complete periodic snapshot ``path`` in ``out_dir``, then keeps the newest
         ``n_retains`` there.
@@ -165,7 +159,9 @@ class SnapshotSeries:
         :class:`Orphans`). Other files stay: those with a manifest they do not match (a
         background save may still be writing them) and those ppe-core did not write (PPE's).
         """
-        self._remember(path)
+        if path in self._written:
+            self._written.remove(path)
+        self._written.append(path)
         if n_retains <= 0:
             return
         complete = []
