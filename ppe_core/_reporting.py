@@ -245,22 +245,21 @@ def report_scope(observation: Observation) -> AbstractContextManager[Observation
 
 
 def _as_tensor_like(value: Any, reference: torch.Tensor) -> torch.Tensor:
-    """Returns ``value`` as a tensor of ``reference``'s dtype, without a host-device copy.
+    """Returns the non-tensor ``value`` as a tensor of ``reference``'s dtype, without a
+    host-device copy.
 
     A zero-dimensional CPU tensor combines with a tensor on any device as a scalar operand, so
     a Python or NumPy number is only moved to the device when it is a real (non-0-d) array.
     """
-    if isinstance(value, torch.Tensor):
-        return value
     tensor = torch.as_tensor(value, dtype=reference.dtype)
     return tensor if tensor.ndim == 0 else tensor.to(reference.device)
 
 
 def _combine(op: Callable[[Any, Any], Scalar], left: Scalar, right: Scalar) -> Scalar:
     """``op(left, right)``, a non-tensor operand taking the tensor operand's dtype first."""
-    if isinstance(left, torch.Tensor):
+    if isinstance(left, torch.Tensor) and not isinstance(right, torch.Tensor):
         right = _as_tensor_like(right, left)
-    elif isinstance(right, torch.Tensor):
+    elif isinstance(right, torch.Tensor) and not isinstance(left, torch.Tensor):
         left = _as_tensor_like(left, right)
     return op(left, right)
 
@@ -501,12 +500,12 @@ class Summary:
         self._read()
         n: Any = self._n
         if self._dev is None:
-            # Only a plain number can be tested without a sync (or an ambiguous array truth).
+            # The host sums never hold tensors (those are folded on their device), so plain
+            # arithmetic is PPE's; only a plain number is tested (an array's truth is ambiguous).
             if isinstance(self._n, numbers.Number) and n == 0:
                 raise _checks.empty_summary()
-            mean = divide_scalar(self._x, n)
-            var = subtract_scalar(divide_scalar(self._x2, n), multiply_scalar(mean, mean))
-            return mean, _host_sqrt(var)
+            mean = self._x / n
+            return mean, _host_sqrt(self._x2 / n - mean * mean)
         sums = self._dev
         if n != 0:
             sums = _merged(sums, (0.0, float(self._x), float(self._x2), float(n)))
@@ -593,11 +592,10 @@ def _is_scalar(value: object) -> bool:
     cls = value.__class__
     if cls is float or cls is int:
         return True
-    if isinstance(value, torch.Tensor):
-        return value.ndim == 0
-    if isinstance(value, numbers.Real):
+    # Zero-dimensional tensors and arrays and NumPy scalars, tested before the (slower) ABC.
+    if getattr(value, "ndim", -1) == 0 and hasattr(value, "__float__"):
         return True
-    return getattr(value, "ndim", -1) == 0 and hasattr(value, "__float__")
+    return isinstance(value, numbers.Real)
 
 
 def to_floats(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -236,9 +236,124 @@ def test_a_definition_counted_apart_moves_its_code_lines(code_size: ModuleType) 
     )
     moved = code_size.symbol_count(ROOT, entry).code
     assert moved > 5
-    before = _totals(code_size.report(symbols=[]))
-    after = _totals(code_size.report(symbols=[entry]))
+    before = _totals(code_size.report(symbols=[], follow=False))
+    after = _totals(code_size.report(symbols=[entry], follow=False))
     assert after["ppe_core same"] == before["ppe_core same"] - moved
     assert after["ppe_core beyond-ppe"] == before["ppe_core beyond-ppe"] + moved
     assert after["ppe_core same, files whole"] == before["ppe_core same, files whole"]
     assert after["ppe_core without compat"] == before["ppe_core without compat"]
+
+
+# A same file that reaches for a beyond-ppe module, and the beyond-ppe module with one
+# definition counted same. Line numbers matter: the assertions name them.
+SAME_FILE = """\
+from pkg.extra import Helper, check
+from pkg.extra import (
+    check as again,
+    shared,
+)
+import json
+
+__all__ = [
+    "Helper",
+    "f",
+]
+
+
+def f(x):
+    check(x)
+    again(x)
+    shared(x)
+    return x
+
+
+class C:
+    def m(self):
+        return json.dumps(self)
+
+    def n(self):
+        self.m()
+        return 1
+"""
+BEYOND_FILE = """\
+import os
+
+from pkg.same import f
+
+
+def check(x):
+    return x
+
+
+class Helper:
+    pass
+
+
+def shared(x):
+    return f(os.fspath(x))
+
+
+__all__ = [
+    "check",
+    "shared",
+]
+"""
+
+
+def test_lines_that_serve_a_definition_of_the_other_class_follow_it(
+    code_size: ModuleType, tmp_path: Path
+) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "same.py").write_text(SAME_FILE)
+    (tmp_path / "pkg" / "extra.py").write_text(BEYOND_FILE)
+    files = {"pkg/same.py": "same", "pkg/extra.py": "beyond-ppe"}
+    entry = code_size.Symbol
+    symbols = [
+        entry("ppe_core", "pkg/same.py", "C.m", "beyond-ppe", "w", "p"),
+        entry("ppe_core", "pkg/extra.py", "shared", "same", "w", "p"),
+    ]
+    found = {
+        (f.file, f.kind, f.names): (f.to, f.count)
+        for f in code_size.followers(tmp_path, files, symbols)
+    }
+    count = code_size.Count
+    assert found == {
+        # Both names beyond-ppe: the whole statement (one logical line).
+        ("pkg/same.py", "import", ("Helper", "check")): ("beyond-ppe", count(1, 1, 1)),
+        # Mixed: only the line of the beyond-ppe name (``shared`` is counted same).
+        ("pkg/same.py", "import", ("again", "shared")): ("beyond-ppe", count(1, 1, 0)),
+        # Used only inside C.m, which is counted beyond-ppe.
+        ("pkg/same.py", "import", ("json",)): ("beyond-ppe", count(1, 1, 1)),
+        ("pkg/same.py", "export", ("Helper",)): ("beyond-ppe", count(1, 1, 0)),
+        # Statements that only call beyond-ppe code; ``shared(x)`` (counted same) stays.
+        ("pkg/same.py", "call", ("check",)): ("beyond-ppe", count(1, 1, 1)),
+        ("pkg/same.py", "call", ("again",)): ("beyond-ppe", count(1, 1, 1)),
+        ("pkg/same.py", "call", ("self.m",)): ("beyond-ppe", count(1, 1, 1)),
+        # The beyond-ppe file: the imports only ``shared`` (counted same) uses, its export.
+        ("pkg/extra.py", "import", ("os",)): ("same", count(1, 1, 1)),
+        ("pkg/extra.py", "import", ("f",)): ("same", count(1, 1, 1)),
+        ("pkg/extra.py", "export", ("shared",)): ("same", count(1, 1, 0)),
+    }
+
+
+def test_followers_move_lines_between_classes_only(code_size: ModuleType) -> None:
+    plain = _totals(code_size.report(follow=False))
+    followed = _totals(code_size.report())
+    moved = plain["ppe_core same"] - followed["ppe_core same"]
+    assert moved > 0
+    assert followed["ppe_core beyond-ppe"] == plain["ppe_core beyond-ppe"] + moved
+    for row in ("ppe_core without compat", "ppe_core same, files whole", "ppe_core compat"):
+        assert followed[row] == plain[row]
+
+
+def test_ppe_imports_used_only_by_what_ppe_core_does_not_provide_leave_its_side(
+    code_size: ModuleType, tmp_path: Path
+) -> None:
+    (tmp_path / "m.py").write_text(
+        "import re\nimport os, sys\n\n\ndef kept():\n    return os.sep\n\n\n"
+        "def dropped():\n    return re.escape(sys.argv[0])\n"
+    )
+    entries = [code_size.Symbol("ppe", "m.py", "dropped", "not-provided", "w", "p")]
+    found = code_size.ppe_left_out_imports(tmp_path, entries)
+    # ``import re`` leaves; ``import os, sys`` stays (os is used by what is provided).
+    assert [(f.names, f.count) for f in found] == [(("re",), code_size.Count(1, 1, 1))]

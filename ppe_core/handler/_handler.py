@@ -173,11 +173,10 @@ class Handler(HandlerScalerState, BaseHandler):
         or the only one)."""
         self._discover(models)
         if not self._modules:
-            names = ", ".join(models)
             raise NoRuntimeError(
-                f"none of the models ({names}) was moved with ppe.to, so ppe-core does not know "
-                "which device runtime executes them. Call ppe.to(model, device) before running, "
-                "e.g. ppe.to(model, 'cpu')."
+                f"none of the models ({', '.join(models)}) was moved with ppe.to, so ppe-core "
+                "does not know which device runtime executes them. Call ppe.to(model, device) "
+                "before running, e.g. ppe.to(model, 'cpu')."
             )
         self._bind_logic(models)
         if optimizers is None:

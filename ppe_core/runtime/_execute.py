@@ -58,9 +58,8 @@ class CodeBlock:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output; stateful entries load in place."""
         for key, value in state.items():
-            current = self.state.get(key)
-            if current is not None and hasattr(current, "load_state_dict"):
-                current.load_state_dict(value)
+            if hasattr(self.state.get(key), "load_state_dict"):
+                self.state[key].load_state_dict(value)
             else:
                 self.state[key] = value
 

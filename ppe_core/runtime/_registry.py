@@ -136,15 +136,14 @@ class RuntimeRegistry(Registry[type[BaseRuntime]]):
         device_type = device_type_of(device)
         if device_type in self:
             return self.get(device_type)  # get() imports a lazily registered runtime
-        self._check_fallback(device_type)
-        return PyTorchRuntime
+        return self._fallback(device_type)
 
-    def _check_fallback(self, device_type: str) -> None:
-        """Refuse the generic runtime for an unregistered ``device_type`` whose plugin failed to
-        load or was blocked, or that PyTorch does not know."""
+    def _fallback(self, device_type: str) -> type[BaseRuntime]:
+        """The class for an unregistered ``device_type``: the generic runtime, refused for a
+        device type whose plugin failed to load or was blocked, or that PyTorch does not know."""
         problem = self._provider_failure(device_type) if self._provider_failure else None
         if problem is None and is_torch_device_type(device_type):
-            return
+            return PyTorchRuntime
         hint = problem or unknown_device_hint(device_type)
         raise RuntimeNotFoundError(self._not_found_message(device_type, hint))
 
@@ -160,7 +159,6 @@ class _RuntimeRegistry(RuntimeRegistry):
         super().__init__()
         self._fallback_class = fallback_class
 
-    def get_runtime_class_for_device_spec(self, device: DeviceLike) -> type[BaseRuntime]:
-        """The class registered for ``device``'s type, else the fallback class."""
-        device_type = device_type_of(device)
-        return self.get(device_type) if device_type in self else self._fallback_class
+    def _fallback(self, device_type: str) -> type[BaseRuntime]:
+        """Every unregistered device type gets the fallback class, as in PPE."""
+        return self._fallback_class

@@ -40,7 +40,7 @@ def _observing_reporter(models: Mapping[str, torch.nn.Module]) -> Reporter:
     """
     reporter = Reporter()
     for name, model in models.items():
-        reporter.add_observer(name, model)
+        # named_modules() starts with the model itself (``""``), which gets ``name``.
         reporter.add_observers(name, model.named_modules())
         inner = default_transform_model(name, model)
         if inner is not model:

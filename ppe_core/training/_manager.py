@@ -285,7 +285,7 @@ class ExtensionsManager(EpochLengthState):
         self.observation: Observation = {}
         self.reporter = Reporter()
         for name, model in transformed.items():
-            self.reporter.add_observer(name, model)
+            # named_modules() starts with the model itself (``""``), which gets ``name``.
             self.reporter.add_observers(name, model.named_modules())
         for name, optimizer in self._optimizers.items():
             self.reporter.add_observer(name, optimizer)
@@ -452,9 +452,7 @@ class ExtensionsManager(EpochLengthState):
         the iteration; the trigger itself is only consulted at the iterations its
         ``next_check`` announces.
         """
-        if self._start_time is None:
-            self.start_extensions()
-        iteration = self._iteration
+        iteration = self.iteration  # starts the extensions first, as PPE's stop_trigger does
         if self._stopped:
             return True
         if iteration < self._stop_due and iteration != self._stop_checked_at:
@@ -671,12 +669,11 @@ class ExtensionsManager(EpochLengthState):
                 self._optimizers[name].step()
             iteration = self._iteration = self._iteration + 1
             self.execution += 1
+            stop = False
             if iteration >= self._next_due:
                 stop = self._run_due_extensions(iteration)
-            else:
-                stop = False
-                if self._every:
-                    self._run_every(iteration)
+            elif self._every:
+                self._run_every()
         except BaseException as exc:
             self.abort_iteration(exc)
             raise
@@ -752,7 +749,7 @@ class ExtensionsManager(EpochLengthState):
         if iteration >= self._next_due:
             self._run_due_extensions(iteration)
         elif self._every:
-            self._run_every(iteration)
+            self._run_every()
 
     def needs_state_this_iteration(self) -> bool:
         """Whether an extension declaring ``needs_model_state`` may run in the next iteration."""
@@ -819,9 +816,13 @@ class ExtensionsManager(EpochLengthState):
         else:
             entry.extension(self)
 
-    def _run_every(self, iteration: int) -> None:
-        """Calls the every-iteration extensions: the step where nothing else is due."""
-        self._model_available = iteration >= self._state_due
+    def _run_every(self) -> None:
+        """Calls the every-iteration extensions: the step where nothing else is due.
+
+        No ``needs_model_state`` extension is due then (``_state_due >= _next_due``), so the
+        models refuse reads.
+        """
+        self._model_available = False
         try:
             for extension in self._every:
                 extension(self)
@@ -841,7 +842,7 @@ class ExtensionsManager(EpochLengthState):
         if self._next_due == -1:
             self._rebuild(iteration - 1)
             if iteration < self._next_due:
-                self._run_every(iteration)
+                self._run_every()
                 return False
         self._model_available = iteration >= self._state_due
         earliest = state_due = NEVER
@@ -881,23 +882,16 @@ class ExtensionsManager(EpochLengthState):
     def _rebuild(self, iteration: int) -> None:
         """Recomputes every due iteration after ``iteration``, and :attr:`_every`."""
         iters_per_epoch = self._iters_per_epoch
-        earliest = state_due = NEVER
-        self._every[:] = []
+        profiling = self._enable_profile or self._enable_trace
         for entry in self._slots:
-            due = entry._due = next_due(entry.trigger, iteration, iters_per_epoch)
-            entry._every = (
-                getattr(entry.trigger, "fires_every_iteration", False) is True
-                and not entry.needs_model_state
-                and not entry.runs_last
-                and not (self._enable_profile or self._enable_trace)
+            entry._due = next_due(entry.trigger, iteration, iters_per_epoch)
+            entry._every = getattr(entry.trigger, "fires_every_iteration", False) is True and not (
+                entry.needs_model_state or entry.runs_last or profiling
             )
-            if entry._every:
-                self._every.append(entry.extension)
-                continue
-            earliest = min(earliest, due)
-            if entry.needs_model_state:
-                state_due = min(state_due, due)
-        self._state_due = state_due
+        self._every[:] = [entry.extension for entry in self._slots if entry._every]
+        timed = [entry for entry in self._slots if not entry._every]
+        earliest = min((entry._due for entry in timed), default=NEVER)
+        self._state_due = min((e._due for e in timed if e.needs_model_state), default=NEVER)
         self._stop_due = next_due(self._stop_trigger, iteration, iters_per_epoch)
         self._next_due = min(earliest, self._stop_due)
 

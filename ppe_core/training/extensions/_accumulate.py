@@ -260,9 +260,8 @@ class AccumulateBase(Extension):
 
     def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
         """Restores the state :meth:`state_dict` returned."""
-        trigger_state = to_load.get("_trigger")
-        if trigger_state is not None:
-            self._trigger.load_state_dict(trigger_state)
+        if to_load.get("_trigger") is not None:
+            self._trigger.load_state_dict(to_load["_trigger"])
         self._summary = self._summary_class.merged([to_load["_summary"]])
 
 

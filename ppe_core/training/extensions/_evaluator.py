@@ -442,10 +442,9 @@ class IgniteEvaluator(Evaluator):
             from ignite.engine import Events
         except ImportError as exc:
             raise _ignite_missing() from exc
-        engine = self.evaluator
-        engine.add_event_handler(Events.ITERATION_STARTED, self._open_observation)
-        engine.add_event_handler(Events.ITERATION_COMPLETED, self._close_observation)
-        engine.add_event_handler(Events.EPOCH_COMPLETED, self._add_ignite_metrics)
+        self.evaluator.add_event_handler(Events.ITERATION_STARTED, self._open_observation)
+        self.evaluator.add_event_handler(Events.ITERATION_COMPLETED, self._close_observation)
+        self.evaluator.add_event_handler(Events.EPOCH_COMPLETED, self._add_ignite_metrics)
 
     def _open_observation(self, engine: Any) -> None:
         self.observation: dict[str, Any] = {}

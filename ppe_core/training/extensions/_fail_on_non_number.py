@@ -68,9 +68,8 @@ class FailOnNonNumber(Extension):
         """
         models = manager.models
         with torch.no_grad():
-            if _all_finite(self._tensors(models)):
-                return
-            raise NonFiniteParameterError(self._describe(manager, models))
+            if not _all_finite(self._tensors(models)):
+                raise NonFiniteParameterError(self._describe(manager, models))
 
     def _describe(self, manager: ManagerView, models: Mapping[str, torch.nn.Module]) -> str:
         owners: dict[int, list[str]] = {}

@@ -207,9 +207,7 @@ def yaml_number_item(entry: Mapping[str, Any]) -> str | None:
         if len(_YAML_TEMPLATES) > 64:  # e.g. keys that change per entry
             _YAML_TEMPLATES.clear()
     order, template = cached
-    if not template:
-        return None
-    return template % tuple(_yaml_number(entry[key]) for key in order)
+    return template % tuple(_yaml_number(entry[key]) for key in order) if template else None
 
 
 def _yaml_number(value: float | int) -> str:
@@ -258,9 +256,7 @@ def _json_entry_text(entry: Mapping[str, Any]) -> str | None:
     text = _number_text(entry, _ELEMENT)
     if text is not None:
         return text
-    if not _is_flat(entry):
-        return None
-    return "    {\n        " + "".join(_encode_indented(entry, 0))[1:-1] + "\n    }"
+    return _ELEMENT % "".join(_encode_indented(entry, 0))[1:-1] if _is_flat(entry) else None
 
 
 def json_array_text(entries: Sequence[Mapping[str, Any]]) -> str:
@@ -272,9 +268,7 @@ def json_array_text(entries: Sequence[Mapping[str, Any]]) -> str:
         if text is None:
             return json.dumps(entries, indent=4)
         parts.append(text)
-    if not parts:
-        return "[]"
-    return "[\n" + ",\n".join(parts) + "\n]"
+    return "[\n" + ",\n".join(parts) + "\n]" if parts else "[]"
 
 
 def _array_extension(body: str, size: int) -> tuple[int, bytes]:
@@ -323,9 +317,7 @@ def extend_json_array(
     if not entries:
         return size
     # The elements, "    {...},\n    {...}": what the array holds between "[\n" and "\n]".
-    body = _json_entry_text(entries[0]) if len(entries) == 1 else None
-    if body is None:
-        body = json_array_text(entries)[2:-2]
+    body = json_array_text(entries)[2:-2]
     file_obj.flush()
     fd = file_obj.fileno()
     if size is None:

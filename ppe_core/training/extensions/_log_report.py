@@ -135,11 +135,10 @@ class LogSaver:
         if self.extend:
             if self.fmt == "json":
                 return extend_json_array(target, file_obj, size)
-            if len(target) == 1:  # the per-entry append of a log at every step: no detours
-                row = self._row(target[0])
-                if row is not None:
-                    file_obj.write(row.encode("utf-8"))
-                    return None
+            chunk = self.append_chunk(target, None)  # one entry's row: no detours
+            if chunk is not None:
+                file_obj.write(chunk[1])
+                return None
         if self.fmt == "json":
             text = json_array_text(target)
         elif self.fmt == "json-lines":
@@ -255,8 +254,7 @@ class LogReport(Extension):
         format: str | None = None,
         writer: LogWriter | None = None,
     ) -> None:
-        if filename is None:
-            filename = "log"
+        filename = "log" if filename is None else filename
         format = _checked_format(format, filename, "LogReport")
         if append and format in ("json", "csv"):
             what = "one JSON list" if format == "json" else "one header and its rows"
@@ -340,15 +338,14 @@ class LogReport(Extension):
                 # sync interval): the log is written whole again, the entries appended to
                 # the old file within that interval included.
                 self._rewrite(writer, filename, manager.out)
-        elif group_world()[1] != 0:
+        elif group_world()[1] == 0:
             # Under torch.distributed only rank 0 writes the file; every rank keeps the entries
             # (PrintReport, BestValue, ... read them) and its snapshots stay identical.
-            pass
-        elif self._append:
-            pending = self._log[self._written :]
-            writer(filename, manager.out, pending, savefun=self._saver, append=True)
-        else:
-            self._rewrite(writer, filename, manager.out)
+            if self._append:
+                pending = self._log[self._written :]
+                writer(filename, manager.out, pending, savefun=self._saver, append=True)
+            else:
+                self._rewrite(writer, filename, manager.out)
         self._written = len(self._log)
 
     def _rewrite(self, writer: Any, filename: str, out: str) -> None:
@@ -431,9 +428,8 @@ class LogReport(Extension):
             to_load: A dictionary from :meth:`state_dict` (or from PPE's LogReport); ``_log``
                 may be JSON text or a list of dicts.
         """
-        trigger_state = to_load.get("_trigger")
-        if trigger_state is not None:
-            self._trigger.load_state_dict(trigger_state)
+        if to_load.get("_trigger") is not None:
+            self._trigger.load_state_dict(to_load["_trigger"])
         summary = DictSummary()
         summary.load_state_dict(to_load.get("_summary") or {})
         self._summary = summary

@@ -104,9 +104,8 @@ class ParameterStatistics(Extension):
         trigger: TriggerLike = (1, "epoch"),
         skip_nan_params: bool = False,
     ) -> None:
-        modules = [links] if isinstance(links, torch.nn.Module) else list(links)
-        _check_modules(modules)
-        self._links = modules
+        self._links = [links] if isinstance(links, torch.nn.Module) else list(links)
+        _check_modules(self._links)
         if statistics is None:
             self._statistics: dict[str, StatisticFunction] = {}
         elif isinstance(statistics, str):

@@ -38,13 +38,11 @@ def _column_order(seen: Sequence[str], unit: str) -> list[str]:
 
 
 def _format_cell(value: Any, width: int) -> str:
-    if isinstance(value, bool):
-        return f"{value!s:<{width}}  "
-    if isinstance(value, numbers.Integral):
-        return f"{int(value):<{width}d}  "
-    if isinstance(value, numbers.Real):
+    if not isinstance(value, bool) and isinstance(value, numbers.Real):
+        if isinstance(value, numbers.Integral):
+            return f"{int(value):<{width}d}  "
         return f"{float(value):<{width}g}  "
-    return f"{value!s:<{width}}  "
+    return f"{value!s:<{width}}  "  # text, a bool, ...
 
 
 class PrintReport(Extension):
@@ -122,9 +120,7 @@ class PrintReport(Extension):
 
     def has_new_entries(self, manager: ManagerView) -> bool:
         """Whether the LogReport holds entries this extension has not printed yet."""
-        if self._feeds_log_report:
-            return True
-        return self._resolve(manager).num_entries > self._printed
+        return self._feeds_log_report or self._resolve(manager).num_entries > self._printed
 
     def __call__(self, manager: ManagerView) -> None:
         """Prints the LogReport entries that appeared since the last call."""

@@ -113,11 +113,10 @@ class ProfileReport(Extension):
         entry["elapsed_time"] = manager.elapsed_time
         entry = {key: entry[key] for key in sorted(entry)}
         self._log.append(entry)
-        filename = self._filename.format(**entry)
         write_file(
             manager,
             self._writer,
-            filename,
+            self._filename.format(**entry),
             list(self._log),
             LogSaver(self._format),
             append=self._append,
@@ -136,7 +135,6 @@ class ProfileReport(Extension):
 
     def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
         """Restores the log (and the trigger, when saved) from :meth:`state_dict`."""
-        trigger_state = to_load.get("_trigger")
-        if trigger_state is not None:
-            self._trigger.load_state_dict(trigger_state)
+        if to_load.get("_trigger") is not None:
+            self._trigger.load_state_dict(to_load["_trigger"])
         self._log = list(json.loads(to_load["_log"]))

@@ -186,8 +186,7 @@ class ProgressBar(Extension):
         self._update_interval = update_interval
         self._bar_length = bar_length
         self._out: IO[str] = sys.stdout if out is None else out
-        self._schedule = _EveryN(update_interval)
-        self.trigger = self._schedule
+        self.trigger = self._schedule = _EveryN(update_interval)
         self._display: PlainDisplay | _TqdmDisplay | NoDisplay | None = None
         #: Whether the display was made before the epoch length was known (no total).
         self._length_unknown = False
@@ -211,8 +210,7 @@ class ProgressBar(Extension):
             self._schedule.interval = max(1, min(self._update_interval, total // _MIN_UPDATES))
         start = self._initial = manager.iteration
         self._length_unknown = not known
-        per_epoch = manager.iters_per_epoch if known else None
-        progress = _Progress(total, per_epoch, start, length)
+        progress = _Progress(total, manager.iters_per_epoch if known else None, start, length)
         out = self._out
         if group_world()[1] != 0:
             self._display = NoDisplay()

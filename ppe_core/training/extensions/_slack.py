@@ -159,6 +159,14 @@ class _SlackBase(Extension):
             self._post_message(text)
 
 
+def _warn_failed(what: str, exc: Exception, detail: object) -> None:
+    """Warns that a post or upload failed (training goes on), attributed to the code that
+    called the extension's method that posted."""
+    warnings.warn(
+        f"{what} failed: {type(exc).__name__}: {exc} [{detail}]", SlackPostWarning, stacklevel=3
+    )
+
+
 def _post_json(url: str, payload: dict[str, Any], headers: dict[str, str]) -> Any:
     import urllib.request  # imported on first post: it pulls in http.client and ssl
 
@@ -256,11 +264,7 @@ class Slack(_SlackBase):
             if self._thread and self._thread_ts is None:
                 self._thread_ts = response.get("ts")
         except Exception as exc:
-            warnings.warn(
-                f"Slack post failed: {type(exc).__name__}: {exc} [{text}]",
-                SlackPostWarning,
-                stacklevel=2,
-            )
+            _warn_failed("Slack post", exc, text)
 
     def _upload_files(self, filenames: Sequence[str]) -> list[str]:
         links: list[str] = []
@@ -269,11 +273,7 @@ class Slack(_SlackBase):
                 response = self._client.files_upload(file=filename)
                 links.append(response["file"]["permalink"])
         except Exception as exc:
-            warnings.warn(
-                f"Slack upload failed: {type(exc).__name__}: {exc} [{list(filenames)}]",
-                SlackPostWarning,
-                stacklevel=2,
-            )
+            _warn_failed("Slack upload", exc, list(filenames))
         return links
 
 
@@ -311,8 +311,4 @@ class SlackWebhook(_SlackBase):
             if not 200 <= status < 300:
                 raise RuntimeError(f"HTTP status {status}")
         except Exception as exc:
-            warnings.warn(
-                f"Slack webhook request failed: {type(exc).__name__}: {exc} [{text}]",
-                SlackPostWarning,
-                stacklevel=2,
-            )
+            _warn_failed("Slack webhook request", exc, text)

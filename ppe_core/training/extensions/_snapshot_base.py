@@ -77,8 +77,10 @@ class _Snapshot(SnapshotRanks):
         self._target = target
         self.condition = condition
         self.writer = writer
-        # The files this snapshot writes: autoload's choice and n_retains (its filename).
-        self._series = SnapshotSeries(filename)
+        #: The filename template (or callable) naming each snapshot.
+        self.filename = filename
+        # The files this snapshot writes: autoload's choice and n_retains.
+        self._series = SnapshotSeries()
         self._snapshot_on_error = snapshot_on_error
         self.n_retains = n_retains
         self.autoload = autoload
@@ -99,15 +101,6 @@ class _Snapshot(SnapshotRanks):
     #: state is refused (:meth:`_setup`).
     _holds_shards = False
 
-    @property
-    def filename(self) -> str | Callable[[Any], str]:
-        """The filename template (or callable) naming each snapshot."""
-        return self._series.filename
-
-    @filename.setter
-    def filename(self, value: str | Callable[[Any], str]) -> None:
-        self._series.filename = value
-
     def _out_dir(self, manager: Any) -> str:
         writer = self.writer or getattr(manager, "writer", None)
         return str(getattr(writer, "out_dir", None) or manager.out)
@@ -120,12 +113,9 @@ class _Snapshot(SnapshotRanks):
 
     def _state(self, manager: Any) -> Any:
         target = manager if self._target is None else self._target
-        state: Any
         if isinstance(target, Mapping):
-            state = {key: value.state_dict() for key, value in target.items()}
-        else:
-            state = target.state_dict() if hasattr(target, "state_dict") else target
-        return self._checked_state(state)
+            return self._checked_state({key: value.state_dict() for key, value in target.items()})
+        return self._checked_state(target.state_dict() if hasattr(target, "state_dict") else target)
 
     def _checked_state(self, state: Any) -> Any:
         """Adds ppe-core's resume data to the manager's state, and checks that the state
@@ -207,7 +197,7 @@ class _Snapshot(SnapshotRanks):
 
     def _newest_valid(self, out_dir: str) -> tuple[str | None, Any]:
         """The newest valid snapshot of this series and its state (see ``SnapshotSeries``)."""
-        return self._series.newest_valid(out_dir)
+        return self._series.newest_valid(self.filename, out_dir)
 
     # Saving -----------------------------------------------------------------------------------
     def __call__(self, manager: Any) -> None:
@@ -344,6 +334,7 @@ class _Snapshot(SnapshotRanks):
             else:
                 writer(name, out_dir, data, savefun=savefun)
 
+        path = os.path.join(files_dir, filename)
         # The hash that makes the snapshot verifiable is computed from exactly what is written.
         if by_path is not None:
             size, sha256 = by_path.save_via_path(
@@ -351,14 +342,14 @@ class _Snapshot(SnapshotRanks):
             )
         else:
             save(filename, state, self._savefun)
-            written = written_digest(writer, os.path.join(files_dir, filename))
+            written = written_digest(writer, path)
             if written is None:
                 return
             size, sha256 = written
         manifest = manifest_bytes(size, sha256, iteration, on_error)
         save(manifest_path(filename), manifest, write_bytes)
         if not on_error:
-            self._series.added(files_dir, os.path.join(files_dir, filename), self.n_retains)
+            self._series.added(self.filename, files_dir, path, self.n_retains)
 
 
 def _autoload_error(path: str, exc: Exception) -> SnapshotError:

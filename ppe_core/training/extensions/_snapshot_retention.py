@@ -26,12 +26,14 @@ from ppe_core.training.extensions._snapshot_manifest import (
     complete_manifest,
     load_snapshot,
     manifest_path,
-    verify_snapshot,
 )
 
 __all__ = ["SnapshotSeries"]
 
 _log = logging.getLogger("ppe_core.snapshot")
+
+#: A snapshot extension's filename: a template formatted with the manager, or a callable.
+Filename = str | Callable[[Any], str]
 
 
 def _name_iteration(template: str) -> Callable[[str], int | None]:
@@ -80,30 +82,28 @@ def _read_state_iterations(candidates: list[Candidate]) -> None:
 class SnapshotSeries:
     """The files one snapshot extension writes into an output directory.
 
-    Args:
-        filename: The extension's filename template (a str), or a callable; with a callable
-            the series knows only the files it wrote itself (see :meth:`added`).
+    Each method takes the extension's ``filename``: its template (a str), or a callable; with
+    a callable the series knows only the files it wrote itself (see :meth:`added`).
     """
 
-    def __init__(self, filename: str | Callable[[Any], str]) -> None:
-        self.filename = filename
+    def __init__(self) -> None:
         self._written: list[str] = []  # paths written, for a callable filename
         # Files without a manifest that retiring looked into (each loaded once).
         self._orphans = Orphans()
 
-    def files(self, out_dir: str) -> list[str]:
+    def files(self, filename: Filename, out_dir: str) -> list[str]:
         """Files in ``out_dir`` matching the filename template (not manifests or temp files)."""
-        if not isinstance(self.filename, str):
+        if not isinstance(filename, str):
             return [path for path in self._written if os.path.exists(path)]
         return [
             path
-            for path in glob.glob(os.path.join(out_dir, glob_pattern(self.filename)))
+            for path in glob.glob(os.path.join(out_dir, glob_pattern(filename)))
             if not path.endswith(MANIFEST_SUFFIX)
             and not os.path.basename(path).startswith(".")
             and os.path.isfile(path)
         ]
 
-    def newest_valid(self, out_dir: str) -> tuple[str | None, Any]:
+    def newest_valid(self, filename: Filename, out_dir: str) -> tuple[str | None, Any]:
         """The newest snapshot (by iteration) that verifies, or, without a manifest, that loads.
 
         Snapshots with a manifest are verified against it; files without one (written by
@@ -114,10 +114,9 @@ class SnapshotSeries:
         falling back to the next newest. A file that only arbitrary unpickling could load
         raises :class:`UnsafeSnapshotError`.
         """
-        name_iteration = _name_iteration(self.filename) if isinstance(self.filename, str) else None
+        name_iteration = _name_iteration(filename) if isinstance(filename, str) else lambda _: None
         candidates = [
-            Candidate(path, out_dir, name_iteration or (lambda name: None))
-            for path in self.files(out_dir)
+            Candidate(path, out_dir, name_iteration) for path in self.files(filename, out_dir)
         ]
         _read_state_iterations(candidates)
         candidates.sort(
@@ -128,11 +127,7 @@ class SnapshotSeries:
             try:
                 if candidate.problem is not None:
                     raise SnapshotError(candidate.problem)
-                if candidate.manifest is not None:
-                    verify_snapshot(path)
-                    state = load_snapshot(path, verify=False)
-                else:
-                    state = load_unverified(path)
+                state = load_unverified(path) if candidate.manifest is None else load_snapshot(path)
                 if not isinstance(state, Mapping):
                     raise SnapshotError(
                         f"{path} holds a {type(state).__name__}, not a snapshot's state dict"
@@ -149,7 +144,7 @@ class SnapshotSeries:
             return path, state
         return None, None
 
-    def added(self, out_dir: str, path: str, n_retains: int) -> None:
+    def added(self, filename: Filename, out_dir: str, path: str, n_retains: int) -> None:
         """Records the complete periodic snapshot ``path`` in ``out_dir``, then keeps the newest
         ``n_retains`` there.
 
@@ -165,7 +160,7 @@ class SnapshotSeries:
         if n_retains <= 0:
             return
         complete = []
-        for found in self.files(out_dir):
+        for found in self.files(filename, out_dir):
             try:
                 manifest = complete_manifest(found)
             except SnapshotError:

@@ -231,7 +231,7 @@ class VariableStatisticsPlot(Extension):
         self._due = DueCheck(get_trigger(trigger))
         self._filename = filename or file_name or "statistics.png"
         self._format = self._filename.rsplit(".", 1)[-1] if "." in self._filename else "png"
-        self._figsize = figsize
+        self._figsize: Any = figsize  # matplotlib types it as a pair
         self._marker = marker
         self._grid = grid
         self._writer = writer
@@ -269,10 +269,8 @@ class VariableStatisticsPlot(Extension):
 
         has_moments = self._plot_mean or self._plot_std
         nrows = int(has_moments) + int(self._n_percentile > 0)
-        ncols = len(self._keys)
-        figsize: Any = self._figsize
-        figure = Figure(figsize=figsize)
-        axes = figure.subplots(nrows, ncols, sharex=True, squeeze=False)
+        figure = Figure(figsize=self._figsize)
+        axes = figure.subplots(nrows, len(self._keys), sharex=True, squeeze=False)
         idxs, data = self._samples.get_data()
         offset = int(self._plot_mean) + int(self._plot_std)
         for col, key in enumerate(self._keys):

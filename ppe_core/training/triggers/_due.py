@@ -49,9 +49,13 @@ class DueCheck:
 
     def __init__(self, trigger: Trigger) -> None:
         self.trigger = trigger
-        self.due = -1
-        self._last = -1
         self._every = False
+        self.reset()
+
+    def reset(self) -> None:
+        """Forgets the schedule: the next call asks ``next_check`` again (after a load)."""
+        self.due: int = -1
+        self._last: int = -1
 
     def __call__(self, manager: ManagerView) -> bool:
         """Returns whether the trigger fires at ``manager.iteration``."""
@@ -73,8 +77,3 @@ class DueCheck:
         fired = bool(self.trigger(manager))
         self.due = next_due(self.trigger, iteration, manager.iters_per_epoch)
         return fired
-
-    def reset(self) -> None:
-        """Forgets the schedule: the next call asks ``next_check`` again (after a load)."""
-        self.due = -1
-        self._last = -1

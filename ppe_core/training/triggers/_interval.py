@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -63,11 +63,9 @@ class IntervalTrigger(_Schedule):
         return self._unit == "iteration" and self._ratio == 1
 
     def _boundary(self, iters_per_epoch: int) -> tuple[int, int]:
-        # Boundary k lies at k * num / den completed iterations.
-        ratio = self._ratio
-        if self._unit == "iteration":
-            return ratio.numerator, 1
-        return ratio.numerator * check_epoch_length(iters_per_epoch, self), ratio.denominator
+        # Boundary k lies at k * num / den completed iterations (an iteration ratio is whole).
+        scale = 1 if self._unit == "iteration" else check_epoch_length(iters_per_epoch, self)
+        return self._ratio.numerator * scale, self._ratio.denominator
 
     def may_fire(self, iteration: int, epoch_length: int) -> bool:
         """Returns whether a boundary lies in ``(iteration - 1, iteration]``."""
@@ -123,9 +121,7 @@ class ManualScheduleTrigger(_Schedule):
 
     def may_fire(self, iteration: int, epoch_length: int) -> bool:
         """Returns whether ``iteration`` is the first to reach one of the points."""
-        iterations = self._firing_iterations(epoch_length)
-        index = bisect_left(iterations, iteration)
-        return index < len(iterations) and iterations[index] == iteration
+        return iteration in self._firing_iterations(epoch_length)
 
     def next_check(self, iteration: int, iters_per_epoch: int) -> int:
         """Returns the next scheduled iteration after ``iteration``, or :data:`NEVER`."""
