@@ -1009,7 +1009,7 @@ def _call_followers(
                 yield Follower(path, BEYOND, "call", (name,), _code_count(code_lines, lines, 1))
                 continue
             for field in ("body", "orelse", "finalbody", "handlers"):
-                yield from visit(getattr(node, field, []), "", owner, cls)
+                yield from visit(getattr(node, field, []), prefix, owner, cls)
 
     yield from visit(tree.body, "", None, classes.files[path])
 
@@ -1017,9 +1017,11 @@ def _call_followers(
 def followers(root: Path, files: Mapping[str, str], symbols: Sequence[Symbol]) -> list[Follower]:
     """The lines of ``files`` (path -> class) that follow a definition of the other class.
 
-    Only code outside the definitions counted apart is read (those move whole); an import or
-    ``__all__`` statement moves whole when every name in it does, otherwise line by line
-    (never its first line, which opens the statement for the names that stay).
+    A statement's class is its innermost enclosing definition's (its entry's, else its
+    file's), so a call inside a definition counted same in a beyond-ppe file is read as same
+    code; a definition counted apart moves whole with its entry. An import or ``__all__``
+    statement moves whole when every name in it does, otherwise line by line (never its first
+    line, which opens the statement for the names that stay).
     """
     classes = _Classes(root, files, symbols)
     found: list[Follower] = []
