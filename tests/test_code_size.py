@@ -258,12 +258,25 @@ __all__ = [
     "Helper",
     "f",
 ]
+_EXPORTS = {
+    "check": "pkg.extra",
+    "f": "pkg.same",
+}
+
+
+def h():
+    return 0
 
 
 def f(x):
     check(x)
     again(x)
     shared(x)
+    if x:
+
+        def h():  # a local, not the module-level h counted beyond-ppe
+            Helper()
+
     return x
 
 
@@ -310,6 +323,7 @@ def test_lines_that_serve_a_definition_of_the_other_class_follow_it(
     entry = code_size.Symbol
     symbols = [
         entry("ppe_core", "pkg/same.py", "C.m", "beyond-ppe", "w", "p"),
+        entry("ppe_core", "pkg/same.py", "h", "beyond-ppe", "w", "p"),
         entry("ppe_core", "pkg/extra.py", "shared", "same", "w", "p"),
     ]
     found = {
@@ -325,10 +339,14 @@ def test_lines_that_serve_a_definition_of_the_other_class_follow_it(
         # Used only inside C.m, which is counted beyond-ppe.
         ("pkg/same.py", "import", ("json",)): ("beyond-ppe", count(1, 1, 1)),
         ("pkg/same.py", "export", ("Helper",)): ("beyond-ppe", count(1, 1, 0)),
+        # A lazy export table's entry, named by its key and module.
+        ("pkg/same.py", "export", ("check",)): ("beyond-ppe", count(1, 1, 0)),
         # Statements that only call beyond-ppe code; ``shared(x)`` (counted same) stays.
         ("pkg/same.py", "call", ("check",)): ("beyond-ppe", count(1, 1, 1)),
         ("pkg/same.py", "call", ("again",)): ("beyond-ppe", count(1, 1, 1)),
         ("pkg/same.py", "call", ("self.m",)): ("beyond-ppe", count(1, 1, 1)),
+        # Inside a local function of f (same code), under an ``if``.
+        ("pkg/same.py", "call", ("Helper",)): ("beyond-ppe", count(1, 1, 1)),
         # The beyond-ppe file: the imports only ``shared`` (counted same) uses, its export.
         ("pkg/extra.py", "import", ("os",)): ("same", count(1, 1, 1)),
         ("pkg/extra.py", "import", ("f",)): ("same", count(1, 1, 1)),

@@ -135,7 +135,7 @@ class LogSaver:
         if self.extend:
             if self.fmt == "json":
                 return extend_json_array(target, file_obj, size)
-            chunk = self.append_chunk(target, None)  # one entry's row: no detours
+            chunk = self.append_chunk(target, None)  # one entry the fast formatters write
             if chunk is not None:
                 file_obj.write(chunk[1])
                 return None
