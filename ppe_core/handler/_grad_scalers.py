@@ -48,17 +48,21 @@ class LogicScalerState(StagedSteps):
     def state_dict(self) -> dict[str, Any]:
         """``{"grad_scaler": scaler.state_dict()}`` with a grad scaler, else ``{}``; with
         the ``optimizers`` option, also ``"grad_scalers"``: the state of each optimizer's own
-        scaler, by optimizer name."""
+        scaler, by optimizer name; inside a gradient-accumulation window, also
+        ``"accumulation"``: the window's gradients so far (see ``_accumulation``)."""
         state = {} if self._grad_scaler is None else {"grad_scaler": self._grad_scaler.state_dict()}
         own = self._own_scalers()
         if own:
             state["grad_scalers"] = {name: scaler.state_dict() for name, scaler in own.items()}
+        state.update(self._window_state())  # inside an accumulation window: its gradients
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore the grad scalers' states (each ignored when this logic has no such scaler)."""
+        """Restore the grad scalers' states (each ignored when this logic has no such scaler),
+        and keep an unfinished window's gradients for the resumed epoch's start."""
         _load_states({"grad_scaler": self._grad_scaler}, state)
         _load_states(self._own_scalers(), state.get("grad_scalers", {}))
+        self._load_window_state(state)
 
 
 class HandlerScalerState:
