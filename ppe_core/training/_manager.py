@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from ppe_core._record import record
-from ppe_core._version import __version__
+from ppe_core._version import __version__, release
 from ppe_core.errors import (
     ExtensionErrorHandlerWarning,
     IgniteNotInstalledError,
@@ -43,10 +43,11 @@ from ppe_core.training._manager_checks import (
     unknown_extension_error,
     warn_ignored_arguments,
     warn_missing_extension_states,
+    warn_missing_stop_trigger_state,
 )
 from ppe_core.training._protocols import StateObjectProtocol
 from ppe_core.training._ranks import agree_on_collectives, device_of
-from ppe_core.training._resume import VERSION_KEY, ResumeStates
+from ppe_core.training._resume import STOP_TRIGGER_KEY, VERSION_KEY, ResumeStates
 from ppe_core.training._run_lock import ManagerRunLock
 from ppe_core.training._state import PPE_CORE_STATE_KEY
 from ppe_core.training._state_mismatch import (
@@ -56,6 +57,7 @@ from ppe_core.training._state_mismatch import (
 )
 from ppe_core.training._stop_reason import StopKind, StopReason
 from ppe_core.training.triggers import NEVER, Trigger, TriggerLike, get_trigger, next_due
+from ppe_core.writing._extension_files import check_output_files
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import IterationDriver, ManagerView
@@ -89,6 +91,38 @@ TransformModel = Callable[[str, torch.nn.Module], torch.nn.Module]
 PPE_FORMAT_VERSION = "0.9.0"
 # PPE releases whose states load without a StateVersionWarning (the format is the same).
 _COMPATIBLE_PPE_VERSIONS = ("0.9.",)
+
+
+def _version_problem(to_load: Mapping[str, Any]) -> str | None:
+    """Why a state's versions may not load as saved, or None: PPE's format field is another
+    release's than 0.9, or ppe-core's own version (``'_ppe_core'``) is newer than this one."""
+    saved = to_load.get("ppe_version")
+    if saved != __version__ and not (
+        isinstance(saved, str) and saved.startswith(_COMPATIBLE_PPE_VERSIONS)
+    ):
+        written = "an unknown version" if saved is None else f"version {saved}"
+        return (
+            f"the loaded state was written by {written} (ppe-core is {__version__}, "
+            "compatible with PPE 0.9); it loads, but states from other versions may differ"
+        )
+    internal = to_load.get(PPE_CORE_STATE_KEY)
+    core = internal.get(VERSION_KEY) if isinstance(internal, Mapping) else None
+    if core is None or core == __version__:
+        return None  # PPE's state (no ppe-core version), or this version's
+    saved_release, own = release(core), release(__version__)
+    if saved_release is not None and own is not None and saved_release <= own:
+        return None  # an older ppe-core's: this one reads what it wrote
+    if saved_release is None:
+        return (
+            f"the loaded state was written by ppe-core {core!r}, which this ppe-core "
+            f"({__version__}) cannot compare with its own version: it loads, but states from "
+            "other versions may differ"
+        )
+    return (
+        f"the loaded state was written by ppe-core {core}, newer than this ppe-core "
+        f"({__version__}): it loads, but what that version added to the state is ignored and "
+        f"what it changed may load differently; upgrade ppe-core to {core} to resume it exactly"
+    )
 
 
 class _Writer(Protocol):
@@ -165,6 +199,36 @@ def max_epochs_trigger(max_epochs: int) -> Trigger:
     if max_epochs == 0 and isinstance(max_epochs, int) and not isinstance(max_epochs, bool):
         return _NoEpochs()
     return get_trigger((max_epochs, "epoch"))
+
+
+class _StopTriggerState:
+    """The stop trigger's resume state, ``state['_ppe_core']['stop_trigger']``.
+
+    The trigger's own state (an ``EarlyStoppingTrigger``'s best value and count of checks) and
+    the manager's answer at the iteration it last consulted it: a snapshot taken after that
+    call resumes without calling it again for that iteration (PPE saves neither). A stateless
+    trigger (``max_epochs``') saves nothing.
+    """
+
+    def __init__(self, manager: ExtensionsManager) -> None:
+        self._manager = manager
+        #: Whether the last loaded state had an entry (the manager warns when it had none).
+        self.loaded = False
+
+    def state_dict(self) -> dict[str, Any]:
+        manager = self._manager
+        trigger = manager._stop_trigger.state_dict()
+        if not trigger:
+            return {}
+        checked_at, value = manager._stop_checked_at, manager._stop_value
+        return {"trigger": trigger, "checked_at": checked_at, "value": value}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        manager = self._manager
+        manager._stop_trigger.load_state_dict(state["trigger"])
+        manager._stop_checked_at = int(state["checked_at"])
+        manager._stop_value = bool(state["value"])
+        self.loaded = True
 
 
 class _IterationContext:
@@ -298,9 +362,12 @@ class ExtensionsManager(EpochLengthState):
             max_epochs_trigger(max_epochs) if stop_trigger is None else get_trigger(stop_trigger)
         )
         self._stop_kind: StopKind = "max_epochs" if stop_trigger is None else "stop_trigger"
-        # _stop_due: the first iteration at which it may fire; _stop_checked_at: the iteration
-        # of the last answer, _stop_value (both -1 until the schedule is built).
-        self._stop_value = False
+        # _stop_due: the first iteration at which it may fire (-1 until the schedule is built);
+        # _stop_checked_at: the iteration of the last answer, _stop_value (saved with the
+        # trigger's state, so a resumed run repeats it rather than consulting it again).
+        self._stop_checked_at, self._stop_value = -1, False
+        self._stop_state = _StopTriggerState(self)
+        self._resume_states.add(STOP_TRIGGER_KEY, self._stop_state, builtin=True)
         self._stopped = False  # the manager saw the condition fire after an iteration
         self._stop_reason: StopReason | None = None
 
@@ -376,6 +443,7 @@ class ExtensionsManager(EpochLengthState):
     @iteration.setter
     def iteration(self, value: int) -> None:
         self._iteration = value
+        self._stop_checked_at = -1  # the counter moved: earlier answers no longer apply
         self._invalidate_schedule()
 
     @property
@@ -559,10 +627,13 @@ class ExtensionsManager(EpochLengthState):
         directory for this process until it is finalized (one run per directory).
 
         Raises:
+            ConfigurationError: Two extensions would write one file (see
+                ``ppe_core.writing._extension_files.check_output_files``).
             OutputDirectoryInUseError: Another live process trains into the same directory.
         """
         if self._start_time is not None:
             return
+        check_output_files(self, ((entry.name, entry.extension) for entry in self._slots))
         self._take_run_lock()  # before any initialize: autoload reads the directory
         self._start_time = time.perf_counter()
         with self._run_lock.released_on_error():
@@ -802,8 +873,12 @@ class ExtensionsManager(EpochLengthState):
     # ----------------------------------------------------------------- scheduling
 
     def _invalidate_schedule(self) -> None:
-        """Forces the next step through the slow path, which recomputes every due iteration."""
-        self._next_due = self._state_due = self._stop_due = self._stop_checked_at = -1
+        """Forces the next step through the slow path, which recomputes every due iteration.
+
+        The stop trigger's answer for the iteration it last consulted stays: asked again at
+        that iteration, the manager repeats it rather than calling the trigger twice.
+        """
+        self._next_due = self._state_due = self._stop_due = -1
 
     def _call(self, entry: ExtensionEntry) -> None:
         """Runs one extension; with ``enable_profile``/``enable_trace`` as PPE's section
@@ -864,6 +939,9 @@ class ExtensionsManager(EpochLengthState):
                     earliest = due
                 if due < state_due and entry.needs_model_state:
                     state_due = due
+            if deferred and self._stop_due <= iteration:
+                # The stop trigger too is consulted first: a snapshot saves its state with it.
+                self._consult_stop(iteration)
             for entry in deferred:
                 self._call(entry)
         finally:
@@ -898,6 +976,8 @@ class ExtensionsManager(EpochLengthState):
     def _consult_stop(self, iteration: int) -> bool:
         """Calls the stop trigger once for ``iteration``; later calls for it repeat the answer."""
         if iteration == self._stop_checked_at:
+            if self._stop_value:  # also when restored with the state (the first reason counts)
+                self._record_stop(self._stop_kind, iteration, self._stop_trigger)
             return self._stop_value
         value = bool(self._stop_trigger(self))
         self._stop_due = next_due(self._stop_trigger, iteration, self._iters_per_epoch)
@@ -972,7 +1052,7 @@ class ExtensionsManager(EpochLengthState):
 
         Raises:
             ConfigurationError: ``name`` is a key ppe-core writes there itself (``version``,
-                ``world_size``, ``ranks``).
+                ``world_size``, ``ranks``, ``stop_trigger``).
         """
         self._resume_states.add(name, obj)
 
@@ -992,7 +1072,8 @@ class ExtensionsManager(EpochLengthState):
         state}, 'optimizers': {name: state}, 'state_objects': {name: state}, 'extensions':
         {name: {'extension': ..., 'trigger': ...}}, 'ppe_version': str}``; ``ppe_version`` is
         :data:`PPE_FORMAT_VERSION`. ppe-core's own version and resume
-        data (a Trainer's RNG and loader states, its handler's state) go under
+        data (a Trainer's RNG and loader states, its handler's state, a stateful stop
+        trigger's state, which PPE does not save) go under
         :data:`PPE_CORE_STATE_KEY`, which PPE ignores. With the standard extensions it holds
         only tensors, numbers, strings and containers, so ``torch.load(...,
         weights_only=True)`` reads it.
@@ -1021,10 +1102,11 @@ class ExtensionsManager(EpochLengthState):
         Everything required is checked before anything is loaded. States written by PPE's
         ``ExtensionsManager.state_dict()`` (and PPE snapshot files) load too; ppe-core's own
         resume data is then absent, so a Trainer resumes at the saved iteration with the saved
-        weights, but not bit-exactly. A state from another version loads with a
-        :class:`StateVersionWarning`. A registered extension the state has nothing for keeps
-        its state and is reported by a :class:`MissingExtensionStateWarning`; states of
-        unregistered extensions are ignored.
+        weights, but not bit-exactly, and a stateful stop trigger starts afresh (with a
+        :class:`MissingExtensionStateWarning`). A state from another PPE format version or a
+        newer ppe-core loads with a :class:`StateVersionWarning`. A registered extension the
+        state has nothing for keeps its state and is reported by a
+        :class:`MissingExtensionStateWarning`; states of unregistered extensions are ignored.
 
         Args:
             to_load: A dictionary produced by :meth:`state_dict` (or by PPE's manager).
@@ -1039,18 +1121,9 @@ class ExtensionsManager(EpochLengthState):
         """
         transform = self._transform_model if transform_models is None else transform_models
         check_loadable(to_load, self._models, self._optimizers, self._objects, self._optional)
-        saved = to_load.get("ppe_version")
-        if saved != __version__ and not (
-            isinstance(saved, str) and saved.startswith(_COMPATIBLE_PPE_VERSIONS)
-        ):
-            written = "an unknown version" if saved is None else f"version {saved}"
-            warnings.warn(
-                StateVersionWarning(
-                    f"the loaded state was written by {written} (ppe-core is {__version__}, "
-                    "compatible with PPE 0.9); it loads, but states from other versions may differ"
-                ),
-                stacklevel=2,
-            )
+        problem = _version_problem(to_load)
+        if problem is not None:
+            warnings.warn(StateVersionWarning(problem), stacklevel=2)
         for name, model in self._models.items():
             load_model_state(name, transform(name, model), to_load["models"][name])
         for name, optimizer in self._optimizers.items():
@@ -1063,11 +1136,15 @@ class ExtensionsManager(EpochLengthState):
         for name, entry in self._entries.items():
             if name in extension_states:
                 entry.load_state_dict(extension_states[name])
-        self._resume_states.load_from(to_load)  # ppe-core's own, under PPE_CORE_STATE_KEY
+        # ppe-core's own, under PPE_CORE_STATE_KEY; the stop trigger's answer is the state's.
+        self._stop_checked_at, self._stop_state.loaded = -1, False
+        self._resume_states.load_from(to_load)
         iteration = self._start_iteration = self._iteration = int(to_load["_start_iteration"])
         self.execution = int(to_load.get("_start_execution", iteration))
         self._invalidate_schedule()
         warn_missing_extension_states(self._entries, extension_states)
+        if not self._stop_state.loaded and self._stop_trigger.state_dict():
+            warn_missing_stop_trigger_state(self._stop_trigger)
         self._load_epoch_length(to_load, stacklevel=3)
 
 

@@ -55,6 +55,7 @@ __all__ = [
     "unknown_optimizer_error",
     "warn_ignored_arguments",
     "warn_missing_extension_states",
+    "warn_missing_stop_trigger_state",
 ]
 
 
@@ -219,6 +220,22 @@ def warn_missing_extension_states(registered: Iterable[str], states: Mapping[str
             ),
             stacklevel=4,
         )
+
+
+def warn_missing_stop_trigger_state(trigger: object) -> None:
+    """Warns, after a state loaded, that it had nothing for the stateful stop ``trigger``,
+    which keeps its current state: PPE's states (and ppe-core's saved with a stateless stop
+    trigger) have none."""
+    warnings.warn(
+        MissingExtensionStateWarning(
+            f"the loaded state has no state for the stop trigger {trigger!r} (PPE does not save "
+            "it; or the state was saved with another stop trigger). The trigger keeps its "
+            "current state, so a new one starts afresh (an EarlyStoppingTrigger's best value "
+            "and count of checks without improvement start again) and training may stop at "
+            "another iteration than the saved run would have."
+        ),
+        stacklevel=4,
+    )
 
 
 def check_manager_kwargs(given: Collection[str], known: Collection[str]) -> None:

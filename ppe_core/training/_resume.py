@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RANKS_KEY",
+    "STOP_TRIGGER_KEY",
     "VERSION_KEY",
     "WORLD_SIZE_KEY",
     "EpochLength",
@@ -45,8 +46,10 @@ WORLD_SIZE_KEY = "world_size"
 RANKS_KEY = "ranks"
 #: Under ``state['_ppe_core']``: the ppe-core version that saved the state.
 VERSION_KEY = "version"
-# Keys of state['_ppe_core'] that are not resume states added by add_resume_state.
-_RESERVED_KEYS = frozenset({VERSION_KEY, WORLD_SIZE_KEY, RANKS_KEY})
+#: Under ``state['_ppe_core']``: the manager's stop trigger's state (PPE saves none).
+STOP_TRIGGER_KEY = "stop_trigger"
+# Keys of state['_ppe_core'] that add_resume_state may not take: ppe-core writes them itself.
+_RESERVED_KEYS = frozenset({VERSION_KEY, WORLD_SIZE_KEY, RANKS_KEY, STOP_TRIGGER_KEY})
 
 
 class ResumeStates:
@@ -59,13 +62,18 @@ class ResumeStates:
     def __init__(self) -> None:
         self._objects: dict[str, StateObjectProtocol] = {}
 
-    def add(self, name: str, obj: StateObjectProtocol) -> None:
+    def add(self, name: str, obj: StateObjectProtocol, *, builtin: bool = False) -> None:
         """Saves ``obj`` under ``name`` from now on.
+
+        Args:
+            name: Its key.
+            obj: Anything with ``state_dict()`` and ``load_state_dict(state)``.
+            builtin: The manager's own entry (the stop trigger's), which may take a reserved key.
 
         Raises:
             ConfigurationError: ``name`` is a key ppe-core writes there itself.
         """
-        if name in _RESERVED_KEYS:
+        if name in _RESERVED_KEYS and not builtin:
             raise ConfigurationError(
                 f"the resume-state name {name!r} is reserved ({sorted(_RESERVED_KEYS)} "
                 "are written by ppe-core itself); pass another name"

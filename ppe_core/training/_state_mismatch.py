@@ -4,8 +4,9 @@ PPE indexes the state (a bare ``KeyError`` for a missing model, optimizer or ite
 each part to ``load_state_dict`` and lets torch's error speak. ppe-core checks every required
 entry before loading anything and says which is missing; for a part that does not fit it
 names the model or optimizer, lists the missing and unexpected keys, recognises a
-data-parallel ``module.`` prefix and a state saved from another optimizer type, and says how
-to fix it. The manager's state (``_state.py``) loads through these functions.
+data-parallel ``module.`` prefix, torch.compile's ``_orig_mod.`` prefix and a state saved from
+another optimizer type, and says how to fix it. The manager's state (``_state.py``) loads
+through these functions.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
 ]
 
 _MAX_KEYS = 8  # keys listed in a mismatch message; the rest are counted
+_COMPILED = "_orig_mod."  # what torch.compile's wrapper (OptimizedModule) adds to each key
 
 
 def require_states(
@@ -107,8 +109,8 @@ def model_mismatch_error(
     name: str, module: torch.nn.Module, state: Mapping[str, Any], exc: RuntimeError
 ) -> StateDictMismatchError:
     """Explains torch's ``exc`` for the state of model ``name`` by model name and keys: the
-    missing and unexpected keys, size mismatches, and a ``module.`` prefix from a
-    data-parallel wrapper."""
+    missing and unexpected keys, size mismatches, a ``module.`` prefix from a data-parallel
+    wrapper and an ``_orig_mod.`` one from torch.compile's."""
     expected = list(module.state_dict())
     known = set(expected)
     missing = [k for k in expected if k not in state]
@@ -121,8 +123,11 @@ def model_mismatch_error(
     lines.extend(f"  {line.strip()}" for line in str(exc).splitlines() if "size mismatch" in line)
     if not missing and not unexpected and len(lines) == 1:
         lines.append(f"  {exc}")
+    compiled = _compile_mismatch(expected, list(state))
     prefix = "module."
-    if unexpected and all(k.startswith(prefix) for k in unexpected):
+    if compiled is not None:
+        lines.append(compiled)
+    elif unexpected and all(k.startswith(prefix) for k in unexpected):
         lines.append(
             "The state's keys start with 'module.': it was saved from a DataParallel/"
             "DistributedDataParallel wrapper. Pass transform_model="
@@ -133,12 +138,43 @@ def model_mismatch_error(
             "The model's keys start with 'module.': unwrap it when loading with "
             "transform_model=ppe.training.manager.default_transform_model."
         )
-    lines.append(
-        f"Load a snapshot saved from the same architecture under the name {name!r}, or load "
-        f"the weights yourself with model.load_state_dict(state['models'][{name!r}], "
-        "strict=False) to keep the matching part."
-    )
+    if compiled is None:
+        lines.append(
+            f"Load a snapshot saved from the same architecture under the name {name!r}, or "
+            f"load the weights yourself with model.load_state_dict(state['models'][{name!r}], "
+            "strict=False) to keep the matching part."
+        )
     return StateDictMismatchError("\n".join(lines))
+
+
+def _compile_mismatch(expected: Sequence[str], saved: Sequence[str]) -> str | None:
+    """The explanation when the model's and the state's keys differ only by torch.compile's
+    ``_orig_mod.`` (one side compiled with ``torch.compile(model)``, the other not), else
+    None."""
+    if set(expected) == set(saved):
+        return None
+    if {k.replace(_COMPILED, "") for k in expected} != {k.replace(_COMPILED, "") for k in saved}:
+        return None
+    in_place = (
+        "compile in place (model.compile(), or the runtime option {'compile': True}), which "
+        "keeps the keys as they are"
+    )
+    if any(_COMPILED in k for k in saved):
+        return (
+            f"The state's keys carry {_COMPILED!r}: it was saved from a model wrapped by "
+            "torch.compile (torch.compile(model) and ppe.compile return a wrapper that adds "
+            "it), and this model is not wrapped. Resume with the model compiled as when it was "
+            "saved (torch.compile(model) before handing it over), or strip the prefix from "
+            "the saved model state: "
+            f"{{k.replace({_COMPILED!r}, ''): v for k, v in state.items()}}. To compile from "
+            f"now on, {in_place}."
+        )
+    return (
+        f"The model's keys carry {_COMPILED!r} and the state's do not: this model is wrapped "
+        "by torch.compile (torch.compile(model) or ppe.compile) and the state was saved from "
+        "an uncompiled one. Resume with the same compile choice as when it was saved: hand "
+        f"over the uncompiled module (compiled._orig_mod) and, to compile it, {in_place}."
+    )
 
 
 def load_optimizer_state(name: str, optimizer: Any, state: Mapping[str, Any]) -> None:
