@@ -1,6 +1,6 @@
 """A run logging every iteration and resuming itself (used by the log crash tests).
 
-Usage: python logging_training.py OUT_DIR FILENAME [--iterations N]
+Usage: python logging_training.py OUT_DIR FILENAME [--iterations N] [--append] [--kill-at N]
 
 ``LogReport(trigger=(1, "iteration"), filename=FILENAME)`` (the format follows the suffix),
 a snapshot with ``autoload=True`` every 50 iterations, and a key that first appears at
@@ -11,6 +11,8 @@ the test to kill it at, and ``done`` at the end.
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from typing import Any
 
@@ -37,6 +39,8 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("filename")
     parser.add_argument("--iterations", type=int, default=400)
+    parser.add_argument("--append", action="store_true", help="LogReport(append=True)")
+    parser.add_argument("--kill-at", type=int, help="SIGKILL itself after this iteration")
     args = parser.parse_args()
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
@@ -53,6 +57,8 @@ def main() -> None:
 
     def announce(manager: Any) -> None:
         print(f"iteration {manager.iteration}", flush=True)
+        if manager.iteration == args.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
 
     E = ppe.training.extensions
     trainer = ppe.engine.create_trainer(
@@ -64,7 +70,7 @@ def main() -> None:
             ppe.training.make_extension(
                 trigger=(1, "iteration"), priority=ppe.training.PRIORITY_WRITER
             )(late_key),
-            E.LogReport(trigger=(1, "iteration"), filename=args.filename),
+            E.LogReport(trigger=(1, "iteration"), filename=args.filename, append=args.append),
             ppe.training.ExtensionEntry(
                 E.snapshot(autoload=True, n_retains=2), trigger=(50, "iteration")
             ),

@@ -18,6 +18,8 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any
 
+from ppe_core.errors import LogFileError
+
 if sys.platform != "win32":  # Windows extends the JSON array by a truncate and an append
     import fcntl
 
@@ -29,6 +31,8 @@ __all__ = [
     "json_array_text",
     "json_entry_chunk",
     "json_line",
+    "line_entries",
+    "parse_entry",
     "read_entries",
     "yaml_number_item",
 ]
@@ -378,15 +382,104 @@ def _csv_value(cell: str) -> Any:
 
 def read_entries(text: str, fmt: str, name: str) -> list[dict[str, Any]]:
     """The entries of a log file's ``text`` in ``fmt`` (not YAML), without a torn last entry
-    (see ``LogReport.read``); ``name`` is the file's, for the error."""
+    (see ``LogReport.read``); ``name`` is the file's, for the error.
+
+    Raises:
+        LogFileError: The file is damaged before its last entry.
+    """
     if fmt == "json":
         return _read_json_array(text)
     complete = text[: text.rfind("\n") + 1]  # entries end with a newline; a torn one not
     if fmt == "json-lines":
-        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+        entries = []
+        for number, line in enumerate(complete.splitlines(), 1):
+            if line.strip():
+                try:
+                    entries.append(json.loads(line))
+                except ValueError as exc:
+                    raise _damaged(
+                        name, f"line {number} is not JSON ({exc})", len(entries)
+                    ) from None
+        return entries
+    return _read_csv(complete, name)
+
+
+def _read_csv(complete: str, name: str) -> list[dict[str, Any]]:
+    reader = csv.DictReader(io.StringIO(complete))
+    header = reader.fieldnames or []
+    numbers = [cell for cell in header if cell == "" or not isinstance(_csv_value(cell), str)]
+    if numbers:
+        # A data row read as the header: the file lost its start (truncated in place, or
+        # overwritten) while rows were still appended to it.
+        raise _damaged(
+            name,
+            f"its first line is not a header (it holds {numbers[:3]}), so the file lost its "
+            "start (truncated or overwritten in place while a LogReport appended rows to it) "
+            "and no row can be matched to its columns",
+            None,
+        )
     entries: list[dict[str, Any]] = []
-    for row in csv.DictReader(io.StringIO(complete)):
-        if None in row:  # DictReader's key for the cells beyond the header
-            raise ValueError(f"{name}: row {len(entries) + 1} has more cells than the header")
+    for row in reader:
+        if None in row or None in row.values():  # more or fewer cells than the header
+            problem = f"row {len(entries) + 1} has {'more' if None in row else 'fewer'} cells "
+            raise _damaged(name, problem + "than the header", len(entries))
         entries.append({key: _csv_value(value) for key, value in row.items() if value != ""})
     return entries
+
+
+def _damaged(name: str, problem: str, whole: int | None) -> LogFileError:
+    """The error for a log file damaged before its last entry, with what to do."""
+    kept = "" if whole is None else f" (the {whole} entries before it are whole)"
+    return LogFileError(
+        f"{name}: {problem}{kept}. A LogReport writes whole entries and a kill can tear only "
+        "the last one, so something else changed the file. To get the whole log back, resume "
+        "the run from its newest snapshot (a LogReport without append=True then writes the "
+        "file again from the snapshot's log) or use the running LogReport's .log; or restore "
+        "the file from a copy"
+    )
+
+
+def line_entries(data: bytes, fmt: str) -> list[tuple[int, int]]:
+    """The ``(start, end)`` byte spans of the complete entries in a json-lines or YAML log.
+
+    An entry ends with a newline: a json-lines entry is one line, a YAML entry (one item of
+    the sequence ``yaml.safe_dump`` writes) runs from a line starting with ``-`` to the next
+    such line. The entry a kill tore (the file does not end with a newline) is not among
+    them, nor are blank lines. Used to repair a file before a run appends to it.
+    """
+    complete = data[: data.rfind(b"\n") + 1]
+    spans: list[tuple[int, int]] = []
+    pos = 0
+    for line in complete.splitlines(keepends=True):
+        end = pos + len(line)
+        if fmt == "json-lines":
+            if line.strip():
+                spans.append((pos, end))
+        elif line.startswith(b"-") or not spans:
+            spans.append((pos, end))
+        else:  # a YAML item's next line
+            spans[-1] = (spans[-1][0], end)
+        pos = end
+    if (
+        fmt == "yaml"
+        and len(complete) < len(data)
+        and spans
+        and not data[len(complete) :].startswith(b"-")
+    ):
+        spans.pop()  # the torn item began on a complete line: all of it goes
+    return spans
+
+
+def parse_entry(data: bytes, fmt: str) -> Any:
+    """The entry a span of :func:`line_entries` holds (None where it does not parse)."""
+    if fmt == "json-lines":
+        try:
+            return json.loads(data)
+        except ValueError:
+            return None
+    yaml: Any = importlib.import_module("yaml")
+    try:
+        items = yaml.safe_load(data)
+    except yaml.YAMLError:
+        return None
+    return items[0] if isinstance(items, list) and len(items) == 1 else None

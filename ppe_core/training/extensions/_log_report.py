@@ -23,13 +23,15 @@ from ppe_core.training.extensions._log_formats import (
     json_array_text,
     json_entry_chunk,
     json_line,
+    line_entries,
+    parse_entry,
     read_entries,
     yaml_number_item,
 )
 from ppe_core.training.triggers import get_trigger
 from ppe_core.training.triggers._due import DueCheck, EveryIteration
 from ppe_core.writing import Appender, SimpleWriter, Writer
-from ppe_core.writing._extension_files import WriterLike
+from ppe_core.writing._extension_files import OutputSample, WriterLike, log_output_files
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
@@ -224,7 +226,11 @@ class LogReport(Extension):
             string filled with the entry, e.g. ``'log_{iteration}'``.
         append: Keep what the file held before this run and append the new entries to it,
             instead of starting the file with this run's log; needs the ``'json-lines'`` or
-            ``'yaml'`` format.
+            ``'yaml'`` format. Before its first append the file is repaired once: an entry a
+            kill tore at its end is dropped, and after a resume so is what the killed run
+            wrote after its snapshot (the snapshot counts the file's entries), so the file
+            holds each entry once. Without a snapshot to resume, entries are added to what
+            the file holds.
         format: ``'json'`` (a JSON list), ``'json-lines'``, ``'yaml'`` (needs PyYAML) or
             ``'csv'`` (readable by ``csv.DictReader`` and ``pandas.read_csv``). Inferred
             from the filename suffix (``.json``, ``.jsonl``, ``.yaml``/``.yml``, ``.csv``)
@@ -287,8 +293,21 @@ class LogReport(Extension):
         # added to it (see _rewrite).
         self._appender: Appender | None = None
         self._due = DueCheck(self._trigger)
+        # Append mode repairs the file once before its first append (see _prepare_append):
+        # whether it did, how many entries the file held before this log's first one (None:
+        # unknown), and what load_state_dict restored (None: nothing, a fresh run).
+        self._prepared = False
+        self._base: int | None = None
+        self._restored: int | None = None
+        self._restored_file_entries: int | None = None
+        self._manager: ManagerView | None = None
         # Called with each new entry (trackers): a tuple, so no listener costs one empty loop.
         self._listeners: tuple[Callable[[dict[str, Any]], object], ...] = ()
+
+    def initialize(self, manager: ManagerView) -> None:
+        """Remembers the manager, whose output directory an appending log's snapshot state
+        counts the file's entries in (see :meth:`state_dict`)."""
+        self._manager = manager
 
     def __call__(self, manager: ManagerView) -> None:
         """Accumulates this iteration's observation; emits an entry when the trigger fires."""
@@ -342,11 +361,74 @@ class LogReport(Extension):
             # Under torch.distributed only rank 0 writes the file; every rank keeps the entries
             # (PrintReport, BestValue, ... read them) and its snapshots stay identical.
             if self._append:
+                if not self._prepared:
+                    self._prepare_append(writer, filename, manager.out)
                 pending = self._log[self._written :]
                 writer(filename, manager.out, pending, savefun=self._saver, append=True)
             else:
                 self._rewrite(writer, filename, manager.out)
         self._written = len(self._log)
+
+    def _prepare_append(self, writer: Any, filename: str, out: str) -> None:
+        """Repairs the file this run appends to, once, before its first append.
+
+        It drops an entry a kill tore at the file's end, and after a resume what the killed
+        run wrote after its snapshot: the file keeps the entries the snapshot counted
+        (``_file_entries`` of its state), or, for a state without that count (PPE's, or one
+        saved before the file was looked at), those up to the newest restored entry it
+        holds. Restored entries the file lacks (a background writer killed before it wrote
+        them) are appended again. Only for a fixed filename on local files (a writer's
+        ``writes_local_files``); others are appended to as they are.
+        """
+        self._prepared = True
+        local = isinstance(writer, Writer) and writer.writes_local_files
+        if not (local and self._static_filename):
+            return
+        path = os.path.join(out, filename)
+        try:
+            with open(path, "rb") as file_obj:
+                data = file_obj.read()
+        except FileNotFoundError:
+            data = b""
+        spans = line_entries(data, self._format)
+        restored = self._restored or 0
+        keep, missing = len(spans), 0
+        if self._restored is not None:
+            count = self._restored_file_entries
+            if count is not None:
+                keep = min(count, len(spans))
+                missing = min(count - keep, restored)
+            elif restored:
+                keep, missing = self._newest_restored_entry(data, spans)
+        end = spans[keep - 1][1] if keep else 0
+        if end < len(data):
+            os.truncate(path, end)
+        self._base = max(keep - (restored - missing), 0)
+        self._written = restored - missing
+
+    def _newest_restored_entry(self, data: bytes, spans: list[tuple[int, int]]) -> tuple[int, int]:
+        """How many of the file's entries to keep (through the newest restored entry found,
+        searching from the end), and how many restored entries follow it (the file lacks)."""
+        restored = self._log[: self._restored]
+        index = {json.dumps(entry, sort_keys=True): i for i, entry in enumerate(restored)}
+        for keep in range(len(spans), 0, -1):
+            start, end = spans[keep - 1]
+            found = index.get(
+                json.dumps(parse_entry(data[start:end], self._format), sort_keys=True)
+            )
+            if found is not None:
+                return keep, len(restored) - 1 - found
+        return len(spans), len(restored)
+
+    def _file_entries(self) -> int | None:
+        """How many entries an appending log's file holds with this log's written: what a
+        resumed run keeps of it. None where this process does not write the file."""
+        manager = self._manager
+        if not self._prepared and manager is not None and group_world()[1] == 0:
+            # A snapshot before the first entry: the file is looked at (and repaired) now.
+            writer = self._writer if self._writer is not None else getattr(manager, "writer", None)
+            self._prepare_append(writer, self._filename, manager.out)
+        return None if self._base is None else self._base + self._written
 
     def _rewrite(self, writer: Any, filename: str, out: str) -> None:
         """Replaces the file with the whole log; later entries are added to it."""
@@ -368,6 +450,11 @@ class LogReport(Extension):
         self._columns = dict.fromkeys(entry_columns(self._log))
         self._saver = LogSaver("csv", tuple(self._columns))
         self._extender = LogSaver("csv", tuple(self._columns), extend=True)
+
+    def output_files(self, sample: OutputSample) -> tuple[str, ...]:
+        """The log file at ``sample``'s iteration and epoch (the manager checks that no other
+        extension writes it)."""
+        return log_output_files(self._filename, self._writer, sample)
 
     def add_entry_listener(self, listener: Callable[[dict[str, Any]], object]) -> None:
         """Calls ``listener`` with each entry emitted from now on, once it is stored and written.
@@ -415,11 +502,14 @@ class LogReport(Extension):
         ``_log`` is the JSON text of the entries, as in PPE; everything is a plain Python
         value, so ``torch.load(..., weights_only=True)`` reads it.
         """
-        return {
+        state: dict[str, Any] = {
             "_trigger": self._trigger.state_dict(),
             "_summary": self._summary.state_dict(),
             "_log": json.dumps(self._log),
         }
+        if self._append:
+            state["_file_entries"] = self._file_entries()
+        return state
 
     def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
         """Restores :meth:`state_dict`'s output; the log then continues where it stopped.
@@ -442,6 +532,12 @@ class LogReport(Extension):
         self._written = len(self._log)
         self._file = None
         self._due.reset()
+        # An appending log repairs its file at its next write (see _prepare_append).
+        self._prepared = False
+        self._base = None
+        self._restored = len(self._log)
+        file_entries = to_load.get("_file_entries")
+        self._restored_file_entries = file_entries if isinstance(file_entries, int) else None
 
     def finalize(self, manager: ManagerView) -> None:
         """Finalizes the writer given as ``writer=`` (the manager finalizes its own), as PPE.
@@ -473,7 +569,8 @@ class LogReport(Extension):
         Raises:
             ConfigurationError: ``format`` is unknown.
             OptionalDependencyError: The ``'yaml'`` format without PyYAML installed.
-            ValueError: The file is damaged elsewhere than in its last entry.
+            LogFileError: The file is damaged elsewhere than in its last entry (e.g. a CSV log
+                truncated in place while rows were appended); a ``ValueError``.
         """
         name = os.fspath(path)
         fmt = _checked_format(format, name, "LogReport.read")

@@ -13,7 +13,12 @@ from ppe_core.reporting import DictSummary, to_floats
 from ppe_core.training._extension import Extension
 from ppe_core.training.triggers import get_trigger
 from ppe_core.training.triggers._due import DueCheck, EveryIteration
-from ppe_core.writing._extension_files import WriterLike, write_file
+from ppe_core.writing._extension_files import (
+    OutputSample,
+    WriterLike,
+    write_file,
+    writes_files_in_out,
+)
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
@@ -159,6 +164,11 @@ class PlotReport(Extension):
         write_file(
             manager, self._writer, self._filename, (figure, legend, self._format), _save_figure
         )
+
+    def output_files(self, sample: OutputSample) -> tuple[str, ...]:
+        """The image file (the manager checks that no other extension writes it); none for a
+        writer that writes elsewhere."""
+        return (self._filename,) if writes_files_in_out(self._writer, sample) else ()
 
     def finalize(self, manager: ManagerView) -> None:
         """Finalizes the writer given to this extension (the manager finalizes its own)."""

@@ -17,7 +17,12 @@ from ppe_core.training.extensions._log_report import (
     infer_format,
 )
 from ppe_core.training.triggers import get_trigger
-from ppe_core.writing._extension_files import WriterLike, write_file
+from ppe_core.writing._extension_files import (
+    OutputSample,
+    WriterLike,
+    log_output_files,
+    write_file,
+)
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
@@ -123,6 +128,11 @@ class ProfileReport(Extension):
         )
         if self._append:
             self._log = []
+
+    def output_files(self, sample: OutputSample) -> tuple[str, ...]:
+        """The log file at ``sample``'s iteration and epoch (the manager checks that no other
+        extension writes it: ``LogReport()`` beside ``ProfileReport()`` would share ``log``)."""
+        return log_output_files(self._filename, self._writer, sample)
 
     def finalize(self, manager: ManagerView) -> None:
         """Finalizes the writer given to this extension (the manager finalizes its own)."""
