@@ -132,14 +132,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _export(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """``export-snapshot``: 0 when written; 1, with the reason on stderr, when refused."""
-    from ppe_core.errors import SnapshotError
+    """``export-snapshot``: 0 when written; 1, with the reason (one line) on stderr, when
+    refused: a snapshot that does not verify, or an output that cannot be written (a missing
+    or unwritable directory, a full disk, a path inside the snapshot)."""
+    from ppe_core.errors import PPEError
     from ppe_core.training.extensions._snapshot_dcp import export_snapshot
 
     try:
         weights = export_snapshot(args.snapshot, args.output, model=args.model)
-    except SnapshotError as exc:
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+    except PPEError as exc:
+        print(f"{parser.prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
     size = sum(t.numel() * t.element_size() for t in weights.values())
     print(f"wrote {args.output}: {len(weights)} tensors, {size / 1e6:.1f} MB")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -138,12 +139,10 @@ def test_a_kill_during_an_async_save_leaves_the_previous_snapshot_and_resume_is_
     # written, its manifest held back).
     run_phase(tmp_path, "--phase", "kill", code=1)
     run = tmp_path / "run"
-    assert sorted(p.name for p in run.iterdir() if p.is_dir()) == [
-        ".snapshot_8.dcp-tmp",
-        "snapshot_4",
-    ]
+    (leftover,) = run.glob(".snapshot_8.*.dcp-tmp")  # named after the killed saver
+    assert sorted(p.name for p in run.iterdir() if p.is_dir()) == [leftover.name, "snapshot_4"]
     run_phase(tmp_path, "--phase", "resume")
-    assert not (run / ".snapshot_8.dcp-tmp").exists()  # removed when the run started
+    assert not leftover.exists()  # removed when the run started
     for rank, result in enumerate(results(tmp_path, "resume")):
         assert result["resumed"]["loaded_from"] == "snapshot_4", rank
         assert_same_run(result["resumed"], straight[rank], rank)
@@ -161,10 +160,10 @@ def _snapshot_dir(out: Path, name: str, iteration: int) -> Path:
 def test_verify_finds_damaged_missing_and_unlisted_files(tmp_path: Path) -> None:
     directory = _snapshot_dir(tmp_path, "snapshot_4", 4)
     assert files.verify(str(directory))["files"]["__0_0.distcp"]["size"] == 500
-    (directory / "extra").write_bytes(b"")
-    with pytest.raises(SnapshotError, match=r"not listed: \['extra'\]"):
+    (directory / "__0_1.distcp").write_bytes(b"")  # a shard DCP would read, unverified
+    with pytest.raises(SnapshotError, match=r"not listed: \['__0_1.distcp'\]"):
         files.verify(str(directory))
-    (directory / "extra").unlink()
+    (directory / "__0_1.distcp").unlink()
     (directory / "rank0.pt").write_bytes(b"REST")  # same size, other bytes
     with pytest.raises(SnapshotError, match=r"rank0\.pt is damaged"):
         files.verify(str(directory))
@@ -183,10 +182,17 @@ def test_newest_valid_falls_back_retain_keeps_the_newest_and_leftovers_go(tmp_pa
     (tmp_path / "snapshot_12" / "__0_0.distcp").write_bytes(b"x" * 500)
     with pytest.warns(SnapshotVerificationWarning, match="snapshot_12.*damaged"):
         assert files.newest_valid(str(tmp_path), template) == str(tmp_path / "snapshot_8")
-    leftover = Path(files.temporary_dir(str(tmp_path / "snapshot_16")))
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()
+    leftover = Path(
+        files.temporary_dir(str(tmp_path / "snapshot_16"), f"{files.writer_tag()[:8]}-{dead.pid}")
+    )
+    live = Path(files.temporary_dir(str(tmp_path / "snapshot_20"), files.writer_tag()))
     leftover.mkdir()
-    files.remove_leftovers(str(tmp_path), template)
+    live.mkdir()
+    assert files.remove_leftovers(str(tmp_path), template) == [str(leftover)]
     assert not leftover.exists()
+    live.rmdir()  # this process's: never removed
     files.retain(str(tmp_path), template, 2)
     assert sorted(os.listdir(tmp_path)) == ["snapshot_12", "snapshot_8"]
 
@@ -194,7 +200,7 @@ def test_newest_valid_falls_back_retain_keeps_the_newest_and_leftovers_go(tmp_pa
 def test_publish_renames_into_place_and_replaces_an_older_directory(tmp_path: Path) -> None:
     final = tmp_path / "snapshot_4"
     for content in (b"old", b"new"):
-        temporary = Path(files.temporary_dir(str(final)))
+        temporary = Path(files.temporary_dir(str(final), files.writer_tag()))
         temporary.mkdir()
         (temporary / "rank0.pt").write_bytes(content)
         files.publish(str(temporary), str(final))

@@ -202,16 +202,18 @@ def test_n_retains_retires_own_data_files_whose_manifest_a_kill_prevented(tmp_pa
     assert killed.returncode == -signal.SIGKILL
     assert (tmp_path / "snapshot_iter_6").exists()
     assert not Path(manifest_path(str(tmp_path / "snapshot_iter_6"))).exists()
-    # A snapshot written by PPE in the same directory, older than everything: never deleted.
+    # A snapshot written by PPE in the same directory, older than everything: retired too
+    # (it loads as a snapshot state); a file of the series that does not load stays.
     model = torch.nn.Linear(3, 1)
     manager = ppe09.training.ExtensionsManager(model, {}, 1, iters_per_epoch=1)
     ppe_file = tmp_path / "snapshot_iter_1"
     torch.save(manager.state_dict(), ppe_file)
     os.utime(ppe_file, (1, 1))
+    (tmp_path / "snapshot_iter_0").write_text("not a snapshot")
 
     _script("killed_before_manifest.py", str(tmp_path), "5")  # resumes, snapshots at 8 and 10
     assert sorted(p.name for p in tmp_path.glob("snapshot_iter_*")) == [
-        "snapshot_iter_1",
+        "snapshot_iter_0",
         "snapshot_iter_10",
         "snapshot_iter_8",
     ]

@@ -10,7 +10,8 @@ DISTRIBUTED and SHARDED and ``_snapshot_dcp_mode``'s DCP. The manifest and safe 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ppe_core.errors import (
@@ -33,6 +34,7 @@ from ppe_core.training.extensions._snapshot_manifest import (
     verify_snapshot,
 )
 from ppe_core.training.extensions._snapshot_modes import _DistributedSnapshot, _ShardedSnapshot
+from ppe_core.training.extensions._snapshot_retention import is_series_name, name_iteration
 from ppe_core.writing import Writer
 
 __all__ = [
@@ -132,9 +134,12 @@ def snapshot(
             :data:`ERROR_SNAPSHOT_DIR` sub-directory: for inspection, never autoloaded (the
             state after a failure is not bit-exactly resumable) and never counted by
             ``n_retains``.
-        n_retains: Keep only the newest N complete snapshots (N > 0; otherwise all are kept);
-            old files are deleted only after the new one is complete. ppe-core's own data
-            files whose manifest a kill prevented count too; PPE's files are never deleted.
+        n_retains: Keep only the newest N complete snapshots (N > 0; otherwise all are kept)
+            of the series: the files whose whole name matches ``filename`` (``{.iteration}``
+            a run of digits), so another extension's files and a user's copies stay. Old
+            files are deleted only after the new one is complete. Files without a manifest
+            (PPE's, or ppe-core's whose manifest a kill prevented) count when they load as
+            a snapshot state; one that does not load is never deleted.
         autoload: Resume from the newest valid snapshot when training starts.
         saver_rank: Under torch.distributed, only this rank writes (``None``: rank 0), with
             every rank's RNG and loader states gathered into the file when every rank has
@@ -149,7 +154,9 @@ def snapshot(
         ArgumentTypeError: Both ``savefun`` and ``writer`` are given (a ``TypeError``, as in
             PPE), or an argument has the wrong type.
         ConfigurationError: When training starts: ``filename`` cannot be formatted with the
-            manager, or the snapshot's own writer's directory is an existing file.
+            manager, has a bare field (``'snap_{}'``, the manager's repr), gives names too
+            long for the file system, or the snapshot's own writer's directory is an
+            existing file.
     """
     if savefun is not None and writer is not None:
         raise ArgumentTypeError(
@@ -189,3 +196,58 @@ def snapshot_object(
     Takes the keyword arguments of :func:`snapshot`.
     """
     return snapshot(savefun, filename, target=target, **kwargs)
+
+
+# PPE's private helpers (some user code calls them), over the one series rule -----------------
+
+
+def _find_snapshot_files(fmt: str, path: str, fs: Any) -> list[tuple[float, str]]:
+    """``(mtime, name)`` of the snapshots of the series ``fmt`` under ``path``, oldest first.
+
+    PPE's helper, with ppe-core's series rule: a name belongs when it matches the whole
+    template (see ``_snapshot_retention.series_pattern``), not just its prefix and suffix,
+    and files are ordered by the iteration their name tells (then the modification time)
+    rather than by the modification time alone. ``fs``: a file system with PPE's
+    ``list(path, recursive=True)`` and ``stat(path).last_modified`` (PFIO's); None or one
+    without ``list`` (ppe-core's writers' default) reads the local directory.
+    """
+    listing = getattr(fs, "list", None)
+    if callable(listing):
+        names = [str(name) for name in listing(path, recursive=True)]
+    else:
+        names = [
+            os.path.relpath(os.path.join(root, name), path)
+            for root, _, files in os.walk(path)
+            for name in files
+        ]
+    stat = getattr(fs, "stat", None)
+
+    def mtime(name: str) -> float:
+        full = os.path.join(path, name)
+        if callable(stat):
+            return float(stat(full).last_modified)
+        return os.path.getmtime(full)
+
+    found = [(mtime(name), name) for name in names if is_series_name(fmt, name)]
+
+    def order(entry: tuple[float, str]) -> tuple[int, float, str]:
+        iteration = name_iteration(fmt, entry[1])
+        return (-1 if iteration is None else iteration, entry[0], entry[1])
+
+    return sorted(found, key=order)
+
+
+def _find_latest_snapshot(fmt: str, path: str, fs: Any) -> str | None:
+    """The name of the newest snapshot of the series ``fmt`` under ``path`` (see
+    :func:`_find_snapshot_files`), or None; PPE's helper (it neither verifies nor loads)."""
+    files = _find_snapshot_files(fmt, path, fs)
+    return files[-1][1] if files else None
+
+
+def _find_stale_snapshots(fmt: str, path: str, n_retains: int, fs: Any) -> Iterator[str]:
+    """Yields the names of the series' snapshots under ``path`` older than the newest
+    ``n_retains`` (see :func:`_find_snapshot_files`), oldest first; PPE's helper (its
+    caller deletes them only when ``n_retains`` > 0)."""
+    files = _find_snapshot_files(fmt, path, fs)
+    for _, name in files[: max(len(files) - n_retains, 0)]:  # none when fewer than kept
+        yield name

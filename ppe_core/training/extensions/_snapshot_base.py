@@ -105,6 +105,18 @@ class _Snapshot(SnapshotRanks):
         writer = self.writer or getattr(manager, "writer", None)
         return str(getattr(writer, "out_dir", None) or manager.out)
 
+    def output_files(self, sample: Any) -> tuple[str, ...]:
+        """The snapshot file at ``sample``'s iteration (the manager checks at start that no
+        other extension writes it); none for a callable filename or a template that does not
+        format (``_setup`` raises for that)."""
+        if not isinstance(self.filename, str):
+            return ()
+        try:
+            name = self.filename.format(sample)
+        except (AttributeError, KeyError, IndexError, ValueError):
+            return ()
+        return (os.path.join(self._out_dir(sample), name),)
+
     def _writer(self, manager: Any) -> Writer:
         writer = self.writer or getattr(manager, "writer", None)
         if writer is None:
@@ -191,7 +203,7 @@ class _Snapshot(SnapshotRanks):
         """
         refuse = None if self._holds_shards else self._sharded_error
         self._sharded = find_sharded(saved_objects(self._target, manager), refuse)
-        check_template(self.filename, manager)
+        check_template(self.filename, manager, self._out_dir(manager))
         if self.writer is not None and self.writer is not getattr(manager, "writer", None):
             self.writer.initialize(manager.out)
 

@@ -3,8 +3,9 @@
 PPE resumes from the newest matching file and counts every matching file for ``n_retains``.
 ppe-core refuses a symbolic link out of the output directory, reads each file's manifest
 (iteration, completeness), loads a file without one with a message that says so, and
-recognises its own data files whose manifest a kill prevented (complete, since writers rename
-them into place), so that ``n_retains`` counts them.
+recognises the files without a manifest that load as a snapshot state (PPE's, and its own
+whose manifest a kill prevented: complete, since writers rename them into place), so that
+``n_retains`` counts them.
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from ppe_core.errors import SnapshotError, UnsafeSnapshotError
 from ppe_core.training.extensions._snapshot_manifest import (
     MANIFEST_SUFFIX,
     load_snapshot,
+    loads_as_state,
     manifest_path,
     parse_manifest,
 )
@@ -69,23 +69,28 @@ class Candidate:
 
 
 class Orphans:
-    """ppe-core's snapshot files whose manifest a kill prevented, found once per file."""
+    """Files of a series without any manifest that load as a snapshot state, found once per
+    file: PPE's snapshots, and ppe-core's whose manifest a kill prevented."""
 
     def __init__(self) -> None:
         # path -> ((mtime, size), what find() found)
         self._found: dict[str, tuple[tuple[float, int], tuple[int, float, str] | None]] = {}
 
-    def find(self, path: str) -> tuple[int, float, str] | None:
-        """``(iteration, mtime, path)`` if ``path`` is a snapshot ppe-core wrote whose manifest
-        a kill prevented; None otherwise.
+    def find(self, path: str, name_iteration: int | None) -> tuple[int, float, str] | None:
+        """``(iteration, mtime, path)`` if ``path`` has no manifest and loads as a snapshot
+        state; None otherwise.
 
-        Writers rename a data file into place complete, so such a file is a whole snapshot.
-        It is told from PPE's by ppe-core's resume data (``_ppe_core``, a key PPE never
-        writes) inside: finding that costs a load (memory-mapped), done once per file and
-        only for files without any manifest. A file with a manifest it does not match is not
-        an orphan: it may be being written.
+        Writers (PPE's and ppe-core's) rename a data file into place complete, so such a file
+        is a whole snapshot, which ``n_retains`` may retire. Its iteration is the one its
+        name tells (``name_iteration``), else the one its state starts at (-1 when it holds
+        none). Loading it (memory-mapped) is done once per file and only for files without
+        any manifest; one that does not load is not a snapshot (a user's notes, a torn file)
+        and is never deleted. A file with a manifest it does not match is not counted: it
+        may be being written.
         """
         if any(os.path.exists(m) for m in (manifest_path(path), path + MANIFEST_SUFFIX)):
+            return None
+        if os.path.islink(path):  # a user's link: deleting it is never retention's to do
             return None
         try:
             stat = os.stat(path)
@@ -96,13 +101,13 @@ class Orphans:
         if cached is not None and cached[0] == key:
             return cached[1]
         found: tuple[int, float, str] | None = None
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except Exception:  # unreadable, or not ours: it stays, as PPE's files do
-            state = None
-        if isinstance(state, dict) and "_ppe_core" in state:
-            iteration = state.get("_start_iteration")
-            found = (iteration if isinstance(iteration, int) else -1, stat.st_mtime, path)
+        state = loads_as_state(path)
+        if state is not None:
+            iteration = name_iteration
+            if iteration is None:
+                start = state.get("_start_iteration")
+                iteration = start if isinstance(start, int) else -1
+            found = (iteration, stat.st_mtime, path)
         del state
         self._found[path] = (key, found)
         return found

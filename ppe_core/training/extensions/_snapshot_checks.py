@@ -6,6 +6,9 @@ first snapshot, an epoch or more into training; ppe-core raises at once, saying 
 
 from __future__ import annotations
 
+import os
+import re
+import string
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -43,15 +46,89 @@ def check_arguments(
         raise ArgumentTypeError(f"n_retains must be an int (-1 keeps all), got {n_retains!r}")
 
 
-def check_template(filename: str | Callable[[Any], str], manager: Any) -> None:
-    """Formats a str ``filename`` template with the manager, so that a misspelt field raises
-    before training, not after an epoch of it."""
-    if isinstance(filename, str):
-        try:
-            filename.format(manager)
-        except (AttributeError, KeyError, IndexError, ValueError) as exc:
+#: A count no run reaches, for the longest name a template gives.
+_LARGE_COUNT = 10**12
+
+#: What the writers add to a snapshot's name in the longest name they write for it: its
+#: manifest's temporary file, ``.`` + ``.<name>`` + ``.manifest.json`` +
+#: ``.<host tag>-<pid>-<random>.tmp`` (8 hex, up to 7 digits, 8 hex).
+_NAME_OVERHEAD = 1 + 1 + len(".manifest.json") + len(".00000000-0000000-00000000.tmp")
+
+
+class _Large:
+    """The manager at a large iteration and epoch, for the longest name a template gives;
+    ``updater`` (PPE's deprecated alias of the manager) is this object too."""
+
+    def __init__(self, manager: Any) -> None:
+        self._manager = manager
+        self.iteration = self.epoch = _LARGE_COUNT
+
+    @property
+    def updater(self) -> _Large:
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or "_manager" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["_manager"], name)
+
+
+def _name_max(directory: str) -> int:
+    """The file system's longest file name (bytes) under ``directory``, or its nearest
+    existing parent (the output directory may not exist yet); 255 where it does not tell."""
+    directory = os.path.abspath(directory)
+    while not os.path.isdir(directory) and os.path.dirname(directory) != directory:
+        directory = os.path.dirname(directory)
+    try:
+        return int(os.pathconf(directory, "PC_NAME_MAX"))
+    except (AttributeError, OSError, ValueError):  # no pathconf (Windows), or no answer
+        return 255
+
+
+def check_template(filename: str | Callable[[Any], str], manager: Any, out_dir: str) -> None:
+    """Formats a str ``filename`` template with the manager, so that what would fail only at
+    the first snapshot raises before training: a misspelt field, a bare field (``{}``, the
+    manager's repr and address, a new name every run) and a name too long for the file system
+    (at a large iteration)."""
+    if not isinstance(filename, str):
+        return
+    bare = [
+        f"{{{field}}}"
+        for _, field, _, _ in string.Formatter().parse(filename)
+        if field is not None and re.fullmatch(r"0?", field)
+    ]
+    if bare:
+        raise ConfigurationError(
+            f"snapshot filename template {filename!r} has the field {bare[0]}, which formats "
+            "as the manager itself (its repr and memory address: a new name every run, which "
+            "autoload and n_retains never find again); name a field of the manager instead, "
+            "e.g. 'snapshot_iter_{.iteration}'"
+        )
+    try:
+        filename.format(manager)
+        longest = filename.format(_Large(manager))
+    except (AttributeError, KeyError, IndexError, ValueError) as exc:
+        raise ConfigurationError(
+            f"snapshot filename template {filename!r} cannot be formatted with "
+            f"the manager ({type(exc).__name__}: {exc}); use fields of the manager "
+            "such as '{.iteration}' or '{.epoch}', e.g. 'snapshot_iter_{.iteration}'"
+        ) from None
+    limit = _name_max(out_dir)
+    parts = longest.replace(os.sep, "/").split("/")
+    for i, part in enumerate(parts):
+        # The last part names the file, beside which the writers put longer-named ones.
+        overhead = _NAME_OVERHEAD if i == len(parts) - 1 else 0
+        size = len(os.fsencode(part))
+        if size + overhead > limit:
             raise ConfigurationError(
-                f"snapshot filename template {filename!r} cannot be formatted with "
-                f"the manager ({type(exc).__name__}: {exc}); use fields of the manager "
-                "such as '{.iteration}' or '{.epoch}', e.g. 'snapshot_iter_{.iteration}'"
-            ) from None
+                f"snapshot filename template {filename!r} gives a name of {size} bytes at "
+                f"iteration {_LARGE_COUNT} ({part[:40]!r}...), and the file system of "
+                f"{out_dir!r} allows {limit} bytes a name"
+                + (
+                    f", {overhead} of them taken by the names of the manifest and temporary "
+                    "files the writers put beside it"
+                    if overhead
+                    else ""
+                )
+                + f": shorten the template to at most {limit - overhead} bytes a name"
+            )

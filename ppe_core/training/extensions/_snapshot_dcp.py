@@ -1,13 +1,15 @@
 """The files of ``SnapshotMode.DCP`` snapshots: directories written by
 ``torch.distributed.checkpoint`` (DCP), each rank its own shards, verified by a manifest.
 
-A snapshot is written into a hidden temporary directory (``.<name>.dcp-tmp``) and renamed to
-``<name>`` by the saver once every rank's shards and the manifest (size and SHA-256 of every
-file) are in it, so a run killed during a save leaves the previous snapshot as the newest
-complete one. The models' and optimizers' states go through DCP (resharded on load at another
-world size); the rest of the manager's state (counters, extensions, this rank's RNG and loader
-states) is one small ``rank<N>.pt`` per rank. ``torch.distributed.checkpoint`` is imported when
-a snapshot of this mode is used. Never called per step.
+A snapshot is written into a hidden temporary directory (``.<name>.<host>-<pid>.dcp-tmp``,
+the saver's host and process) and renamed to ``<name>`` by the saver once every rank's shards
+and the manifest (size and SHA-256 of every file) are in it, so a run killed during a save
+leaves the previous snapshot as the newest complete one; the next run removes the temporary
+directory once its writer is dead (the rule of the writers' temporary files). The models' and
+optimizers' states go through DCP (resharded on load at another world size); the rest of the
+manager's state (counters, extensions, this rank's RNG and loader states) is one small
+``rank<N>.pt`` per rank. ``torch.distributed.checkpoint`` is imported when a snapshot of this
+mode is used. Never called per step.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import shutil
 import warnings
 from collections.abc import Mapping
@@ -22,15 +25,28 @@ from typing import Any
 
 import torch
 
-from ppe_core.errors import ConfigurationError, SnapshotError, SnapshotVerificationWarning
+from ppe_core.errors import (
+    ConfigurationError,
+    DiskFullError,
+    SnapshotError,
+    SnapshotVerificationWarning,
+)
 from ppe_core.training.extensions._snapshot_manifest import file_digest
-from ppe_core.training.extensions._snapshot_retention import glob_pattern
+from ppe_core.training.extensions._snapshot_retention import (
+    glob_pattern,
+    in_series,
+    series_paths,
+)
+from ppe_core.writing._writer_base import _HOST_TAG, _disk_full_error, _process_is_dead
 
 __all__ = [
     "MANIFEST_NAME",
+    "check_fits",
+    "disk_full",
     "export_snapshot",
     "newest_valid",
     "publish",
+    "read_manifest",
     "remove_leftovers",
     "rest_file",
     "restore_tensor_state",
@@ -41,18 +57,32 @@ __all__ = [
     "verify",
     "verify_world",
     "write_manifest",
+    "writer_tag",
 ]
 
 #: The manifest inside each snapshot directory: every other file's size and SHA-256.
 MANIFEST_NAME = ".ppe_core_manifest.json"
 _FORMAT = "ppe-core-dcp/1"
 _TEMPORARY = ".dcp-tmp"
+#: A temporary directory (or the older snapshot ``publish`` moves aside): who wrote it.
+_TEMPORARY_NAME = re.compile(
+    r"\.(?P<name>.+)\.(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]+)" + re.escape(_TEMPORARY) + r"(?:\.old)?"
+)
+#: The files of the format: DCP's shards and metadata, each rank's rest of the state. Other
+#: files in a snapshot directory (``.DS_Store``, notes) are not the snapshot's and are ignored.
+_PART = re.compile(r"[^/]+\.distcp|\.metadata|rank[0-9]+\.pt")
 
 
-def temporary_dir(path: str) -> str:
-    """Where the snapshot ``path`` is written before it is renamed into place."""
+def writer_tag() -> str:
+    """This process's host tag and pid, as the saver puts them in the temporary name."""
+    return f"{_HOST_TAG}-{os.getpid()}"
+
+
+def temporary_dir(path: str, writer: str) -> str:
+    """Where the snapshot ``path`` is written before it is renamed into place, by the saver
+    of ``writer`` (:func:`writer_tag`; all ranks write into the saver's directory)."""
     head, name = os.path.split(path)
-    return os.path.join(head, f".{name}{_TEMPORARY}")
+    return os.path.join(head, f".{name}.{writer}{_TEMPORARY}")
 
 
 def rest_file(directory: str, rank: int) -> str:
@@ -164,46 +194,88 @@ def write_manifest(directory: str, iteration: int, world_size: int) -> None:
         os.fsync(f.fileno())
 
 
-def verify(directory: str) -> dict[str, Any]:
-    """The manifest of the snapshot ``directory`` once every file it lists matches.
+def _count(value: Any, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _manifest_problem(manifest: Any) -> str | None:
+    """What makes ``manifest`` (parsed JSON) not a manifest of this format, or None."""
+    if not isinstance(manifest, dict):
+        return f"a JSON {type(manifest).__name__}, not an object"
+    if manifest.get("format") != _FORMAT:
+        return f"format {manifest.get('format')!r}, not {_FORMAT!r}"
+    for key, least in (("iteration", 0), ("world_size", 1)):
+        if not _count(manifest.get(key), least):
+            return f"{key} {manifest.get(key)!r} is not an integer >= {least}"
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        return f"files is {type(files).__name__}, not an object"
+    for name, entry in files.items():
+        if not (
+            isinstance(entry, dict)
+            and _count(entry.get("size"), 0)
+            and isinstance(entry.get("sha256"), str)
+        ):
+            return f"the entry of {name!r} is not {{'size': int, 'sha256': str}}: {entry!r}"
+    return None
+
+
+def read_manifest(directory: str) -> dict[str, Any]:
+    """The manifest of the snapshot ``directory``, checked to be of this format.
 
     Raises:
-        SnapshotError: The manifest is missing or unreadable, or a file is missing, of another
-            size or another SHA-256 (a damaged shard), or not listed.
+        SnapshotError: It is missing, not JSON, or of another shape or types.
     """
     try:
         with open(os.path.join(directory, MANIFEST_NAME), encoding="utf-8") as f:
             manifest = json.load(f)
-        files = manifest["files"]
-        if manifest.get("format") != _FORMAT or not isinstance(files, dict):
-            raise ValueError(f"not a {_FORMAT} manifest")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError) as exc:
         raise SnapshotError(f"{directory}: no readable snapshot manifest ({exc})") from exc
-    present = {
-        os.path.relpath(os.path.join(root, name), directory)
-        for root, _, names in os.walk(directory)
-        for name in names
-    } - {MANIFEST_NAME}
-    if present != set(files):
+    problem = _manifest_problem(manifest)
+    if problem is not None:
         raise SnapshotError(
-            f"{directory}: the files differ from the manifest's (missing: "
-            f"{sorted(set(files) - present)}, not listed: {sorted(present - set(files))})"
+            f"{directory}: no readable snapshot manifest ({MANIFEST_NAME}: {problem})"
+        )
+    return dict(manifest)
+
+
+def verify(directory: str) -> dict[str, Any]:
+    """The manifest of the snapshot ``directory`` once every file it lists matches.
+
+    Files that are not of the format (``.DS_Store``, a note) are ignored; a shard or rank
+    file the manifest does not list is an error (it would be read unverified).
+
+    Raises:
+        SnapshotError: The manifest is missing or unreadable, or a file is missing, of another
+            size or another SHA-256 (a damaged shard), or a part of the format not listed.
+    """
+    manifest = read_manifest(directory)
+    files: dict[str, dict[str, Any]] = manifest["files"]
+    present = {
+        name
+        for name in os.listdir(directory)
+        if _PART.fullmatch(name) and os.path.isfile(os.path.join(directory, name))
+    }
+    missing = sorted(name for name in files if not os.path.isfile(os.path.join(directory, name)))
+    unlisted = sorted(present - set(files))
+    if missing or unlisted:
+        raise SnapshotError(
+            f"{directory}: the files differ from the manifest's (missing: {missing}, not "
+            f"listed: {unlisted})"
         )
     for name, expected in files.items():
         size, sha256 = file_digest(os.path.join(directory, name))
-        if (size, sha256) != (expected.get("size"), expected.get("sha256")):
+        if (size, sha256) != (expected["size"], expected["sha256"]):
             raise SnapshotError(
                 f"{directory}: {name} is damaged (size {size}, SHA-256 {sha256[:12]}...; the "
-                f"manifest says size {expected.get('size')}, "
-                f"{str(expected.get('sha256'))[:12]}...)"
+                f"manifest says size {expected['size']}, {expected['sha256'][:12]}...)"
             )
-    return dict(manifest)
+    return manifest
 
 
 def verify_world(directory: str) -> int:
     """The number of processes that wrote the (verified) snapshot ``directory``."""
-    with open(os.path.join(directory, MANIFEST_NAME), encoding="utf-8") as f:
-        return int(json.load(f)["world_size"])
+    return int(read_manifest(directory)["world_size"])
 
 
 def publish(temporary: str, path: str) -> None:
@@ -217,23 +289,28 @@ def publish(temporary: str, path: str) -> None:
         os.rename(temporary, path)
 
 
-def _complete(out_dir: str, template: str) -> list[tuple[int, str]]:
-    """``(iteration, path)`` of the directories of the series with a manifest, newest first."""
+def _complete(out_dir: str, template: str, warn: bool = False) -> list[tuple[int, str]]:
+    """``(iteration, path)`` of the directories of the series with a manifest, newest first;
+    with ``warn``, each other path of the series' names is skipped with a warning."""
     found = []
-    for path in glob.glob(os.path.join(out_dir, glob_pattern(template))):
+    for path in series_paths(out_dir, template):  # whole names only: never a user's copy
         try:
-            with open(os.path.join(path, MANIFEST_NAME), encoding="utf-8") as f:
-                iteration = int(json.load(f)["iteration"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # not a snapshot of this mode (verify reports damaged manifests below)
+            iteration = int(read_manifest(path)["iteration"])
+        except SnapshotError as exc:
+            if warn:
+                warnings.warn(
+                    SnapshotVerificationWarning(f"skipping snapshot {path}: {exc}"), stacklevel=5
+                )
+            continue
         found.append((iteration, path))
     return sorted(found, reverse=True)
 
 
 def newest_valid(out_dir: str, template: str) -> str | None:
-    """The newest snapshot directory of the series that verifies; a damaged one is skipped
-    with a :class:`SnapshotVerificationWarning` (resume falls back to the one before)."""
-    for _, path in _complete(out_dir, template):
+    """The newest snapshot directory of the series that verifies; a damaged one (a file or
+    its manifest) is skipped with a :class:`SnapshotVerificationWarning` naming it (resume
+    falls back to the one before)."""
+    for _, path in _complete(out_dir, template, warn=True):
         try:
             verify(path)
         except SnapshotError as exc:
@@ -252,10 +329,98 @@ def retain(out_dir: str, template: str, n_retains: int) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def remove_leftovers(out_dir: str, template: str) -> None:
-    """Removes the temporary directories of saves a killed run left unfinished."""
-    for path in glob.glob(temporary_dir(os.path.join(out_dir, glob_pattern(template)))):
-        shutil.rmtree(path, ignore_errors=True)
+def remove_leftovers(out_dir: str, template: str) -> list[str]:
+    """Removes the temporary directories of saves a killed run left unfinished, when their
+    saver's process is dead on this host (a live run's, another host's stay), as the writers
+    remove their temporary files. POSIX only, as they do.
+
+    Returns:
+        The removed paths.
+    """
+    if os.name != "posix":
+        return []
+    removed = []
+    pattern = temporary_dir(os.path.join(glob.escape(out_dir), glob_pattern(template)), "*")
+    for path in glob.glob(pattern) + glob.glob(f"{pattern}.old"):
+        match = _TEMPORARY_NAME.fullmatch(os.path.basename(path))
+        if (
+            match  # of this series only (another series' run removes its own)
+            and in_series(template, out_dir, os.path.join(os.path.dirname(path), match["name"]))
+            and match["host"] == _HOST_TAG
+            and _process_is_dead(int(match["pid"]))
+        ):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def disk_full(exc: BaseException, path: str) -> DiskFullError | None:
+    """A :class:`DiskFullError` naming the snapshot directory ``path`` if ``exc`` (DCP's
+    ``CheckpointException`` around each rank's failure, or a failure of its own) was caused
+    by a full file system. Call it before the partial files are removed."""
+    failures = getattr(exc, "failures", None)
+    causes = [exc] + (
+        [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+        if isinstance(failures, Mapping)
+        else []
+    )
+    for cause in causes:
+        if isinstance(cause, BaseException):
+            full = _disk_full_error(cause, path)
+            if full is not None:
+                return full
+    return None
+
+
+def _listed(names: list[str], most: int = 5) -> str:
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
+
+
+def check_fits(directory: str, state: Mapping[str, Any]) -> None:
+    """Refuses to load the DCP snapshot ``directory`` into ``state`` (:func:`tensor_state`)
+    when its models' tensors are not those of the models: other keys or shapes (another
+    architecture), which DCP would report as a ``CheckpointException`` of its plan, or load
+    in part.
+
+    Raises:
+        SnapshotError: Naming the snapshot and, per model, the keys that do not fit.
+    """
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    saved = FileSystemReader(directory).read_metadata().state_dict_metadata
+    problems = []
+    for name, model in state["models"].items():
+        prefix = f"models.{name}."
+        ours = {k: list(v.shape) for k, v in model.items() if isinstance(v, torch.Tensor)}
+        theirs = {
+            key[len(prefix) :]: list(meta.size)
+            for key, meta in saved.items()
+            if key.startswith(prefix) and isinstance(meta, TensorStorageMetadata)
+        }
+        if not theirs:
+            problems.append(f"models[{name!r}] is not in it")
+            continue
+        missing = sorted(set(ours) - set(theirs))
+        extra = sorted(set(theirs) - set(ours))
+        shapes = [
+            f"{k} (saved {theirs[k]}, this run {ours[k]})"
+            for k in sorted(set(ours) & set(theirs))
+            if ours[k] != theirs[k]
+        ]
+        found = [
+            f"other shapes: {_listed(shapes)}" if shapes else "",
+            f"missing from the snapshot: {_listed(missing)}" if missing else "",
+            f"not in this run's model: {_listed(extra)}" if extra else "",
+        ]
+        if shapes or missing or extra:
+            problems.append(f"models[{name!r}]: " + "; ".join(p for p in found if p))
+    if problems:
+        raise SnapshotError(
+            f"the DCP snapshot {directory} holds other models than this run's (another "
+            f"architecture?): {'. '.join(problems)}"
+        )
 
 
 def _full_state(directory: str) -> dict[str, Any]:
@@ -299,9 +464,14 @@ def export_snapshot(
 
     Raises:
         SnapshotError: The snapshot does not verify (no manifest: unfinished or not a DCP
-            snapshot; a file damaged, missing or not listed), or ``model`` is not in it.
+            snapshot; a file damaged, missing or not listed), ``model`` is not in it, or
+            ``output`` cannot be written (its directory is missing or not writable, or it is
+            inside the snapshot directory); checked before the snapshot is read.
+        DiskFullError: The file system of ``output`` is full.
     """
     directory = os.fspath(directory)
+    output = os.fspath(output)
+    _check_output(directory, output)
     try:
         verify(directory)
     except SnapshotError as exc:
@@ -321,12 +491,44 @@ def export_snapshot(
     if name not in models:
         raise SnapshotError(f"{directory} holds no model {name!r}; it holds {sorted(models)}")
     weights = dict(models[name])
-    output = os.fspath(output)
     temporary = f"{output}.tmp{os.getpid()}"
     try:
         torch.save(weights, temporary)
         os.replace(temporary, output)
+    except (OSError, RuntimeError) as exc:  # torch.save reports a failed write as RuntimeError
+        full = _disk_full_error(exc, output)
+        if full is not None:
+            raise full from exc
+        raise SnapshotError(f"cannot write {output}: {exc}") from exc
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)
     return weights
+
+
+def _check_output(directory: str, output: str) -> None:
+    """Refuses, before the snapshot is read, an ``output`` that cannot or must not be written."""
+    parent = os.path.dirname(os.path.abspath(output))
+    snapshot = os.path.realpath(directory)
+    if os.path.commonpath([os.path.realpath(output), snapshot]) == snapshot:
+        raise SnapshotError(
+            f"refusing to write {output} inside the snapshot directory {directory}: the "
+            "snapshot is verified file by file, and a file written there would damage it or "
+            "be taken for a part of it. Write the export elsewhere (e.g. beside the snapshot)"
+        )
+    if os.path.isdir(output):
+        raise SnapshotError(
+            f"cannot write {output}: it is a directory; name the file to write, e.g. "
+            f"{os.path.join(output, 'model.pt')}"
+        )
+    if not os.path.isdir(parent):
+        what = "is not a directory" if os.path.exists(parent) else "does not exist"
+        raise SnapshotError(
+            f"cannot write {output}: its directory {parent} {what}; create the directory "
+            "first, or name a file in an existing one"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise SnapshotError(
+            f"cannot write {output}: no permission to create files in {parent}; name a file "
+            "in a directory you can write to"
+        )

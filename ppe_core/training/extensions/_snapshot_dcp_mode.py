@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 import warnings
 from collections.abc import Mapping
@@ -17,10 +18,17 @@ import torch
 import torch.distributed as dist
 
 from ppe_core.distributed import group_world
-from ppe_core.errors import ConfigurationError, WorldSizeMismatchWarning
+from ppe_core.errors import (
+    ConfigurationError,
+    DiskFullError,
+    SnapshotError,
+    WorldSizeMismatchWarning,
+)
 from ppe_core.reporting import report
 from ppe_core.training._ranks import object_device
 from ppe_core.training.extensions._snapshot_dcp import (
+    check_fits,
+    disk_full,
     newest_valid,
     publish,
     remove_leftovers,
@@ -33,6 +41,7 @@ from ppe_core.training.extensions._snapshot_dcp import (
     tensor_state,
     verify_world,
     write_manifest,
+    writer_tag,
 )
 from ppe_core.training.extensions._snapshot_manifest import load_snapshot
 from ppe_core.training.extensions._snapshot_modes import (
@@ -113,17 +122,19 @@ class _DCPSnapshot(_EveryRankSnapshot):
         self._group: Any = None
         self._staging: Future[Any] | None = None
         self._step_hooks: list[Any] = []
+        # The saver's writer_tag(), naming the temporary directories (sent once, at the first
+        # save: every rank writes into the saver's).
+        self._saver_tag: str | None = None
 
     def _check_ranks_agree(self, path: str | None, out_dir: str) -> None:
         pass  # the saver chose for every rank (_newest_valid)
 
     def _newest_valid(self, out_dir: str) -> tuple[str | None, Any]:
-        """The saver's choice, sent to every rank: it removes the directories of unfinished
-        saves and verifies the newest snapshots (skipping damaged ones with a warning)."""
+        """The saver's choice, sent to every rank: it verifies the newest snapshots (skipping
+        damaged ones with a warning)."""
         template = str(self.filename)
         chosen: list[str | None] = [None]
         if group_world()[1] == self._saver():
-            remove_leftovers(out_dir, template)
             chosen = [newest_valid(out_dir, template)]
         if self._collective:
             with object_device(self._device):
@@ -143,8 +154,12 @@ class _DCPSnapshot(_EveryRankSnapshot):
         )
 
     def _setup(self, manager: Any) -> None:
+        """Also, on the saver, removes the temporary directories of saves whose saver died
+        (with autoload or not, as the writers remove their temporary files at start)."""
         super()._setup(manager)
         tensor_owners(*self._objects(manager))  # each optimizer's model: refused before training
+        if group_world()[1] == self._saver():
+            remove_leftovers(self._out_dir(manager), str(self.filename))
 
     def __call__(self, manager: Any) -> None:
         condition = self.condition
@@ -159,12 +174,21 @@ class _DCPSnapshot(_EveryRankSnapshot):
         self._save(manager, final=bool(getattr(manager, "stop_trigger", False)))
 
     def _restore(self, state: Any, manager: Any) -> None:
+        from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict_loader import load
 
         path = str(state)
         models, optimizers = self._objects(manager)
         tensors = tensor_state(models, optimizers)
-        load(tensors, checkpoint_id=path)  # resharded to this run's shards
+        check_fits(path, tensors)  # another architecture: named, before DCP's own error
+        try:
+            load(tensors, checkpoint_id=path)  # resharded to this run's shards
+        except CheckpointException as exc:  # a BaseException: named and made an Exception
+            causes = "; ".join(f"rank {r}: {f[0]}" for r, f in sorted(exc.failures.items()))
+            raise SnapshotError(
+                f"the DCP snapshot {path} does not load into this run's models and "
+                f"optimizers: {causes}"
+            ) from exc
         restore_tensor_state(models, optimizers, tensors)
         if self._target is not None:
             return  # the target's tensors are the whole snapshot
@@ -207,12 +231,19 @@ class _DCPSnapshot(_EveryRankSnapshot):
         started = time.perf_counter()
         world, rank = group_world()
         path = os.path.join(self._out_dir(manager), self._filename(manager))
-        temporary = temporary_dir(path)
+        temporary = temporary_dir(path, self._writer_tag())
+        saver = rank == self._saver()
         os.makedirs(temporary, exist_ok=True)
         if self._target is None:
             rest = self._state(manager)
             del rest["models"], rest["optimizers"]
-            torch.save(rest, rest_file(temporary, rank))
+            try:
+                torch.save(rest, rest_file(temporary, rank))
+            except Exception as exc:
+                error = self._failed(exc, path, temporary if saver else None)
+                if error is exc:
+                    raise
+                raise error from exc
         tensors = stage_storageless(tensor_state(*self._objects(manager)))
         if self._stager is None:
             accelerated = torch.accelerator.is_available()
@@ -245,27 +276,57 @@ class _DCPSnapshot(_EveryRankSnapshot):
         self.blocked_times.append((iteration, blocked))
         report({f"{self.name}/blocked_time": blocked})
         upload: Future[Any] = response.upload_completion
-        if rank == self._saver():
-            done: Future[None] = Future()
+        done: Future[None] = Future()
 
-            def finish(_: Future[Any]) -> None:  # in DCP's writing thread
-                try:
-                    upload.result()
+        def finish(_: Future[Any]) -> None:  # in DCP's writing thread
+            try:
+                upload.result()
+                if saver:
                     write_manifest(temporary, iteration, world)
                     publish(temporary, path)
                     retain(os.path.dirname(path), str(self.filename), self.n_retains)
-                except BaseException as exc:
-                    done.set_exception(exc)
-                else:
-                    done.set_result(None)
+            except BaseException as exc:
+                # DCP gathers every rank's outcome first: no rank writes into it any more.
+                done.set_exception(self._failed(exc, path, temporary if saver else None))
+            else:
+                done.set_result(None)
 
-            upload.add_done_callback(finish)
-            self._in_flight = done
-        else:
-            self._in_flight = upload
+        upload.add_done_callback(finish)
+        self._in_flight = done
         if final:
             self._wait_staged()
             self._wait_in_flight()
+
+    def _writer_tag(self) -> str:
+        """The saver's :func:`writer_tag`, sent to every rank at the first save."""
+        if self._saver_tag is None:
+            tag = [writer_tag()]
+            if self._collective:
+                with object_device(self._device):
+                    dist.broadcast_object_list(tag, src=self._saver())
+            self._saver_tag = str(tag[0])
+        return self._saver_tag
+
+    @staticmethod
+    def _failed(exc: BaseException, path: str, temporary: str | None) -> BaseException:
+        """What a failed save of the snapshot ``path`` raises: a :class:`DiskFullError`
+        naming it when the disk is full, ``exc`` otherwise; the saver (given ``temporary``)
+        removes the unfinished directory (after the diagnosis, which needs its files)."""
+        full = disk_full(exc, path)
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+        if full is None:
+            return exc
+        full.__cause__ = exc
+        return full
+
+    def _wait_in_flight(self, raise_error: bool = True) -> None:
+        # A full disk is raised as itself: it names the snapshot and the fix already.
+        error = None if self._in_flight is None else self._in_flight.exception()
+        if raise_error and isinstance(error, DiskFullError):
+            self._in_flight = None
+            raise error
+        super()._wait_in_flight(raise_error)
 
     def _step_pre_hook(self, *_: Any) -> None:
         # The hooks stay registered until the next save or the end: removing one while the

@@ -390,6 +390,25 @@ def load_snapshot(path: str, *, verify: bool = True) -> Any:
         ) from exc
 
 
+def loads_as_state(path: str) -> Any:
+    """The state in ``path`` if it loads safely as a snapshot state (a mapping), else None.
+
+    For judging a file without a manifest (PPE's, or one whose manifest a kill prevented)
+    cheaply: memory-mapped, so a large file costs no copy; a torch file of the old format
+    (which cannot be mapped) is read whole. Never raises for the file's contents.
+    """
+    try:
+        with _load_scope(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # not a zip archive (or not a torch file): the careful path decides
+        try:
+            state = load_snapshot(path, verify=False)
+        except Exception:
+            return None
+    return state if isinstance(state, dict) else None
+
+
 #: Leaf types torch's safe loader rebuilds by default.
 _PLAIN_TYPES: frozenset[type] = frozenset(
     {type(None), bool, int, float, complex, str, bytes, bytearray, torch.Tensor}

@@ -1,19 +1,23 @@
 """The files of a snapshot series: finding them, choosing the one to resume from, retiring old ones.
 
-A series is the files one snapshot extension writes into an output directory (named by its
-filename template). Autoload takes the newest valid one; ``n_retains`` deletes all but the newest
-complete ones, never an incomplete file nor one ppe-core did not write. What makes a file
-trustworthy (no link out of the directory, its manifest, ppe-core's own files without one) is
+A series is the files one snapshot extension writes into an output directory: those whose
+whole name matches its filename template (:func:`series_pattern`, also used for DCP's
+directories), so that another extension's series and a user's copies are never touched.
+Autoload takes the newest valid one; ``n_retains`` deletes all but the newest complete ones,
+never an incomplete file nor one that does not load as a snapshot. What makes a file
+trustworthy (no link out of the directory, its manifest, files without one that load) is
 ``_snapshot_candidates``'.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import logging
 import os
 import re
+import string
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -28,7 +32,15 @@ from ppe_core.training.extensions._snapshot_manifest import (
     manifest_path,
 )
 
-__all__ = ["SnapshotSeries"]
+__all__ = [
+    "SnapshotSeries",
+    "glob_pattern",
+    "in_series",
+    "is_series_name",
+    "name_iteration",
+    "series_paths",
+    "series_pattern",
+]
 
 _log = logging.getLogger("ppe_core.snapshot")
 
@@ -36,29 +48,86 @@ _log = logging.getLogger("ppe_core.snapshot")
 Filename = str | Callable[[Any], str]
 
 
-def _name_iteration(template: str) -> Callable[[str], int | None]:
-    """Reads the iteration from a file name (relative to the output directory) made from the
-    ``template``, e.g. 30 from ``snapshot_iter_30``; None if the name does not tell."""
-    parts = re.split(r"(\{[^{}]*\})", template)
-    regex, found = "", False
-    for i, part in enumerate(parts):
-        if i % 2 == 0:
-            regex += re.escape(part.replace("{{", "{").replace("}}", "}"))
-        elif not found and re.fullmatch(r"\{\.iteration(?:![rsa])?(?::[^{}]*)?\}", part):
-            regex, found = regex + r"(?P<iteration>\d+)", True
+#: Manager fields whose value is a count: in a name they are a run of digits.
+_ITERATION_FIELDS = frozenset({".iteration", "0.iteration", ".updater.iteration"})
+_EPOCH_FIELDS = frozenset({".epoch", "0.epoch", ".updater.epoch"})
+
+
+def _field(name: str) -> str:
+    """``'0.updater.iteration'`` -> ``'.updater.iteration'`` (``{0...}`` is the manager too)."""
+    return name[1:] if name.startswith("0.") else name
+
+
+@functools.lru_cache(maxsize=64)
+def series_pattern(template: str) -> re.Pattern[str]:
+    """The names (relative to the output directory, ``/``-separated) of the series of the
+    filename ``template``: the whole name must match it.
+
+    ``{.iteration}`` and ``{.epoch}`` (also as ``{0.iteration}`` or ``{.updater.iteration}``,
+    with any conversion or format spec) match a run of digits, captured as the ``iteration``
+    and ``epoch`` groups (their first occurrence); any other field matches characters other
+    than ``/``. So ``snapshot_iter_{.iteration}`` matches ``snapshot_iter_30`` but neither
+    ``snapshot_iter_30_model.pt`` (another extension's series) nor ``snapshot_iter_30_good``
+    (a user's copy). Stricter than PPE's prefix-and-suffix match, on purpose: retention and
+    autoload must never touch what another series or a user put beside the snapshots.
+    """
+    regex, groups = "", set()
+    for literal, field, _, _ in string.Formatter().parse(template):
+        regex += re.escape(literal)
+        if field is None:
+            continue
+        name = _field(field)
+        group = (
+            "iteration" if name in _ITERATION_FIELDS else "epoch" if name in _EPOCH_FIELDS else None
+        )
+        if group is None:
+            regex += "[^/]*"
+        elif group in groups:
+            regex += r"\d+"
         else:
-            regex += ".*?"
-    pattern = re.compile(regex)
+            regex += rf"(?P<{group}>\d+)"
+            groups.add(group)
+    return re.compile(regex)
 
-    def iteration(name: str) -> int | None:
-        match = pattern.fullmatch(name) if found else None
-        return None if match is None else int(match["iteration"])
 
-    return iteration
+def is_series_name(template: str, name: str) -> bool:
+    """Whether ``name`` (relative to the output directory) is a member of the ``template``'s
+    series (see :func:`series_pattern`); manifests and hidden (temporary) names never are."""
+    name = name.replace(os.sep, "/")
+    return (
+        series_pattern(template).fullmatch(name) is not None
+        and not name.endswith(MANIFEST_SUFFIX)
+        and not name.rpartition("/")[2].startswith(".")
+    )
+
+
+def in_series(template: str, out_dir: str, path: str) -> bool:
+    """Whether ``path`` under ``out_dir`` is a member of the ``template``'s series."""
+    return is_series_name(template, os.path.relpath(path, out_dir))
+
+
+def series_paths(out_dir: str, template: str) -> list[str]:
+    """The paths in ``out_dir`` (files or directories) of the ``template``'s series."""
+    candidates = glob.glob(os.path.join(glob.escape(out_dir), glob_pattern(template)))
+    return sorted(path for path in candidates if in_series(template, out_dir, path))
+
+
+def name_iteration(template: str, name: str) -> int | None:
+    """The iteration a series' file name (relative to the output directory) tells, e.g. 30
+    from ``snapshot_iter_30``; None if the template has no ``{.iteration}`` field."""
+    match = series_pattern(template).fullmatch(name.replace(os.sep, "/"))
+    if match is None or "iteration" not in match.groupdict():
+        return None
+    return int(match["iteration"])
+
+
+def _named_iteration(filename: Filename, name: str) -> int | None:
+    return name_iteration(filename, name) if isinstance(filename, str) else None
 
 
 def glob_pattern(filename: str) -> str:
-    """``"snapshot_iter_{.iteration}"`` -> ``"snapshot_iter_*"`` for finding old snapshots."""
+    """``"snapshot_iter_{.iteration}"`` -> ``"snapshot_iter_*"``: a superset of the series'
+    names (filter them with :func:`in_series`)."""
     return re.sub(r"\{[^{}]*\}", "*", glob.escape(filename).replace("[{]", "{").replace("[}]", "}"))
 
 
@@ -92,16 +161,12 @@ class SnapshotSeries:
         self._orphans = Orphans()
 
     def files(self, filename: Filename, out_dir: str) -> list[str]:
-        """Files in ``out_dir`` matching the filename template (not manifests or temp files)."""
+        """The series' files in ``out_dir``: those whose whole name (relative to ``out_dir``)
+        matches the filename template (see :func:`series_pattern`); with a callable filename,
+        the files this run wrote."""
         if not isinstance(filename, str):
             return [path for path in self._written if os.path.exists(path)]
-        return [
-            path
-            for path in glob.glob(os.path.join(out_dir, glob_pattern(filename)))
-            if not path.endswith(MANIFEST_SUFFIX)
-            and not os.path.basename(path).startswith(".")
-            and os.path.isfile(path)
-        ]
+        return [path for path in series_paths(out_dir, filename) if os.path.isfile(path)]
 
     def newest_valid(self, filename: Filename, out_dir: str) -> tuple[str | None, Any]:
         """The newest snapshot (by iteration) that verifies, or, without a manifest, that loads.
@@ -114,9 +179,9 @@ class SnapshotSeries:
         falling back to the next newest. A file that only arbitrary unpickling could load
         raises :class:`UnsafeSnapshotError`.
         """
-        name_iteration = _name_iteration(filename) if isinstance(filename, str) else lambda _: None
         candidates = [
-            Candidate(path, out_dir, name_iteration) for path in self.files(filename, out_dir)
+            Candidate(path, out_dir, functools.partial(_named_iteration, filename))
+            for path in self.files(filename, out_dir)
         ]
         _read_state_iterations(candidates)
         candidates.sort(
@@ -149,10 +214,12 @@ class SnapshotSeries:
         ``n_retains`` there.
 
         Deletes all but the newest ``n_retains`` complete snapshots (N > 0; otherwise all are
-        kept), never ``path`` nor an incomplete one. Complete snapshots are those with a
-        complete manifest, and ppe-core's own data files whose manifest a kill prevented (see
-        :class:`Orphans`). Other files stay: those with a manifest they do not match (a
-        background save may still be writing them) and those ppe-core did not write (PPE's).
+        kept), never ``path`` nor an incomplete one, ordered by iteration (the manifest's, else
+        the name's, else the state's). Complete snapshots are those with a complete manifest,
+        and files without any manifest that load as a snapshot state (PPE's, and ppe-core's
+        whose manifest a kill prevented; see :class:`Orphans`). Other files stay: those with
+        a manifest they do not match (a background save may still be writing them) and those
+        that do not load. Only the series' files are considered (see :meth:`files`).
         """
         if path in self._written:
             self._written.remove(path)
@@ -164,7 +231,8 @@ class SnapshotSeries:
             try:
                 manifest = complete_manifest(found)
             except SnapshotError:
-                orphan = self._orphans.find(found)
+                relative = os.path.relpath(found, out_dir)
+                orphan = self._orphans.find(found, _named_iteration(filename, relative))
                 if orphan is not None:
                     complete.append(orphan)
                 continue
