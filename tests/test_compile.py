@@ -98,7 +98,8 @@ def test_other_options_beside_an_equal_compile_still_make_the_trainers_runtime()
         model,
         torch.optim.SGD(model.parameters(), lr=0.1),
         1,
-        runtime_options={"compile": {"backend": backend}, "channels_last": True},
+        # A process-wide switch, set to what it is: an option the trainer's runtime applies.
+        runtime_options={"compile": {"backend": backend}, "num_threads": torch.get_num_threads()},
     )
     assert trainer.handler.entry_runtime is not ppe.runtime.get_runtime(model)
     trainer.run(batches(2))

@@ -63,11 +63,12 @@ def test_ppe_to_again_on_the_same_device_keeps_the_runtime() -> None:
 
 
 def test_runtime_options_that_differ_from_the_models_make_the_trainers_own_runtime() -> None:
-    model = ppe.to(ConvNet(), "cpu")
+    model = ppe.to(ConvNet(), "cpu", options={"channels_last": True})
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    trainer = ppe.engine.create_trainer(
-        model, optimizer, 1, runtime_options={"channels_last": True}
-    )
+    # channels_last acts on the model too, so it must equal the model's (else it is refused);
+    # num_threads (set to what it is) makes the options differ.
+    options = {"channels_last": True, "num_threads": torch.get_num_threads()}
+    trainer = ppe.engine.create_trainer(model, optimizer, 1, runtime_options=options)
     assert trainer.handler.entry_runtime is not ppe.runtime.get_runtime(model)
     trainer.run(images(1))
     assert model.seen == [True]  # the trainer's runtime converts the batches

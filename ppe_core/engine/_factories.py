@@ -13,6 +13,7 @@ import torch
 from ppe_core._resolve import resolve_runtime
 from ppe_core.errors import ArgumentTypeError, ConfigurationError, RuntimeOptionError
 from ppe_core.handler import BaseLogic, Handler, Logic
+from ppe_core.handler._diagnostics import pop_async_option
 from ppe_core.runtime import BaseRuntime, DeviceLike, iter_runtime_modules
 from ppe_core.training._manager import (
     default_transform_model,
@@ -206,40 +207,87 @@ def _collect_state_objects(
 def _refuse_ignored_move_options(
     runtime: BaseRuntime, runtime_options: Mapping[str, Any], models: Mapping[str, torch.nn.Module]
 ) -> None:
-    """Refuses ``runtime_options`` that act only when a model is moved (``compile``: an
-    ``OptionSpec`` with ``on_move``) when the models were already moved with other values:
-    the trainer's own runtime never moves them, so the option would be ignored."""
-    spec = getattr(type(runtime), "option_spec", None)
-    specs = getattr(spec, "specs", {})
-    # Absent or None means the default, on either side.
-    on_move = {
-        k: specs[k].default if v is None else v
-        for k, v in runtime_options.items()
-        if getattr(specs.get(k), "on_move", False)
-    }
-    if not on_move:
+    """Refuses ``runtime_options`` that act on the module a runtime moves (``autocast``,
+    ``channels_last``, ``compile``, ``report_memory``: an ``OptionSpec`` with ``on_move``)
+    when the models were moved with other values: the trainer's own runtime never moves them,
+    so the option would be ignored (or, for ``channels_last``, half applied)."""
+    values = getattr(runtime, "module_option_values", None)
+    if not callable(values):
+        return  # a runtime without declared options (PPE's kind) acts on no module option
+    wanted = {k: v for k, v in values().items() if runtime_options.get(k) is not None}
+    if not wanted:
         return
     for name, model in models.items():
         for _, _, moved_with in iter_runtime_modules(model):
             if moved_with is runtime:
                 continue
-            given = getattr(moved_with, "options", None) or {}
-            ignored = [
-                k
-                for k, v in on_move.items()
-                if (specs[k].default if given.get(k) is None else given[k]) != v
-            ]
+            theirs = _module_option_values(moved_with, runtime)
+            ignored = [k for k, v in wanted.items() if theirs.get(k) != v]
             if ignored:
-                wanted = {k: runtime_options[k] for k in ignored}
-                raise RuntimeOptionError(
-                    f"runtime option(s) {', '.join(map(repr, ignored))} act only when a model is "
-                    f"moved, and model {name!r} was already moved with ppe.to(model, "
-                    f"{str(moved_with.device_spec)!r}, options={dict(given)!r}), so they would "
-                    "be ignored. Give them where the model is moved: ppe.to(model, "
-                    f"{str(runtime.device_spec)!r}, options={{..., {_items(wanted)}}}); the "
-                    "trainer and evaluator then use that runtime (leave runtime_options out, or "
-                    "pass the same dict)."
+                given = {k: runtime_options[k] for k in ignored}
+                also = (
+                    f" For autocast in this trainer only, the Logic's option works too: "
+                    f"options={{'autocast': {runtime_options['autocast']!r}}}."
+                    if "autocast" in ignored
+                    else ""
                 )
+                raise RuntimeOptionError(
+                    f"runtime option(s) {', '.join(map(repr, ignored))} act only when a model "
+                    f"is moved (on the model itself), and model {name!r} was already moved with "
+                    f"ppe.to(model, {str(moved_with.device_spec)!r}, options="
+                    f"{dict(getattr(moved_with, 'options', None) or {})!r}), so they would be "
+                    "ignored. Give them where the model is moved: ppe.to(model, "
+                    f"{str(runtime.device_spec)!r}, options={{..., {_items(given)}}}); the "
+                    "trainer and evaluator then use that runtime (leave runtime_options out, or "
+                    f"pass the same dict).{also}"
+                )
+
+
+def _module_option_values(moved_with: BaseRuntime, like: BaseRuntime) -> dict[str, Any]:
+    """``moved_with``'s module options in effect: its own account when it gives one, else
+    read from its options (absent: the default in ``like``'s spec)."""
+    values = getattr(moved_with, "module_option_values", None)
+    if callable(values):
+        return dict(values())
+    given = getattr(moved_with, "options", None) or {}
+    specs = getattr(getattr(type(like), "option_spec", None), "specs", {})
+    return {
+        k: (spec.default if given.get(k) is None else given[k])
+        for k, spec in specs.items()
+        if spec.on_move
+    }
+
+
+def _refuse_ignored_scaler(
+    runtime: BaseRuntime,
+    runtime_options: Mapping[str, Any],
+    models: Mapping[str, torch.nn.Module],
+    logic: BaseLogic,
+) -> None:
+    """Refuses a ``grad_scaler`` in ``runtime_options`` that no step would use: the model's
+    runtime has another scaler (which the Logic adopts first), or the Logic takes no scaler
+    from a runtime (code blocks run on the model's runtime, with its scaler)."""
+    scaler = runtime_options.get("grad_scaler")
+    if scaler is None:
+        return
+    adopts = type(logic).offer_grad_scaler is not BaseLogic.offer_grad_scaler
+    for name, model in models.items():
+        for _, _, moved_with in iter_runtime_modules(model):
+            theirs = (getattr(moved_with, "options", None) or {}).get("grad_scaler")
+            if moved_with is runtime or theirs is scaler or (theirs is None and adopts):
+                continue
+            why = (
+                "that runtime has its own grad_scaler, which the Logic uses"
+                if theirs is not None
+                else f"{type(logic).__name__} runs steps with the model's runtime's scaler"
+            )
+            raise RuntimeOptionError(
+                f"runtime option 'grad_scaler' would be ignored: model {name!r} was moved with "
+                f"ppe.to(model, {str(moved_with.device_spec)!r}, ...) and {why}. Give it "
+                f"where the model is moved: ppe.to(model, {str(runtime.device_spec)!r}, "
+                "options={..., 'grad_scaler': scaler})"
+                + (", or as the Logic's option options={'grad_scaler': scaler}." if adopts else ".")
+            )
 
 
 def _items(options: Mapping[str, Any]) -> str:
@@ -253,6 +301,7 @@ def _build_handler(
     remaining: dict[str, Any],
     runtime_options: Mapping[str, Any],
     models: Mapping[str, torch.nn.Module],
+    training: bool,
 ) -> Handler:
     _check_handler_class(handler_class)
     # The runtime the models were moved with, when it serves the device: one per model and
@@ -260,9 +309,12 @@ def _build_handler(
     runtime = resolve_runtime(device, runtime_options, modules=models.values())
     _refuse_ignored_move_options(runtime, runtime_options, models)
     resolved = _resolve_logic(logic)
+    if training:  # evaluators ignore grad_scaler: no backward pass
+        _refuse_ignored_scaler(runtime, runtime_options, models, resolved)
+    # PPE accepts "async" and ignores it (its asynchronous mode was removed): warned about
+    # here, at the create_trainer / create_evaluator call, before any handler sees it.
+    pop_async_option(remaining, stacklevel=3)
     handler = (handler_class or Handler)(resolved, runtime, remaining)
-    # PPE's Handler accepts and ignores "async" (its asynchronous mode was removed).
-    remaining.pop("async", None)
     resolved.consume_options(remaining)  # the handler took its options first
     if remaining:
         raise ConfigurationError(
@@ -314,7 +366,7 @@ def create_trainer(
         handler_class: A :class:`~ppe_core.handler.Handler` subclass.
         options: Options for the handler, then the logic; leftovers raise. PPE's
             ``options['runtime']`` is taken as ``runtime_options`` when those are not given,
-            and ``options['async']`` is accepted and ignored. Objects with state in them
+            and ``options['async']=True`` warns that it has no effect. Objects with state in them
             (a GradScaler, ...) are saved in the trainer's ``state_dict`` under
             ``'state_objects'``, with PPE's key names.
         runtime_options: Options for the device runtime. Without them the runtime the model
@@ -347,7 +399,9 @@ def create_trainer(
         transform_model = identity_transform_model
     remaining, runtime_dict = _split_runtime_options(options, runtime_options)
     state_objects = _collect_state_objects(remaining, runtime_dict)
-    handler = _build_handler(logic, device, handler_class, remaining, runtime_dict, model_dict)
+    handler = _build_handler(
+        logic, device, handler_class, remaining, runtime_dict, model_dict, True
+    )
     if state_objects:
         kwargs["state_objects"] = state_objects
     return Trainer(
@@ -400,7 +454,9 @@ def create_evaluator(
     _check_profile(profile)
     model_dict = named_models(models)
     remaining, runtime_dict = _split_runtime_options(options, runtime_options)
-    handler = _build_handler(logic, device, handler_class, remaining, runtime_dict, model_dict)
+    handler = _build_handler(
+        logic, device, handler_class, remaining, runtime_dict, model_dict, False
+    )
     evaluator_class = DistributedEvaluator if distributed else Evaluator
     return evaluator_class(
         handler,

@@ -101,6 +101,18 @@ class DeviceRuntime(PyTorchRuntime):
             )
             self._plain_move = False  # convert_batch calls it for every tensor
 
+    def module_option_values(self) -> dict[str, Any]:
+        """The values in effect of the options that act on the modules this runtime moves
+        (``OptionSpec.on_move``): ``autocast`` as ``torch.autocast`` arguments, ``compile`` as
+        ``torch.compile`` arguments, so equal requests (``True`` and ``torch.bfloat16``)
+        compare equal. ``create_trainer`` compares them with the model's runtime's."""
+        resolved, normalised = self.resolved_options, vars(self)
+        return {
+            spec.name: normalised.get(spec.name, resolved[spec.name])
+            for spec in self.option_spec
+            if spec.on_move
+        }
+
     @property
     def grad_scaler(self) -> torch.amp.GradScaler | None:
         """The scaler code blocks use and the Handler offers to the Logic (whose state is

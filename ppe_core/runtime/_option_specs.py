@@ -31,9 +31,11 @@ class OptionSpec:
         doc: One line for error messages and the docs' option tables.
         example: A valid value written as Python, shown in error messages.
         check: ``fn(value) -> problem or None`` for checks beyond the type (ranges, choices).
-        on_move: The option acts only when a module is moved (``ppe.to``), as ``compile``
-            does. ``create_trainer``/``create_evaluator`` refuse it in ``runtime_options`` that
-            differ from those the model was moved with, where it would otherwise be ignored.
+        on_move: The option acts on the module the runtime moves (``ppe.to``): its forward
+            (``autocast``), weights (``channels_last``), compilation (``compile``) or hooks
+            installed on it (``report_memory``). ``create_trainer``/``create_evaluator``
+            refuse it in ``runtime_options`` whose value differs from that of the runtime the
+            model was moved with: their runtime never moves the model, so it would be ignored.
     """
 
     name: str

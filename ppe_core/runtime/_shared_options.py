@@ -43,6 +43,7 @@ def shared_option_specs(
             f"Run the model's forward under `torch.autocast('{device_type}')`: `True` is "
             f"{dtype}, or a dtype, or a dict of `torch.autocast` arguments.",
             "torch.bfloat16",
+            on_move=True,
         ),
         OptionSpec(
             "grad_scaler",
@@ -56,6 +57,7 @@ def shared_option_specs(
             (bool,),
             False,
             "Module and 4-D batch tensors in channels-last memory format (faster CNNs).",
+            on_move=True,
         ),
         OptionSpec(
             "compile",

@@ -17,6 +17,7 @@ from typing import Any, TypeVar, cast
 import torch
 
 from ppe_core.errors import ArgumentTypeError, ConfigurationError
+from ppe_core.runtime._option_specs import RuntimeOptions
 from ppe_core.runtime._registry import RuntimeRegistry, active_registry
 from ppe_core.runtime._runtime import BaseRuntime, DeviceLike, iter_runtime_modules, tag_module
 from ppe_core.runtime._runtime_checks import check_runtime_class
@@ -78,10 +79,24 @@ def _tagged_runtime(
             if (
                 str(runtime.device_spec) == str(device)
                 and (runtime_class is None or type(runtime) is runtime_class)
-                and (not options or dict(options) == getattr(runtime, "options", None))
+                and (not options or _has_options(runtime, options))
             ):
                 return runtime
     return None
+
+
+def _has_options(runtime: BaseRuntime, options: Mapping[str, Any]) -> bool:
+    """Whether ``runtime`` was made with ``options``: for a runtime that declares its options
+    (``option_spec``), whether they validate to its resolved values, so ``{"autocast": True}``
+    matches the runtime it made (which keeps the normalised form); else the dicts are equal."""
+    spec = getattr(type(runtime), "option_spec", None)
+    resolved = getattr(runtime, "resolved_options", None)
+    if isinstance(spec, RuntimeOptions) and isinstance(resolved, dict):
+        try:
+            return spec.validate(options) == resolved
+        except ConfigurationError:
+            return False  # the runtime made for them raises, with the explanation
+    return dict(options) == getattr(runtime, "options", None)
 
 
 def to(

@@ -48,6 +48,7 @@ CUDA_OPTIONS = RuntimeOptions(
         f"{DEFAULT_MEMORY_EVERY}) and at each epoch's first step; no device sync.",
         "10",
         positive_int,
+        on_move=True,  # installed on the module's optimizer by the model's runtime
     ),
 )
 

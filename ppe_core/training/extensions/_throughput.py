@@ -9,6 +9,8 @@ only then); no step synchronizes the host with the device.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -61,6 +63,15 @@ def batch_size_of(batch: Any) -> Callable[[Any], int] | None:
     return walk
 
 
+def _eager_if_compiling() -> contextlib.AbstractContextManager[Any]:
+    """``torch.compiler.set_stance("force_eager")`` when dynamo is loaded (and torch has
+    stances), else a no-op context."""
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    if "torch._dynamo" not in sys.modules or set_stance is None:
+        return contextlib.nullcontext()
+    return set_stance("force_eager")  # type: ignore[no-any-return]
+
+
 class Throughput(Extension):
     """Reports training speed when its trigger fires (with LogReport's, once per epoch).
 
@@ -72,7 +83,8 @@ class Throughput(Extension):
       of your own;
     * with ``flops=True``: ``throughput/flops_per_sample`` (the first training step's FLOPs,
       forward, backward and optimizer, counted once by ``FlopCounterMode``, over its samples)
-      and ``throughput/tflops_per_sec``;
+      and ``throughput/tflops_per_sec``. A model compiled with ``torch.compile`` runs that one
+      step eagerly (torch cannot count inside compiled code) and compiles from the next step;
     * ``throughput/mfu``: achieved FLOP/s over the device's peak, when ``peak_flops`` is given
       or the model's runtime knows its device's peak (``runtime.peak_flops()``: the CUDA
       plugin matches the GPU's name; the CPU reports none rather than a guess).
@@ -152,9 +164,17 @@ class Throughput(Extension):
         return counting
 
     def _count_flops(self, step: Step, trainer: Any, batch_idx: int, batch: Any, n: int) -> Any:
+        """Runs the step under ``FlopCounterMode``, a compiled model's forward eagerly.
+
+        torch.compile does not trace under a dispatch mode such as the counter: the frame it
+        meets there is marked "skip" for good, so the model would never compile. The
+        ``force_eager`` stance runs compiled code eagerly for this one step without asking
+        dynamo at all, so the next step compiles as it would have (torch>=2.6; dynamo is only
+        consulted when something imported it, i.e. when something may be compiled).
+        """
         from torch.utils.flop_counter import FlopCounterMode
 
-        with FlopCounterMode(display=False) as counter:
+        with _eager_if_compiling(), FlopCounterMode(display=False) as counter:
             result = step(trainer, batch_idx, batch)
         self.flops_per_sample = counter.get_total_flops() / max(n, 1)
         return result
