@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 
 __all__ = ["BaseTracker", "TrackerEntry", "TrackerReport"]
 
+# The manifest of a complete SnapshotMode.DCP snapshot directory (its name, not imported: the
+# snapshot modules import torch.distributed.checkpoint helpers).
+_DCP_MANIFEST = ".ppe_core_manifest.json"
+
 # The longest pause between two retries, whatever ``retry_backoff`` doubles to.
 _MAX_BACKOFF = 30.0
 
@@ -48,6 +52,7 @@ _RUNTIME_STATE = (
     "_process",
     "_pump",
     "_listening",
+    "_pending",
     "_abandon",
     "_counts",
     "_on_counts",
@@ -211,6 +216,10 @@ class BaseTracker(Extension):
         # Entries of the LogReport already handed to the queue (or skipped), while it is not
         # listening (then: all it holds); saved in snapshots.
         self._seen = 0
+        # Restored from a snapshot: the log index below which every entry had reached the
+        # backend when it was taken (the rest is handed over again; last_step skips what the
+        # backend got after it). None once the resumed run listens.
+        self._confirmed: int | None = None
         self._restored = False
         self._run_id: str | None = None
         self._run_key: str | None = None
@@ -227,6 +236,11 @@ class BaseTracker(Extension):
         # training thread).
         self._listening: LogReport | None = None
         self._handed = 0
+        # The log index of the first entry handed over in this run (see state_dict).
+        self._hand_start = 0
+        # Restored while listening (autoload, after initialize): the LogReport waiting for
+        # its first entry to hand over the restored backlog (_resume_listening).
+        self._pending: LogReport | None = None
         self._abandon = threading.Event()
         self._opened = False
         self._skip_through: int | None = None
@@ -273,7 +287,8 @@ class BaseTracker(Extension):
         return None
 
     def log_artifact(self, path: str) -> None:
-        """Uploads the file ``path`` (one matching ``artifacts=``)."""
+        """Uploads ``path`` (one matching ``artifacts=``): a file, or the directory of a
+        complete ``SnapshotMode.DCP`` snapshot (uploaded whole, under its name)."""
         raise NotImplementedError(f"{type(self).__name__} does not upload artifacts")
 
     def close_run(self, failed: bool) -> None:
@@ -427,18 +442,45 @@ class BaseTracker(Extension):
         """
 
     def _start_listening(self, log_report: LogReport, pump: Pump) -> None:
-        # The backlog first (a resumed run's entries its snapshot had not handed over yet),
-        # then every entry as LogReport emits it: each one past the `_seen` first ones is
-        # handed over. A sender thread reading the count in between (_handed_count) gets
-        # fewer, never more.
+        # The backlog first (a resumed run's entries that had not reached the backend when
+        # its snapshot was taken), then every entry as LogReport emits it: each one past the
+        # `start` first ones is handed over. A sender thread reading the count in between
+        # (_handed_count) gets fewer, never more.
         self._pump = pump
-        for entry in log_report.entries_since(self._seen):
+        start = self._backlog_start(log_report)
+        self._handed = pump.taken + len(pump.items) - start  # what an earlier listen put
+        self._hand_start = start
+        for entry in log_report.entries_since(start):
             pump.put(entry)
-        self._handed = -self._seen
         self._listening = log_report
         log_report.add_entry_listener(pump.put)
 
+    def _backlog_start(self, log_report: LogReport) -> int:
+        # Where the entries handed over start: after those seen, or for a resumed run after
+        # those its snapshot knew had reached the backend (at most a full queue before the
+        # end: older ones would only push each other out).
+        count = log_report.num_entries
+        start = min(self._seen, count)
+        confirmed, self._confirmed = self._confirmed, None
+        if confirmed is not None:
+            start = min(start, max(confirmed, count - self._queue_size, 0))
+        return max(start, 0)
+
+    def _resume_listening(self, entry: Mapping[str, Any]) -> None:
+        # A one-shot listener: the first entry after a restore while listening (autoload
+        # restores after initialize). The restored log is complete now: hand over what its
+        # backend may lack, this entry included, then listen as usual.
+        log_report, pump = self._pending, self._pump
+        self._pending = None
+        if log_report is None or pump is None:
+            return
+        log_report.remove_entry_listener(self._resume_listening)
+        self._start_listening(log_report, pump)
+
     def _stop_listening(self) -> None:
+        pending = self._pending
+        if pending is not None:  # restored, and no entry since: the backlog still goes
+            self._resume_listening({})
         log_report, pump = self._listening, self._pump
         if log_report is None or pump is None:
             return
@@ -570,13 +612,26 @@ class BaseTracker(Extension):
         self._reset_run_state()
 
     def state_dict(self) -> dict[str, Any]:
-        """The run id and key, and how many LogReport entries were already handed over."""
+        """The run id and key, how many LogReport entries were already handed over, and how
+        many had reached the backend (``entries_confirmed``): a run resumed from this state
+        hands the others over again (the snapshot holds them in LogReport's log; the entries
+        the backend got after this state was taken are skipped, see :meth:`last_step`)."""
         seen = self._seen
+        confirmed = self._seen if self._confirmed is None else self._confirmed
         if self._listening is not None:
             seen = self._listening.num_entries  # each one was handed over as it was emitted
+            counts = self._counts
+            # Handed over in log order: the first sent or skipped ones reached the backend.
+            confirmed = min(seen, self._hand_start + counts.sent + counts.skipped)
         elif not self._active and self._log_report is not None:
             seen = self._log_report.num_entries  # off rank 0 nothing is handed over: all seen
-        return {"run_id": self._run_id, "run_key": self._run_key, "entries_seen": seen}
+            confirmed = seen
+        return {
+            "run_id": self._run_id,
+            "run_key": self._run_key,
+            "entries_seen": seen,
+            "entries_confirmed": confirmed,
+        }
 
     def load_state_dict(self, to_load: Mapping[str, Any]) -> None:
         """Restores :meth:`state_dict`: the next run resumes that tracker run."""
@@ -586,7 +641,18 @@ class BaseTracker(Extension):
         self._run_key = None if run_key is None else str(run_key)
         if "entries_seen" in to_load:
             self._seen = int(to_load["entries_seen"])
+            self._confirmed = int(to_load.get("entries_confirmed", self._seen))
             self._restored = True
+            log_report, pump = self._listening, self._pump
+            if log_report is not None and pump is not None:
+                # Restored after initialize (autoload): LogReport's log is replaced too,
+                # maybe only after this. Its first entry hands the backlog over; until then
+                # nothing is listening, and what was put so far stays counted.
+                log_report.remove_entry_listener(pump.put)
+                self._listening = None
+                self._handed = pump.taken + len(pump.items)
+                self._pending = log_report
+                log_report.add_entry_listener(self._resume_listening)
 
     # ----------------------------------------------------------------------- the worker
 
@@ -748,12 +814,15 @@ class BaseTracker(Extension):
             return
         for pattern in self._artifact_patterns:
             for path in sorted(glob.glob(os.path.join(self._out_dir, pattern))):
+                # A SnapshotMode.DCP snapshot is a directory, renamed into place once complete
+                # (with its manifest, written last): uploaded whole, once per save.
+                is_dir = os.path.isdir(path)
                 try:
-                    stat = os.stat(path)
+                    stat = os.stat(os.path.join(path, _DCP_MANIFEST) if is_dir else path)
                 except OSError:
                     continue
                 key = (path, stat.st_size, stat.st_mtime_ns)
-                if key in self._uploaded or not os.path.isfile(path):
+                if key in self._uploaded or not (is_dir or os.path.isfile(path)):
                     continue
                 if self._retrying(functools.partial(self.log_artifact, path), opening=False):
                     self._uploaded.add(key)

@@ -180,8 +180,13 @@ class MLflowLogger(BaseTracker):
         return max((int(metric.step) for metric in history), default=None)
 
     def log_artifact(self, path: str) -> None:
-        """Uploads ``path`` to the run's artifact root."""
-        self._mlflow_client().log_artifact(self.run_id, path)
+        """Uploads ``path`` to the run's artifact root (a directory, a ``SnapshotMode.DCP``
+        snapshot, as the directory of that name)."""
+        client = self._mlflow_client()
+        if os.path.isdir(path):
+            client.log_artifacts(self.run_id, path, artifact_path=os.path.basename(path))
+        else:
+            client.log_artifact(self.run_id, path)
 
     def close_run(self, failed: bool) -> None:
         """Marks the run ``FINISHED`` (or ``FAILED`` when training raised)."""

@@ -1,4 +1,4 @@
-"""ppe-core hook implementations of ppe-mlflow (cheap to import: MLflow loads when used)."""
+"""ppe-core hook implementations of ppe-mlflow (cheap: the tracker loads on first use)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ PPE_CORE_HOOK_API = (1, 0)
 
 @hookimpl
 def ppe_register_extensions(registry: Registry[Any]) -> None:
-    """``ppe_core.training.extensions.MLflowLogger`` becomes available."""
-    from ppe_mlflow._logger import MLflowLogger
+    """``ppe_core.training.extensions.MLflowLogger`` becomes available.
 
-    registry.register("MLflowLogger", MLflowLogger)
+    Registered by name: ``ppe_mlflow._logger`` (and the tracking machinery it imports) loads at the
+    first lookup, so discovery costs nothing in runs that use no tracker.
+    """
+    registry.register_lazy("MLflowLogger", "ppe_mlflow._logger:MLflowLogger")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -120,7 +121,14 @@ class WandbLogger(BaseTracker):
         return int(step) - 1 if step else None
 
     def log_artifact(self, path: str) -> None:
-        """Saves ``path`` with the run's files (``run.save``)."""
+        """Saves ``path`` with the run's files (``run.save``); a directory (a
+        ``SnapshotMode.DCP`` snapshot) file by file, under its name."""
+        if os.path.isdir(path):
+            base = os.path.dirname(os.path.abspath(path))
+            for root, _, names in os.walk(path):
+                for name in names:
+                    self._run.save(os.path.join(root, name), base_path=base, policy="now")
+            return
         self._run.save(path, policy="now")
 
     def close_run(self, failed: bool) -> None:
