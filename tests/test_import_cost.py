@@ -24,9 +24,14 @@ import json, sys
 import torch
 before = set(sys.modules)
 import ppe_core as ppe
-ppe.runtime.runtime_registry.names()   # entry-point discovery: ppe_cpu and ppe_cuda load
+ppe.runtime.runtime_registry.names()   # discovery: every first-party plugin loads
 names = ppe.runtime.runtime_registry.names()
-print(json.dumps({"new": sorted(set(sys.modules) - before), "runtimes": names}))
+new = sorted(set(sys.modules) - before)
+# A tracker looked up by name loads then (and only then).
+trackers = [ppe.training.extensions.MLflowLogger.__module__,
+            ppe.plugins.get_plugin_host().extensions.get("WandbLogger").__module__]
+print(json.dumps({"new": new, "runtimes": names, "trackers": trackers,
+                  "loaded": [m for m in trackers if m in sys.modules]}))
 """
 
 #: Module prefixes that must not load before they are used.
@@ -43,13 +48,21 @@ _HEAVY = (
     "ppe_core.engine",
     "ppe_core._reporting",
     "ppe_core.config",
+    "ppe_core.tracking",
+    "ppe_mlflow._logger",
+    "ppe_wandb._logger",
+    "mlflow",
+    "wandb",
     "yaml",
 )
+
+#: Every first-party plugin (ppe-core's own extras), so their discovery cost is counted too.
+FIRST_PARTY_PLUGINS = "ppe_cpu,ppe_cuda,ppe_mlflow,ppe_wandb"
 
 
 def _probe() -> dict[str, Any]:
     # Only the first-party plugins: another installed plugin's imports are not ppe-core's.
-    env = {**os.environ, "PPE_DISABLE_PLUGIN_AUTOLOAD": "1", "PPE_PLUGINS": "ppe_cpu,ppe_cuda"}
+    env = {**os.environ, "PPE_DISABLE_PLUGIN_AUTOLOAD": "1", "PPE_PLUGINS": FIRST_PARTY_PLUGINS}
     out = subprocess.run(
         [sys.executable, "-c", _PROBE], capture_output=True, text=True, check=True, env=env
     ).stdout
@@ -58,11 +71,16 @@ def _probe() -> dict[str, Any]:
 
 
 def test_import_and_discovery_load_no_training_or_heavy_module() -> None:
+    """With every first-party plugin (trackers included), discovery imports only their
+    ``plugin`` modules; a tracker's module loads at its first lookup."""
     result = _probe()
     assert {"cpu", "cuda"} <= set(result["runtimes"])  # discovery did run
-    assert "ppe_cpu.plugin" in result["new"] and "ppe_cuda.plugin" in result["new"]
+    for plugin in FIRST_PARTY_PLUGINS.split(","):
+        assert f"{plugin}.plugin" in result["new"]
     early = [m for m in result["new"] if m == "numpy" or m.startswith(_HEAVY)]
     assert early == [], f"imported by `import ppe_core` + discovery: {early}"
+    assert result["trackers"] == ["ppe_mlflow._logger", "ppe_wandb._logger"]
+    assert result["loaded"] == result["trackers"]
 
 
 def test_builtin_names_are_registered_lazily_and_resolve_on_first_lookup() -> None:

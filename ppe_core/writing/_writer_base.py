@@ -453,9 +453,12 @@ class Writer:
     #: interval went to the replaced file. LogReport rewrites its log whole when this grows.
     append_reopens: int = 0
 
-    def __init__(self, fs: FileSystem | None = None, out_dir: str | None = None) -> None:
+    def __init__(
+        self, fs: FileSystem | None = None, out_dir: str | os.PathLike[str] | None = None
+    ) -> None:
         self.fs: FileSystem = _LocalFileSystem() if fs is None else fs
-        self.out_dir = out_dir
+        # A pathlib.Path is accepted (PPE 0.9 does); paths are kept as str from here on.
+        self.out_dir = None if out_dir is None else os.fspath(out_dir)
         self._post_save_hooks: list[Callable[[], object]] = []
         self._initialized = False
         # Appended files: when each was last fsync-ed, and those appended to since.
@@ -500,7 +503,7 @@ class Writer:
         Raises:
             ConfigurationError: The directory (or a parent) is an existing file.
         """
-        directory = self.out_dir or out_dir
+        directory = self.out_dir or os.fspath(out_dir)
         if directory:  # "" means the current directory, which exists
             try:
                 self.fs.makedirs(directory, exist_ok=True)
@@ -645,8 +648,8 @@ class Writer:
 
     def _destination(self, filename: str, out_dir: str) -> str:
         """``out_dir/filename`` (the writer's own ``out_dir`` wins), its directories created."""
-        if self.out_dir:
-            out_dir = self.out_dir
+        out_dir = self.out_dir or os.fspath(out_dir)
+        filename = os.fspath(filename)
         if not self._initialized:
             self.initialize(out_dir)
         key = (out_dir, filename)

@@ -1,4 +1,4 @@
-"""ppe-core hook implementations of ppe-wandb (cheap to import: wandb loads when used)."""
+"""ppe-core hook implementations of ppe-wandb (cheap: the tracker loads on first use)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ PPE_CORE_HOOK_API = (1, 0)
 
 @hookimpl
 def ppe_register_extensions(registry: Registry[Any]) -> None:
-    """``ppe_core.training.extensions.WandbLogger`` becomes available."""
-    from ppe_wandb._logger import WandbLogger
+    """``ppe_core.training.extensions.WandbLogger`` becomes available.
 
-    registry.register("WandbLogger", WandbLogger)
+    Registered by name: ``ppe_wandb._logger`` (and the tracking machinery it imports) loads at the
+    first lookup, so discovery costs nothing in runs that use no tracker.
+    """
+    registry.register_lazy("WandbLogger", "ppe_wandb._logger:WandbLogger")
