@@ -34,7 +34,9 @@ Defined here (used across the framework):
 * ``BatchMismatchError`` (``TypeError``): a batch does not fit ``forward``'s signature.
 * ``BatchDtypeError`` (``BatchMismatchError``, ``RuntimeError``): a batch tensor's dtype is not
   the model's.
-* ``NoGradientError`` (``ModelOutputError``): the first training step backpropagated nothing.
+* ``NoGradientWarning`` / ``NoGradientError`` (``ModelOutputError``): the first training step
+  backpropagated nothing (a warning, as PPE goes on); a whole epoch gave no parameter a
+  gradient (the error, at the next epoch's start).
 * ``OptimizerParametersError`` (``ConfigurationError``): an optimizer holds none of the
   models' parameters (built before a move that replaced them, or for another model).
 * ``AMPOptionError`` (``ConfigurationError``, ``RuntimeError``): an AMP option cannot be used.
@@ -67,7 +69,8 @@ Raised by one part of the framework (each class's docstring says when):
   ``WorldSizeMismatchWarning`` (resuming another world size's snapshot),
   ``OptionalDependencyError``, ``NoBestValueError``, ``BestValueKeyError``,
   ``NonFiniteParameterError``, ``SlackTokenError``, ``SlackPostWarning``, ``TrackerWarning``,
-  ``MissingEvalTargetError``, ``NoPlotDataWarning``.
+  ``MissingEvalTargetError``, ``NoPlotDataWarning``, ``LogFileError`` (a log file damaged
+  before its last entry).
 * Reporting and writing: ``NoCurrentReporterError``, ``UnknownObserverError``,
   ``EmptySummaryError``, ``WriterError``, ``WriterFinalizedError``, ``DiskFullError``.
 * Configuration (``ppe_core.config``): ``ConfigKeyError``, ``ConfigCycleError``.
@@ -112,6 +115,7 @@ __all__ = [
     "IgniteNotInstalledError",
     "IgnoredArgumentWarning",
     "LazyStateError",
+    "LogFileError",
     "ManagerStateError",
     "MetricInputError",
     "MetricKeyError",
@@ -124,6 +128,7 @@ __all__ = [
     "NoBestValueError",
     "NoCurrentReporterError",
     "NoGradientError",
+    "NoGradientWarning",
     "NoPlotDataWarning",
     "NoRuntimeError",
     "NonFiniteParameterError",
@@ -283,7 +288,14 @@ class ModelOutputError(PPEError, TypeError, RuntimeError):
 
 
 class NoGradientError(ModelOutputError):
-    """The first training step backpropagated nothing, so the parameters can never change."""
+    """A whole epoch gave no parameter a gradient (after :class:`NoGradientWarning` at its
+    first step), so the run would end with the weights it started with."""
+
+
+class NoGradientWarning(PPEWarning):
+    """The first training step backpropagated nothing, so the parameters were not updated; the
+    step goes on as in PPE, and :class:`NoGradientError` follows if a whole epoch trains
+    nothing."""
 
 
 class BatchMismatchError(PPEError, TypeError):
@@ -648,6 +660,12 @@ class MissingEvalTargetError(ConfigurationError, KeyError):
 
 class NoPlotDataWarning(PPEWarning):
     """PlotReport had no value of any of its keys to plot, so it wrote no file."""
+
+
+class LogFileError(PPEError, ValueError):
+    """``LogReport.read`` found a log file damaged before its last entry (a CSV log truncated
+    or overwritten in place, lines of two writers mixed); the message names the file, where
+    it is damaged and how to get a whole log back."""
 
 
 # The runtime conformance kit (ppe_core.testing) --------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ppe_core as ppe
-from ppe_core.errors import BatchDtypeError, NoGradientError
+from ppe_core.errors import BatchDtypeError, NoGradientError, NoGradientWarning
 
 
 class Regressor(torch.nn.Module):
@@ -30,11 +30,11 @@ def batches(n: int = 3, **dtypes: torch.dtype) -> list[dict[str, torch.Tensor]]:
     return out
 
 
-def train(model: torch.nn.Module, data: list[Any], **kwargs: Any) -> Any:
+def train(model: torch.nn.Module, data: list[Any], max_epochs: int = 1, **kwargs: Any) -> Any:
     torch.manual_seed(0)
     model = ppe.to(model, "cpu")
     trainer = ppe.engine.create_trainer(
-        model, torch.optim.SGD(model.parameters(), lr=0.1), 1, **kwargs
+        model, torch.optim.SGD(model.parameters(), lr=0.1), max_epochs, **kwargs
     )
     trainer.run(data)
     return trainer
@@ -109,6 +109,7 @@ class NoGradLoss(Regressor):
     ],
 )
 def test_loss_without_grad_stops_at_the_first_step(model_class: type, described: str) -> None:
+    # The first step warns and goes on (as PPE); the next epoch's start stops the run.
     model = model_class()
     before = model.fc.weight.detach().clone()
     seen: list[int] = []
@@ -117,18 +118,24 @@ def test_loss_without_grad_stops_at_the_first_step(model_class: type, described:
     def count(manager: Any) -> None:
         seen.append(manager.iteration)
 
-    with pytest.raises(NoGradientError) as info:
-        train(model, batches(), extensions=[count])
-    says(info, "first training step backpropagated nothing", described, ".item()", "no_grad")
-    assert seen == []  # stopped at the first step, not at the end of the run
+    with pytest.raises(NoGradientError) as info, pytest.warns(NoGradientWarning) as warned:
+        train(model, batches(), extensions=[count], max_epochs=2)
+    assert len(warned) == 1
+    message = str(warned[0].message)
+    for phrase in ("first training step backpropagated nothing", described, ".item()"):
+        assert phrase in message, message
+    assert "parameters are not updated" in message
+    says(info, "a whole epoch trained nothing", "no_grad")
+    assert seen == [1, 2, 3]  # one epoch, then stopped at the second one's start
     assert torch.equal(model.fc.weight, before)
 
 
 def test_frozen_model_is_named_as_the_cause() -> None:
     model = Regressor()
     model.requires_grad_(False)
-    with pytest.raises(NoGradientError) as info:
-        train(model, batches())
+    frozen = r"frozen \(requires_grad=False\)"
+    with pytest.raises(NoGradientError) as info, pytest.warns(NoGradientWarning, match=frozen):
+        train(model, batches(), max_epochs=2)
     says(info, "frozen (requires_grad=False)")
 
 

@@ -23,8 +23,10 @@ from ppe_core.errors import (
     BatchDtypeError,
     BatchMismatchError,
     ConfigurationError,
+    IgnoredArgumentWarning,
     ModelOutputError,
     NoGradientError,
+    NoGradientWarning,
     OptimizerParametersError,
 )
 from ppe_core.runtime import autocast_available
@@ -65,18 +67,57 @@ def explain_forward_mismatch(model: torch.nn.Module, batch: Any, exc: TypeError)
         ) from exc
 
 
-def check_something_trains(model: torch.nn.Module, named: Mapping[str, Any]) -> None:
-    """Raise :class:`NoGradientError` when nothing in the step's outputs (keyed by name) has a
-    graph and no parameter of ``model`` has a gradient (the forward did not run backward).
+class GradientWatch:
+    """Watches a model whose first training step backpropagated nothing, until the next epoch.
 
-    Called after the first training step with the default ``backward_outputs``: if that step
-    could not train, no step can, and the run would end with the weights unchanged.
+    A gradient hook on each trainable parameter sets :attr:`trained` when any parameter gets a
+    gradient; :meth:`check` (at the next epoch's start) removes the hooks and raises
+    :class:`NoGradientError` when none fired. A model that trains costs one hook call per
+    parameter per step until then; one that never trains costs nothing per step.
+    """
+
+    def __init__(self, model: torch.nn.Module, message: str) -> None:
+        self.model = model
+        self.message = message
+        self.trained = False
+        self._handles = [
+            p.register_hook(self._mark)  # type: ignore[no-untyped-call]
+            for p in model.parameters()
+            if p.requires_grad
+        ]
+
+    def _mark(self, grad: torch.Tensor) -> None:
+        self.trained = True
+
+    def check(self) -> None:
+        """Raise :class:`NoGradientError` if no parameter got a gradient since the warning."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if self.trained or any(p.grad is not None for p in self.model.parameters()):
+            return
+        raise NoGradientError(
+            f"a whole epoch trained nothing: no parameter of {type(self.model).__name__} got a "
+            f"gradient since the first step warned. {self.message}"
+        )
+
+
+def check_something_trains(
+    model: torch.nn.Module, named: Mapping[str, Any]
+) -> GradientWatch | None:
+    """Warn (:class:`NoGradientWarning`) when nothing in the step's outputs (keyed by name) has
+    a graph and no parameter of ``model`` has a gradient (the forward did not run backward).
+
+    Called after the first training step with the default ``backward_outputs``. The step goes
+    on with the parameters unchanged, as in PPE; the returned :class:`GradientWatch` turns a
+    run that goes on training nothing into :class:`NoGradientError` at the next epoch's start.
+    Returns None when the step trained.
     """
     if any(isinstance(v, torch.Tensor) and v.grad_fn is not None for v in named.values()):
-        return  # backpropagated, or BackwardOutputWarning already said why not
+        return None  # backpropagated, or BackwardOutputWarning already said why not
     params = list(model.parameters())
     if any(p.grad is not None for p in params):
-        return  # the forward ran backward itself
+        return None  # the forward ran backward itself
     described = ", ".join(f"{k!r}: {_grad_state(v)}" for k, v in named.items()) or "nothing"
     if params and not any(p.requires_grad for p in params):
         cause = (
@@ -89,15 +130,21 @@ def check_something_trains(model: torch.nn.Module, named: Mapping[str, Any]) -> 
             "torch.no_grad() / torch.inference_mode(). Return the loss tensor itself, e.g. "
             "{'loss': loss}, and report plain numbers with ppe.reporting.report."
         )
-    raise NoGradientError(
+    warnings.warn(
         f"the first training step backpropagated nothing: no output of "
-        f"{type(model).__name__}.forward requires grad ({described}), so the parameters would "
-        f"never change. {cause}"
+        f"{type(model).__name__}.forward has a graph ({described}), so the parameters are not "
+        f"updated. {cause} If no parameter gets a gradient during this epoch, NoGradientError "
+        "stops the run at the next epoch's start.",
+        NoGradientWarning,
+        stacklevel=4,
     )
+    return GradientWatch(model, cause)
 
 
 def _grad_state(value: Any) -> str:
     if isinstance(value, torch.Tensor):
+        if value.requires_grad:  # a leaf, e.g. an input returned as it is
+            return f"a {value.dtype} leaf tensor, computed from no parameter"
         return f"a {value.dtype} tensor that does not require grad"
     return f"a {type(value).__name__}, not a tensor"
 
@@ -287,7 +334,7 @@ def warn_nothing_backpropagated(outputs: Mapping[str, Any]) -> bool:
     """Warn, and return ``True``, when ``outputs`` have a graph but no floating scalar to
     backpropagate: that looks like a forgotten loss (PPE backpropagates nothing in silence).
 
-    A model returning no graph at all is refused at the first step instead (see
+    A model returning no graph at all is warned about at the first step instead (see
     :func:`check_something_trains`), unless its forward ran backward itself.
     """
     if not any(isinstance(v, torch.Tensor) and v.grad_fn is not None for v in outputs.values()):
@@ -328,6 +375,20 @@ def check_closure_options(grad_accumulation_steps: int, staged: bool) -> None:
         raise ConfigurationError(
             "ClousureLogic steps one optimizer, with a closure; remove the 'optimizers' "
             "option, or use ppe.handler.Logic to step several optimizers"
+        )
+
+
+def pop_async_option(options: dict[str, Any], stacklevel: int) -> None:
+    """Pops PPE's ``async`` option, warning once (this call) that ``async=True`` has no effect:
+    PPE removed the asynchronous mode but still accepts the key; a false value asks for what
+    runs anyway. ``stacklevel`` points the warning at the caller's call site."""
+    if options.pop("async", None):
+        warnings.warn(
+            IgnoredArgumentWarning(
+                "option 'async' has no effect: steps run synchronously (PPE removed its "
+                "asynchronous mode and accepts the key for compatibility); remove it"
+            ),
+            stacklevel=stacklevel + 1,
         )
 
 

@@ -15,6 +15,7 @@ from ppe_core.errors import (
     ModelOutputError,
 )
 from ppe_core.handler._diagnostics import (
+    GradientWatch,
     check_autocast_device,
     check_closure_options,
     check_logic_options,
@@ -347,6 +348,8 @@ class Logic(LogicScalerState, ModelLogic):
     _warned_nothing = False
     #: True until the first training step has checked that the run can train at all.
     _first_step = True
+    #: Set when that step trained nothing: checked (and cleared) at the next epoch's start.
+    _nograd_watch: GradientWatch | None = None
 
     def consume_options(self, options: dict[str, Any]) -> None:
         super().consume_options(options)
@@ -367,6 +370,16 @@ class Logic(LogicScalerState, ModelLogic):
         self._autocast = self._autocast if autocast is None else _AutocastManager(autocast)
         self._grad_scaler = options.pop("grad_scaler", None) or self._grad_scaler
         self._consume_staged_options(options)
+
+    def _window_model_names(self) -> list[str]:
+        """The models whose gradients this logic accumulates: its model, or with the
+        ``optimizers`` option every model the targets name."""
+        if self._targets is None:
+            return [self.model_name]
+        models = (
+            t.model if t.model is not None else self.model_name for t in self._targets.values()
+        )
+        return list(dict.fromkeys(models))
 
     def bind_device(self, device_type: str) -> None:
         """Autocast on ``device_type`` unless the ``autocast`` option names a device type."""
@@ -453,6 +466,11 @@ class Logic(LogicScalerState, ModelLogic):
         # the handler then leaves it to this method (see Handler.train_epoch_begin).
         set_sampler_epoch(loader, epoch)
         self._measure_epoch(loader)
+        if self._loaded_window is not None:  # resumed inside an accumulation window
+            self._restore_window(models)
+        if self._nograd_watch is not None:  # the first step trained nothing: did any since?
+            watch, self._nograd_watch = self._nograd_watch, None
+            watch.check()
 
     def train_step(
         self,
@@ -485,7 +503,7 @@ class Logic(LogicScalerState, ModelLogic):
         model train (see :func:`check_something_trains`)."""
         self._first_step = False
         if self.backward_outputs is None:
-            check_something_trains(model, named)
+            self._nograd_watch = check_something_trains(model, named)
 
     def train_step_optimizers(
         self,
@@ -493,8 +511,12 @@ class Logic(LogicScalerState, ModelLogic):
         optimizers: Mapping[str, torch.optim.Optimizer],
         batch_idx: int,
     ) -> None:
-        if self.grad_accumulation_steps > 1 and not self._window(batch_idx)[1]:
-            return
+        if self.grad_accumulation_steps > 1:
+            # Inside a window its gradients are training state, which a snapshot then saves.
+            if not self._window(batch_idx)[1]:
+                self._open_window = models
+                return
+            self._open_window = None
         if self._targets is not None:
             self._step_stage(self._planned(models, optimizers).stages[-1])
             return

@@ -1,9 +1,11 @@
 """Helpers for testing code that uses ppe-core, and the runtime conformance kit.
 
-``plugin_host`` gives a test an isolated plugin host. The conformance kit
-(:class:`RuntimeConformance`, :func:`run_checks` and the ``check_*`` functions) checks a
-runtime against the runtime contract; it loads on first use, so ``import ppe_core.testing``
-stays cheap, and it never needs pytest except to run as a test class.
+``plugin_host`` gives a test an isolated plugin host; ``_compare_states`` compares two nested
+states as PPE's ``testing._compare_states`` does (PPE's tests and test kits import it). The
+conformance kit (:class:`RuntimeConformance`, :func:`run_checks` and the ``check_*``
+functions) checks a runtime against the runtime contract; it loads on first use, so
+``import ppe_core.testing`` stays cheap, and it never needs pytest except to run as a test
+class.
 :func:`enable_emulated_device` (opt-in, once per process) creates the emulated device ``ppe_emu``,
 a non-CPU device type backed by host memory, so the kit can check a runtime off the CPU.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ppe_core.testing._compare import _compare_states as _compare_states
 from ppe_core.testing._host import plugin_host
 
 if TYPE_CHECKING:

@@ -231,7 +231,14 @@ class QueueWriter(Writer, Generic[_W]):
         self._raise_errors()
 
     def _join_consumer(self) -> None:
-        """Waits for the consumer to finish the queue and stop."""
+        """Waits for the queue to be done (``join``, as in PPE), then for the consumer to stop.
+
+        The consumer acknowledges each item with ``task_done()``; a queue without ``join``
+        is waited for through the consumer alone.
+        """
+        join = getattr(self._queue, "join", None)
+        if join is not None:
+            join()
         self._consumer.join()
 
     def __del__(self) -> None:
