@@ -229,6 +229,16 @@ def report(values: Mapping[str, Any], observer: object | None = None) -> None:
         reporters[-1].report(values, observer)
 
 
+def current_observation() -> Observation | None:
+    """The observation the current reporter writes to, or ``None`` when no reporter is current.
+
+    The Handler's automatic report reads it once per step to leave out the keys the step
+    already reported itself (one dictionary lookup per output key).
+    """
+    reporters = _local.reporters
+    return reporters[-1].observation if reporters else None
+
+
 def report_scope(observation: Observation) -> AbstractContextManager[Observation]:
     """Returns a context in which the current reporter writes to ``observation``.
 

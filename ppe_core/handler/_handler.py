@@ -7,10 +7,12 @@ from typing import Any, Literal
 
 import torch
 
+from ppe_core._reporting import current_observation
 from ppe_core.errors import NoRuntimeError
 from ppe_core.handler._diagnostics import (
     check_optimizers_hold_models,
     missing_report_keys,
+    pop_async_option,
     pop_report_keys,
 )
 from ppe_core.handler._grad_scalers import HandlerScalerState, offer_runtime_scaler
@@ -130,7 +132,9 @@ class Handler(HandlerScalerState, BaseHandler):
     def consume_options(self, options: dict[str, Any]) -> None:
         self._train_report_keys = pop_report_keys(options, "train_report_keys")
         self._eval_report_keys = pop_report_keys(options, "eval_report_keys")
-        options.pop("async", None)  # PPE accepts it for backward compatibility; no effect
+        # PPE accepts it for backward compatibility; it has no effect (the caller of
+        # Handler(...): BaseHandler.__init__, then Handler.__init__, then theirs).
+        pop_async_option(options, stacklevel=4)
 
     @property
     def entry_runtime(self) -> BaseRuntime:
@@ -340,21 +344,30 @@ def _report_outputs(outputs: Any, prefix: str, keys: list[str] | None, logic: Ba
 
     A plain dict (the common case, every step) skips the ABC ``isinstance`` check; other
     outputs are keyed by ``logic`` (which hands on the mapping its step built, so they are
-    normalised once per step).
+    normalised once per step). By default (``keys`` None) a key the step already reported
+    (a model's own ``report({"train/loss": loss.item()})``) keeps the model's value: each key
+    is observed once per step. Named ``keys`` are reported as asked, replacing, as in PPE.
     """
     if type(outputs) is not dict and not isinstance(outputs, Mapping):
         if keys is None and not isinstance(outputs, (list, tuple)):
             if isinstance(outputs, torch.Tensor) and outputs.ndim == 0:
-                report({prefix + "loss": outputs})
+                observed = current_observation()
+                if observed is not None and prefix + "loss" not in observed:
+                    report({prefix + "loss": outputs})
             return
         outputs = logic.named_outputs(outputs)  # keys "0", "1", ... or namedtuple fields
     values = {}
     if keys is None:
+        observed = current_observation()
+        if observed is None:  # no reporter: nothing to report to
+            return
         # Scalars only: a batch of logits has no meaningful running mean. A loop, not a
         # comprehension: no frame per step.
         for k, v in outputs.items():
             if (v.ndim == 0) if isinstance(v, torch.Tensor) else _is_number(v):
-                values[prefix + k] = v
+                key = prefix + k
+                if key not in observed:
+                    values[key] = v
     else:
         try:
             values = {prefix + k: outputs[k] for k in keys}
