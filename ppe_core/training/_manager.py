@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import time
 import types
 import warnings
@@ -413,7 +414,7 @@ class ExtensionsManager(EpochLengthState):
         # run_iteration()'s context managers, by the optimizers they step.
         self._contexts: dict[tuple[str, ...], _IterationContext] = {(): _IterationContext(self, ())}
 
-        self._out = out_dir
+        self._out = os.fspath(out_dir)  # a pathlib.Path is accepted, as PPE 0.9 does
         if writer is None:
             # Imported here: the writing module loads only for a manager without a writer.
             from ppe_core.writing import SimpleWriter
