@@ -213,7 +213,8 @@ def test_the_readme_set_up_commands_are_what_ci_runs() -> None:
         assert command in ci_lines, f"README command not run by .ci/run: {command}"
 
 
-_TEST_REFERENCE = re.compile(r"(tests/[\w/]+\.py)?::(test_\w+)")
+# A test file of the core (tests/...) or of a package in the repository (plugins/<name>/tests/...).
+_TEST_REFERENCE = re.compile(r"((?:(?:plugins|examples)/\w+/)?tests/[\w/]+\.py)?::(test_\w+)")
 
 
 def _test_names(path: Path) -> set[str]:

@@ -383,10 +383,14 @@ def is_main_process() -> bool:
 
 
 def barrier() -> None:
-    """Waits until every rank arrives; does nothing without a process group."""
+    """Waits until every rank arrives; does nothing without a process group.
+
+    The barrier's work is kept (:func:`run_collective`): a script's last barrier is usually
+    followed by its exit, the case where gloo's release of the work could abort the process.
+    """
     group = _group()
     if group is not None:
-        group.barrier()
+        run_collective(group.barrier)
 
 
 def shutdown() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ppe_core.distributed import group_world, is_distributed
+from ppe_core.distributed import barrier, group_world, is_distributed
 from ppe_core.errors import (
     ConfigurationError,
     ShardedStateError,
@@ -54,7 +54,7 @@ class _DistributedSnapshot(_Snapshot):
     def __call__(self, manager: Any) -> None:
         super().__call__(manager)
         if self._collective:
-            dist.barrier()  # PPE's DISTRIBUTED mode: no rank goes on before the saver wrote
+            barrier()  # PPE's DISTRIBUTED mode: no rank goes on before the saver wrote
 
 
 class _EveryRankSnapshot(_Snapshot):
@@ -99,7 +99,7 @@ class _ShardedSnapshot(_EveryRankSnapshot):
         super()._save(manager, final)
         self._wait_in_flight()  # every rank's part is on disk before the directory is complete
         if self._collective:
-            dist.barrier()
+            barrier()  # kept work: the final snapshot's barrier may be the run's last collective
         if group_world()[1] == self._sharded_saver:
             directory = self._snapshot_dir.format(manager)
             self._writer(manager)(
