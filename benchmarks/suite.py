@@ -774,7 +774,7 @@ def section_gpu(report: Report, args: argparse.Namespace) -> None:
 
 def emulated_trainer(data: list[Batch], epochs: int) -> tuple[float, torch.nn.Module]:
     """``create_trainer`` bare on the emulated device (``EmulatedDeviceRuntime``)."""
-    from ppe_core.testing import EMULATED_DEVICE, EmulatedDeviceRuntime
+    from ppe_testing import EMULATED_DEVICE, EmulatedDeviceRuntime
 
     torch.manual_seed(0)
     model = ppe.to(Tiny(), EMULATED_DEVICE, runtime_class=EmulatedDeviceRuntime)
@@ -793,8 +793,11 @@ def enable_emulated() -> str:
     type after a process's first backward, which the other sections run.
     """
     from ppe_core.errors import EmulatedDeviceError
-    from ppe_core.testing import enable_emulated_device
 
+    try:
+        from ppe_testing import enable_emulated_device
+    except ImportError:
+        return "the emulated device is ppe-testing's: pip install -e plugins/ppe_testing"
     try:
         enable_emulated_device()
     except EmulatedDeviceError as exc:

@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -81,7 +82,7 @@ def info_lines(host: PluginHost) -> list[str]:
 #: The help's description: plain text (the module docstring's reST markup would show as is).
 DESCRIPTION = (
     "What is installed (plugins, runtimes, logics, extensions) and the environment it sees; "
-    "export-snapshot writes a model of a SnapshotMode.DCP snapshot as one state_dict file."
+    "export-snapshot writes a model of a snapshot as one state_dict file."
 )
 
 
@@ -101,15 +102,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("info", help="print versions and each plugin's environment info")
     export = sub.add_parser(
         "export-snapshot",
-        help="write a model of a SnapshotMode.DCP snapshot as one ordinary state_dict file",
+        help="write a model of a snapshot (a file, or a SnapshotMode.DCP directory) as one "
+        "ordinary state_dict file",
         description=(
-            "Verifies the snapshot directory against its manifest, joins every rank's shards "
-            "of one model into full tensors and saves them with torch.save as a plain state "
-            "dict: model.load_state_dict(torch.load(OUTPUT)) restores the weights. Refuses a "
-            "snapshot that does not verify (damaged, or unfinished: no manifest)."
+            "Verifies the snapshot against its manifest (a DCP directory: every rank's shards "
+            "joined into full tensors) and saves one model's weights with torch.save as a "
+            "plain state dict: model.load_state_dict(torch.load(OUTPUT)) restores them. "
+            "Refuses a snapshot that does not verify (damaged, or a DCP directory without a "
+            "manifest: unfinished); a snapshot file without a manifest (written by PPE) is "
+            "exported marked unverified."
         ),
     )
-    export.add_argument("snapshot", help="the snapshot directory, e.g. result/snapshot_iter_12")
+    export.add_argument(
+        "snapshot", help="the snapshot file or DCP directory, e.g. result/snapshot_iter_12"
+    )
     export.add_argument("output", help="the file to write, e.g. model.pt")
     export.add_argument(
         "--model", default=None, help="the trainer's name of the model (default: the only one)"
@@ -132,19 +138,31 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _export(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """``export-snapshot``: 0 when written; 1, with the reason (one line) on stderr, when
-    refused: a snapshot that does not verify, or an output that cannot be written (a missing
-    or unwritable directory, a full disk, a path inside the snapshot)."""
-    from ppe_core.errors import PPEError
-    from ppe_core.training.extensions._snapshot_dcp import export_snapshot
+    """``export-snapshot``: 0 when written (a snapshot without a manifest, written by PPE, is
+    written marked unverified on stderr); 1, with the reason (one line) on stderr, when
+    refused: a path not found, a snapshot that does not verify, or an output that cannot be
+    written (a missing or unwritable directory, a full disk, a path inside the snapshot)."""
+    from ppe_core.errors import PPEError, SnapshotVerificationWarning
+    from ppe_core.training.extensions._snapshot_export import export_snapshot
 
     try:
-        weights = export_snapshot(args.snapshot, args.output, model=args.model)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", SnapshotVerificationWarning)
+            weights = export_snapshot(args.snapshot, args.output, model=args.model)
     except PPEError as exc:
         print(f"{parser.prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
+    for warning in caught:
+        if isinstance(warning.message, SnapshotVerificationWarning):
+            print(f"{parser.prog}: warning: {warning.message}", file=sys.stderr)
+        else:  # not ours to swallow
+            warnings.showwarning(
+                warning.message, warning.category, warning.filename, warning.lineno
+            )
+    unverified = any(isinstance(w.message, SnapshotVerificationWarning) for w in caught)
     size = sum(t.numel() * t.element_size() for t in weights.values())
-    print(f"wrote {args.output}: {len(weights)} tensors, {size / 1e6:.1f} MB")
+    note = " (unverified: the snapshot has no manifest)" if unverified else ""
+    print(f"wrote {args.output}: {len(weights)} tensors, {size / 1e6:.1f} MB{note}")
     return 0
 
 

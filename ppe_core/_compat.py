@@ -52,7 +52,10 @@ SHIMS: dict[str, tuple[str, ...]] = {
     "ppe_core.training.extensions.fail_on_non_number": (
         "ppe_core.training.extensions._fail_on_non_number",
     ),
-    "ppe_core.training.extensions.log_report": ("ppe_core.training.extensions._log_report",),
+    "ppe_core.training.extensions.log_report": (
+        "ppe_core.training.extensions._log_report",
+        "ppe_core.training.extensions._log_buffer",
+    ),
     "ppe_core.training.extensions.lr_scheduler": ("ppe_core.training.extensions._lr_scheduler",),
     "ppe_core.training.extensions.micro_average": ("ppe_core.training.extensions._micro_average",),
     "ppe_core.training.extensions.parameter_statistics": (

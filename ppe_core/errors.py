@@ -76,8 +76,9 @@ Raised by one part of the framework (each class's docstring says when):
 * Configuration (``ppe_core.config``): ``ConfigKeyError``, ``ConfigCycleError``.
 * Runtimes and distributed: ``RuntimeOptionTypeError``, ``ProcessGroupNotInitializedError``,
   ``DistributedEnvironmentError``, ``CollectiveTimeoutError``; ``ConformanceError``
-  (``ppe_core.testing``'s runtime conformance kit); ``EmulatedDeviceError``
-  (``DeviceUnavailableError``: ``ppe_core.testing``'s emulated device cannot be set up).
+  (the runtime conformance kit of ``ppe-testing``); ``EmulatedDeviceError``
+  (``DeviceUnavailableError``: ``ppe-testing``'s emulated device cannot be set up). Both
+  stay here, where the one hierarchy is, so code can catch them without ppe-testing installed.
 
 Every class is defined here and this module imports nothing of ppe_core: it is the bottom
 layer, so any module can import its errors at import time without an import circle. The
@@ -434,7 +435,8 @@ class TriggerTypeError(ArgumentTypeError):
 
 
 class MissingObservationWarning(PPEWarning):
-    """A value trigger reached a check but the monitored key was not in the observation."""
+    """A value trigger reached a check but the monitored key was not in the observation, or a
+    key a ``PrintReport`` prints is in no log entry of the first epoch (an empty column)."""
 
 
 # Extensions and their names ----------------------------------------------------------------------
@@ -524,7 +526,8 @@ class OutputDirectoryInUseError(PPEError, RuntimeError):
 
 
 class RunLockWarning(PPEWarning):
-    """The run lock was taken over from a process that is gone, or cannot be taken here."""
+    """The run lock was taken over from a process that is gone, taken again after its file was
+    deleted while held, or cannot be taken here."""
 
 
 # The Trainer -------------------------------------------------------------------------------------
@@ -668,7 +671,7 @@ class LogFileError(PPEError, ValueError):
     it is damaged and how to get a whole log back."""
 
 
-# The runtime conformance kit (ppe_core.testing) --------------------------------------------------
+# The runtime conformance kit and the emulated device (the ppe-testing distribution) --------------
 class ConformanceError(PPEError, AssertionError):
     """A runtime broke the runtime contract; the message says what is wrong and how to fix it.
 
@@ -677,6 +680,6 @@ class ConformanceError(PPEError, AssertionError):
 
 
 class EmulatedDeviceError(DeviceUnavailableError):
-    """``ppe_core.testing``'s emulated device cannot be set up in this process: torch lacks
+    """``ppe_testing``'s emulated device cannot be set up in this process: torch lacks
     the PrivateUse1 Python hooks, PrivateUse1 already serves another name, or autograd ran
     before it was enabled."""

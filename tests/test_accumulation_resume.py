@@ -113,7 +113,11 @@ def train(out: Path, stop_at: int | None = None, scaler: bool = False, staged: b
         stop_trigger=None if stop_at is None else (stop_at, "iteration"),
         options=options,
     )
-    snapshot = ppe.training.extensions.snapshot(autoload=True, filename="snapshot_{.iteration}")
+    # A stopped run (a fresh directory: nothing to load) does not autoload, so that, as after
+    # a kill, it saves nothing at its stop (an autoloading snapshot also saves the end).
+    snapshot = ppe.training.extensions.snapshot(
+        autoload=stop_at is None, filename="snapshot_{.iteration}"
+    )
     trainer.extend(snapshot, trigger=(3, "iteration"))
     g = torch.Generator().manual_seed(1)
     data = [{"x": torch.randn(2, 3, generator=g), "t": torch.tensor([0, 1])} for _ in range(12)]

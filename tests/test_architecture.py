@@ -441,13 +441,17 @@ def test_ppe_paths_of_to_are_one_function() -> None:
 
 
 # Plugins are written against the public contract only ---------------------------------------
+#: Every package under plugins/ (found, not listed: a new plugin is checked from its first
+#: commit) and the example plugin.
 _PLUGIN_SOURCES = (
-    ROOT.parent / "plugins" / "ppe_cpu" / "ppe_cpu",
-    ROOT.parent / "plugins" / "ppe_cuda" / "ppe_cuda",
+    *sorted(
+        folder / folder.name
+        for folder in (ROOT.parent / "plugins").iterdir()
+        if (folder / folder.name / "__init__.py").is_file()
+    ),
     ROOT.parent / "examples" / "ppe_example_device" / "ppe_example_device",
-    ROOT.parent / "plugins" / "ppe_mlflow" / "ppe_mlflow",
-    ROOT.parent / "plugins" / "ppe_wandb" / "ppe_wandb",
 )
+_PLUGIN_PACKAGES = frozenset(source.name for source in _PLUGIN_SOURCES)
 
 
 def _private(name: str) -> bool:
@@ -475,9 +479,11 @@ def _private_core_uses(path: Path, package: str) -> list[str]:
     paths, imported names, attributes of imported core objects, and attributes of the core base
     classes its classes inherit."""
     tree = ast.parse(path.read_text())
-    module = importlib.import_module(
-        package if path.stem == "__init__" else f"{package}.{path.stem}"
-    )
+    parts = list(path.with_suffix("").parts)
+    parts = parts[len(parts) - 1 - parts[::-1].index(package) :]  # from the package folder
+    if parts[-1] == "__init__":
+        parts.pop()
+    module = importlib.import_module(".".join(parts))
     found: list[str] = []
     core_names: set[str] = set()
     for node in ast.walk(tree):
@@ -494,13 +500,12 @@ def _private_core_uses(path: Path, package: str) -> list[str]:
                     if any(_private(part) for part in alias.name.split(".")):
                         found.append(f"line {node.lineno}: import {alias.name}")
     for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Attribute)
-            and _private(node.attr)
-            and isinstance(node.value, ast.Name)
-            and node.value.id in core_names
-        ):
-            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            root = node.value  # ``ppe_core.testing._x``: the chain's root is a core name
+            while isinstance(root, ast.Attribute) and not _private(root.attr):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in core_names:
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
         if isinstance(node, ast.ClassDef) and isinstance(getattr(module, node.name, None), type):
             inherited = _core_private_attributes(getattr(module, node.name))
             found.extend(
@@ -520,15 +525,110 @@ def test_the_private_name_check_sees_a_reach_in() -> None:
     assert "_private" not in _core_private_attributes(ppe_cpu._runtime.CPURuntime)
 
 
+def test_the_private_name_check_sees_every_form_of_reach_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    package = tmp_path / "ppe_h15_reach" / "sub"
+    package.mkdir(parents=True)
+    (package.parent / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "mod.py").write_text(
+        "import ppe_core.testing\n"
+        "def f():\n"
+        "    from ppe_core._plugins import PluginHost\n"
+        "    from ppe_core.training._manager import ExtensionsManager\n"
+        "    from ppe_core.testing import _compare_states\n"
+        "    import ppe_core._registry\n"
+        "    return ppe_core.testing._compare_states, ppe_core.testing.plugin_host\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    uses = _private_core_uses(package / "mod.py", "ppe_h15_reach")
+    assert uses == [
+        "line 3: from ppe_core._plugins import PluginHost",
+        "line 4: from ppe_core.training._manager import ExtensionsManager",
+        "line 5: from ppe_core.testing import _compare_states",
+        "line 6: import ppe_core._registry",
+        "line 7: ppe_core.testing._compare_states",
+    ]
+    assert "ppe_testing" in _PLUGIN_PACKAGES  # found under plugins/ without being listed
+
+
 @pytest.mark.parametrize("source", _PLUGIN_SOURCES, ids=lambda p: p.name)
 def test_device_plugins_use_public_core_names_only(source: Path) -> None:
     importlib.import_module(source.name)
     offending = {
-        path.name: uses
-        for path in sorted(source.glob("*.py"))
+        str(path.relative_to(source)): uses
+        for path in sorted(source.rglob("*.py"))
         if (uses := _private_core_uses(path, source.name))
     }
     assert not offending, f"{source.name} uses private ppe_core names: {offending}"
+
+
+def _plugin_imports(source: str) -> list[str]:
+    """The plugin packages a module's ``source`` imports (statements outside ``if
+    TYPE_CHECKING:``, ``importlib.import_module("...")``, ``"package.module:attr"`` targets)."""
+    found: list[str] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if _NAMEISH.match(node.value) and ":" in node.value:
+                names = [node.value.partition(":")[0]]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
+            names = [str(node.args[0].value)]
+        found.extend(
+            f"line {getattr(node, 'lineno', '?')}: {name}"
+            for name in names
+            if name.partition(".")[0] in _PLUGIN_PACKAGES
+        )
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(source))
+    return found
+
+
+def test_the_plugin_import_check_sees_an_import() -> None:
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "import importlib, ppe_core.runtime\n"
+        "if TYPE_CHECKING:  # for type checkers only\n"
+        "    from ppe_testing import RuntimeTarget\n"
+        "def f():\n"
+        "    from ppe_testing._conformance import run_checks\n"
+        "    import ppe_cpu.plugin\n"
+        "    importlib.import_module('ppe_mlflow._logger')\n"
+        "    return 'ppe_wandb._logger:WandbLogger', 'install ppe_cpu', 'ppe_core.x:y'\n"
+    )
+    assert _plugin_imports(source) == [
+        "line 6: ppe_testing._conformance",
+        "line 7: ppe_cpu.plugin",
+        "line 8: ppe_mlflow._logger",
+        "line 9: ppe_wandb._logger",
+    ]
+
+
+def test_ppe_core_imports_no_plugin_package() -> None:
+    offending = {
+        module: uses
+        for module, path in sorted(_modules().items())
+        if (uses := _plugin_imports(path.read_text()))
+    }
+    assert not offending, f"ppe_core modules import plugin packages: {offending}"
 
 
 def _foreign_private_reads(path: Path) -> list[str]:

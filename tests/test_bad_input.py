@@ -216,7 +216,7 @@ def test_optimizer_holds_none_of_the_models_parameters() -> None:
     # parameter objects (the emulated device; it needs a fresh process).
     code = (
         "import torch, ppe_core as ppe\n"
-        "from ppe_core.testing import EmulatedDeviceRuntime, enable_emulated_device\n"
+        "from ppe_testing import EmulatedDeviceRuntime, enable_emulated_device\n"
         "enable_emulated_device()\n"
         "class Model(torch.nn.Module):\n"
         "    def __init__(self):\n        super().__init__()\n"

@@ -184,3 +184,63 @@ def test_find_stale_snapshots_keeps_all_when_fewer_than_retained(tmp_path: Any) 
     assert list(_find_stale_snapshots(fmt, str(tmp_path), 3, None)) == []
     assert list(_find_stale_snapshots(fmt, str(tmp_path), 2, None)) == []
     assert list(_find_stale_snapshots(fmt, str(tmp_path), 1, None)) == ["snapshot_iter_0"]
+
+
+# TensorBoardWriter as LogReport's writer sends 'iteration' too (PPE: test_tensorboard_writer) ----
+
+
+def test_tensorboard_writer_as_log_writer_sends_every_entry_value_as_ppe(tmp_path: Any) -> None:
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb_dir = tmp_path / "tb"
+    writer = ppe.writing.TensorBoardWriter(out_dir=str(tb_dir))
+    manager = ppe.training.ExtensionsManager(
+        {}, {}, max_epochs=2, iters_per_epoch=2, out_dir=str(tmp_path)
+    )
+    manager.extend(ppe.training.extensions.LogReport(writer=writer, trigger=(1, "iteration")))
+    while not manager.stop_trigger:
+        with manager.run_iteration():
+            ppe.reporting.report({"main/loss": 0.5})
+    writer.finalize()
+
+    events = EventAccumulator(str(tb_dir))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"main/loss", "epoch", "iteration", "elapsed_time"} <= tags
+    assert [(e.step, e.value) for e in events.Scalars("iteration")] == [
+        (1, 1.0),
+        (2, 2.0),
+        (3, 3.0),
+        (4, 4.0),
+    ]
+
+
+# PPE's log_report._LogBuffer, the buffer of log entries its readers look at (PPE: test_log_buffer)
+
+
+def test_log_buffer_keeps_entries_until_every_looker_cleared_them(tmp_path: Any) -> None:
+    from ppe_core.training.extensions import log_report
+
+    buffer = log_report._LogBuffer()
+    printer = buffer.emit_new_looker()
+    manager = ppe.training.ExtensionsManager(
+        {}, {}, max_epochs=2, iters_per_epoch=2, out_dir=str(tmp_path)
+    )
+    report = ppe.training.extensions.LogReport(filename=None, trigger=(1, "iteration"))
+    report.add_entry_listener(buffer.append)
+    manager.extend(report)
+    for _ in range(2):
+        with manager.run_iteration():
+            ppe.reporting.report({"main/loss": 0.5})
+    plotter = buffer.emit_new_looker()  # sees only what comes after it
+    assert [e["iteration"] for e in printer.get()] == [1, 2] and plotter.get() == []
+    printer.clear()
+    assert buffer.size() == 0 and printer.get() == []
+    with manager.run_iteration():
+        ppe.reporting.report({"main/loss": 0.25})
+    assert [e["iteration"] for e in printer.get()] == [3] == [e["iteration"] for e in plotter.get()]
+    plotter.clear()
+    assert buffer.size() == 1 and [e["main/loss"] for e in printer.get()] == [0.25]
+    printer.clear()
+    assert buffer.size() == 0

@@ -169,7 +169,13 @@ def test_ppe_trainer_snapshot_resumes_a_ppe_core_trainer(tmp_path: Path) -> None
     # ppe-core's own snapshot holds its resume data (and the run's world size) under a key
     # PPE ignores.
     state = load_snapshot(str(tmp_path / "run" / "snapshot_iter_15"))
-    assert state["_ppe_core"].keys() == {"version", "manager", "trainer_state", "world_size"}
+    assert state["_ppe_core"].keys() == {
+        "version",
+        "manager",
+        "trainer_state",
+        "world_size",
+        "elapsed_time",
+    }
     assert (state["ppe_version"], state["_ppe_core"]["version"]) == ("0.9.0", ppe_core.__version__)
     assert state["_ppe_core"]["world_size"] == 1
 

@@ -15,10 +15,7 @@ import pytest
 import torch
 from ppe_cpu import CPURuntime
 from ppe_cuda import CUDARuntime
-
-from ppe_core.errors import PPEError
-from ppe_core.runtime import BaseRuntime, PyTorchRuntime
-from ppe_core.testing import (
+from ppe_testing import (
     CHECKS,
     ConformanceError,
     RuntimeConformance,
@@ -33,6 +30,9 @@ from ppe_core.testing import (
     check_training_matches_reference,
     run_checks,
 )
+
+from ppe_core.errors import PPEError
+from ppe_core.runtime import BaseRuntime, PyTorchRuntime
 
 pytest_plugins = ["pytester"]
 
@@ -302,17 +302,13 @@ def test_a_class_without_device_says_to_set_it() -> None:
 
 
 def test_the_package_re_exports_exactly_the_kit_and_a_method_per_check() -> None:
-    import ppe_core.testing
-    from ppe_core.testing import _conformance, _emulated
+    import ppe_testing
+    from ppe_testing import _conformance, _emulated
 
-    # ppe_core.testing spells the kit's names out for its lazy re-export: keep them in sync.
-    assert set(ppe_core.testing.__all__) == {
-        *_conformance.__all__,
-        *_emulated.__all__,
-        "plugin_host",
-    }
+    # ppe_testing spells the kit's names out for its lazy re-export: keep them in sync.
+    assert set(ppe_testing.__all__) == {*_conformance.__all__, *_emulated.__all__}
     for name in _conformance.__all__:
-        assert getattr(ppe_core.testing, name) is getattr(_conformance, name)
+        assert getattr(ppe_testing, name) is getattr(_conformance, name)
     # RuntimeConformance spells out one test method per check, so every check is collected.
     methods = {name for name in dir(RuntimeConformance) if name.startswith("test_")}
     assert methods == {f"test_{name}" for name in CHECKS}
@@ -322,9 +318,9 @@ def test_importing_the_kit_does_not_import_pytest() -> None:
     from conftest import run_python
 
     code = (
-        "import sys, ppe_core, ppe_core.testing\n"
-        "assert 'pytest' not in sys.modules, 'import ppe_core.testing imported pytest'\n"
-        "from ppe_core.testing import RuntimeConformance, run_checks\n"
+        "import sys, ppe_core, ppe_testing\n"
+        "assert 'pytest' not in sys.modules, 'import ppe_testing imported pytest'\n"
+        "from ppe_testing import RuntimeConformance, run_checks\n"
         "assert 'pytest' not in sys.modules, 'the kit imported pytest'\n"
         "print('ok')\n"
     )
@@ -339,7 +335,7 @@ def test_pytest_runs_the_base_class_and_shows_the_kit_message(pytester: pytest.P
         test_my_runtime="""
         import torch
         from ppe_core.runtime import PyTorchRuntime
-        from ppe_core.testing import RuntimeConformance
+        from ppe_testing import RuntimeConformance
 
         class GradInEval(PyTorchRuntime):
             accepted_options = PyTorchRuntime.accepted_options

@@ -15,6 +15,15 @@ from typing import Any, ClassVar
 import pytest
 import torch
 from ppe_cpu import CPURuntime
+from ppe_testing import (
+    ConformanceError,
+    RuntimeTarget,
+    check_callback_order,
+    check_options_validation,
+    check_step_hooks,
+    check_training_matches_reference,
+    run_checks,
+)
 
 import ppe_core as ppe
 from ppe_core.errors import AMPOptionError, ConfigurationError, RuntimeOptionError
@@ -27,16 +36,7 @@ from ppe_core.runtime import (
     RuntimeOptions,
     device_type_of,
 )
-from ppe_core.testing import (
-    ConformanceError,
-    RuntimeTarget,
-    check_callback_order,
-    check_options_validation,
-    check_step_hooks,
-    check_training_matches_reference,
-    plugin_host,
-    run_checks,
-)
+from ppe_core.testing import plugin_host
 
 
 def _fails(check: Any, target: RuntimeTarget, tmp_path: Path) -> str:

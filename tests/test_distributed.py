@@ -396,3 +396,41 @@ def test_evaluator_batch_size_comes_from_the_first_tensor_of_the_batch() -> None
     assert _batch_size(Pair(x, torch.zeros(7))) == 7
     assert _batch_size({"meta": "a", "inputs": [torch.tensor(1.0), x]}) == 7
     assert _batch_size(["no", "tensors"]) == 1
+
+
+_WITHOUT_NUMPY = """
+import sys
+class HideNumpy:
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy" or name.startswith("numpy."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, HideNumpy())
+import ppe_core as ppe
+try:
+    ppe.distributed.init_from_env("cpu")
+except ImportError as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+def test_several_processes_without_numpy_are_refused_before_the_group_starts() -> None:
+    # torch runs without numpy, but its object collectives (which every multi-process run
+    # uses at start) read through it: the launch says so at once, before any rendezvous.
+    env = {
+        **os.environ,
+        "WORLD_SIZE": "2",
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "1",  # nothing listens: a rendezvous attempt would fail differently
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_NUMPY],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert "OptionalDependencyError" in done.stdout, done.stdout + done.stderr
+    assert "training with 2 processes" in done.stdout and "pip install numpy" in done.stdout

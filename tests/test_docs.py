@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from ppe_core.testing import enable_emulated_device
+from ppe_testing import enable_emulated_device
 
 # The plugin tutorial's runtime keeps its tensors on the emulated device, which a process can
 # enable only before its first backward pass: enabled at collection, as the tutorial tells a

@@ -21,10 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from ppe_cpu import CPURuntime
-
-import ppe_core as ppe
-from ppe_core.errors import DeviceUnavailableError, EmulatedDeviceError
-from ppe_core.testing import (
+from ppe_testing import (
     ConformanceError,
     EmulatedDeviceRuntime,
     EmulatedTensor,
@@ -37,6 +34,9 @@ from ppe_core.testing import (
     check_training_matches_reference,
     enable_emulated_device,
 )
+
+import ppe_core as ppe
+from ppe_core.errors import DeviceUnavailableError, EmulatedDeviceError
 
 # Enabled when pytest collects this file, before any test of the session runs a backward pass
 # (torch's autograd engine takes no new device type after its first backward).
@@ -168,7 +168,7 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
 
 def test_nothing_changes_in_a_process_that_does_not_enable_it() -> None:
     result = _python(
-        "import torch, ppe_core, ppe_core.testing\n"
+        "import torch, ppe_core, ppe_testing\n"
         "assert torch._C._get_privateuse1_backend_name() == 'privateuseone'\n"
         "try:\n    torch.device('ppe_emu')\nexcept RuntimeError:\n    print('unknown')\n"
     )
@@ -178,7 +178,7 @@ def test_nothing_changes_in_a_process_that_does_not_enable_it() -> None:
 def test_enabling_it_after_a_backward_pass_gets_a_clear_error() -> None:
     result = _python(
         "import torch\nx = torch.ones(1, requires_grad=True)\n(x * 2).sum().backward()\n"
-        "from ppe_core.testing import enable_emulated_device\nenable_emulated_device()\n"
+        "from ppe_testing import enable_emulated_device\nenable_emulated_device()\n"
     )
     assert "EmulatedDeviceError: the emulated device 'ppe_emu' was enabled after" in result.stderr
     assert "def pytest_configure(config): enable_emulated_device()" in result.stderr
@@ -190,7 +190,7 @@ def test_training_stays_bit_equal_after_the_thread_count_changes() -> None:
     num_threads option does), so the sums run in the CPU's order."""
     result = _python(
         "import copy, torch\ntorch.set_num_threads(2)\n"
-        "from ppe_core.testing import enable_emulated_device\nEMU = enable_emulated_device()\n"
+        "from ppe_testing import enable_emulated_device\nEMU = enable_emulated_device()\n"
         "def net():\n"
         "    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8),"
         " torch.nn.ReLU(), torch.nn.Linear(8, 2))\n"
@@ -212,7 +212,7 @@ def test_training_stays_bit_equal_after_the_thread_count_changes() -> None:
 def test_a_torch_without_the_hooks_gets_a_clear_error() -> None:
     result = _python(
         "import torch\ntorch.__version__ = '2.1.0'\n"
-        "from ppe_core.testing import enable_emulated_device\nenable_emulated_device()\n"
+        "from ppe_testing import enable_emulated_device\nenable_emulated_device()\n"
     )
     assert "EmulatedDeviceError: the emulated device needs torch >= 2.13" in result.stderr
     assert "upgrade torch" in result.stderr

@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-
-from ppe_core.testing import EMULATED_DEVICE, enable_emulated_device
+from ppe_testing import EMULATED_DEVICE, enable_emulated_device
 
 DIGITS = Path(__file__).parent.parent / "examples" / "train_digits.py"
 

@@ -81,7 +81,7 @@ _OLD_PATHS = {
     "ProcessGroupNotInitializedError",
     "ppe_core.reporting": "EmptySummaryError NoCurrentReporterError UnknownObserverError",
     "ppe_core.runtime": "RuntimeOptionTypeError",
-    "ppe_core.testing": "ConformanceError",
+    "ppe_testing": "ConformanceError EmulatedDeviceError",
     "ppe_core.training.extension": "DuplicateExtensionError ExtensionNameError",
     "ppe_core.training.extensions.evaluator": "IgnoredArgumentWarning MissingEvalTargetError "
     "OptionalDependencyError",

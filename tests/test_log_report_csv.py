@@ -48,7 +48,7 @@ def test_csv_is_inferred_from_the_suffix_and_holds_one_row_per_entry(tmp_path: P
     _train(_manager(tmp_path, [log_report]))
 
     rows = _rows(tmp_path / "log.csv")
-    assert list(rows[0]) == ["train/loss", "epoch", "iteration", "elapsed_time"]
+    assert list(rows[0]) == ["epoch", "iteration", "train/loss", "elapsed_time"]  # epoch first
     assert [int(r["iteration"]) for r in rows] == [e["iteration"] for e in log_report.log]
     # Floats are written with repr: they read back exactly.
     assert [float(r["train/loss"]) for r in rows] == [e["train/loss"] for e in log_report.log]
@@ -60,6 +60,7 @@ def test_a_new_key_widens_the_header_and_leaves_earlier_cells_empty(tmp_path: Pa
     _train(_manager(tmp_path, [_late_key(5), log_report]))
 
     rows = _rows(tmp_path / "metrics")
+    assert list(rows[0])[:2] == ["epoch", "iteration"]  # kept first by the widened header
     assert list(rows[0])[-1] == "late/value"
     assert [r["late/value"] for r in rows[:4]] == ["", "", "", ""]
     assert [float(r["late/value"]) for r in rows[4:]] == [float(i) for i in range(5, 13)]
@@ -198,5 +199,5 @@ def test_sigkill_mid_run_loses_nothing_written_and_the_resumed_file_is_whole(
     assert text == _serialized(entries, fmt)  # exactly one whole entry per iteration
     if fmt == "csv":
         rows = _rows(tmp_path / filename)
-        assert list(rows[0]) == ["train/loss", "epoch", "iteration", "elapsed_time", "late/value"]
+        assert list(rows[0]) == ["epoch", "iteration", "train/loss", "elapsed_time", "late/value"]
         assert [int(r["iteration"]) for r in rows] == list(range(1, ITERATIONS + 1))

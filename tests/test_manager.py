@@ -604,8 +604,9 @@ def test_state_dict_layout() -> None:
         "state_objects",
         "extensions",
         "ppe_version",
-        "_ppe_core",  # ppe-core's own entry, which PPE ignores: its version, the epoch length
+        "_ppe_core",  # ppe-core's own entry, which PPE ignores: its version, the epoch length, ...
     }
+    assert state["_ppe_core"].pop("elapsed_time")["seconds"] > 0.0  # goes on after a resume
     assert state["_ppe_core"] == {
         "version": ppe_core.__version__,
         "manager": {"iters_per_epoch": 4},

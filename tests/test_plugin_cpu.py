@@ -14,12 +14,12 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 from ppe_cpu import CPU_OPTIONS, CPURuntime
+from ppe_testing import RuntimeConformance
 from torch.utils.data import DataLoader, TensorDataset
 
 import ppe_core as ppe
 from ppe_core.errors import RuntimeOptionError
 from ppe_core.runtime import BaseRuntime, RuntimeOptionTypeError, get_runtime
-from ppe_core.testing import RuntimeConformance
 
 
 # The example's model and data (examples/quickstart.py), small -------------------------------

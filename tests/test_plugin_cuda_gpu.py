@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import torch
 from ppe_cuda import CUDARuntime, CUDAUnavailableError, PrefetchLoader
+from ppe_testing import RuntimeConformance
 from torch.utils.data import DataLoader, TensorDataset
 
 import ppe_core as ppe
 from ppe_core.runtime import get_runtime
-from ppe_core.testing import RuntimeConformance
 
 pytestmark = [
     pytest.mark.gpu,

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from helpers import linear_manager
 
-from ppe_core.errors import ConfigurationError
+from ppe_core.errors import ConfigurationError, MissingObservationWarning
 from ppe_core.reporting import report
 from ppe_core.training.extensions._log_report import LogReport
 from ppe_core.training.extensions._print_report import PrintReport
@@ -68,7 +68,8 @@ def test_explicit_entries_with_missing_values_and_non_float_cells(tmp_path: Path
         LogReport(postprocess=decorate),
         PrintReport(["iteration", "big", "note", "missing"], out=out),
     ]
-    _train(_manager(tmp_path, extensions, max_epochs=1))
+    with pytest.warns(MissingObservationWarning, match="empty column for 'missing'"):
+        _train(_manager(tmp_path, extensions, max_epochs=1))
 
     header, row = out.getvalue().splitlines(keepends=True)
     assert header == "iteration   big         note        missing   \n"

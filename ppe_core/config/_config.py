@@ -88,7 +88,7 @@ class Config:
     @classmethod
     def load_path(
         cls,
-        path: str,
+        path: str | os.PathLike[str],
         *,
         loader: Loader | None = None,
         types: Mapping[str, Callable[..., Any]] | None = None,
@@ -109,6 +109,7 @@ class Config:
             ConfigCycleError: Files import each other in a circle.
             OptionalDependencyError: A YAML file without PyYAML installed.
         """
+        path = os.fspath(path)  # a Path reads the file its str form does
         if loader is None:
             loader = _yaml_loader() if path.endswith(_YAML_SUFFIXES) else _json_loader
         return cls(_load(path, loader, ()), types)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import functools
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -30,6 +31,7 @@ from ppe_core.errors import (
     ConfigurationError,
     DistributedEnvironmentError,
     DistributedNotInitializedError,
+    missing_extra_error,
 )
 
 __all__ = [
@@ -49,6 +51,7 @@ __all__ = [
     "is_distributed",
     "is_main_process",
     "require_group",
+    "require_object_collectives",
     "run_collective",
     "shutdown",
     "timeout_error",
@@ -282,6 +285,8 @@ def init_from_env(
     if launched is None:
         return WorldInfo(1, 0, 0)
     launcher, world_size, rank, local_rank = launched
+    if world_size > 1:  # before a group whose first object collective would fail
+        require_object_collectives(f"training with {world_size} processes")
     chosen = backend if backend is not None else backend_for(device)
     addr, port = _rendezvous(env, launcher, world_size)
     wait = _resolve_timeout(timeout, env)
@@ -360,6 +365,34 @@ def require_group(owner: str, fix: str = "or use the non-distributed variant") -
             f"torch.distributed.init_process_group(...) first (torchrun sets up the "
             f"environment), {fix}"
         )
+
+
+def require_object_collectives(feature: str) -> None:
+    """Raises when numpy is missing: ``feature`` exchanges Python objects between ranks.
+
+    torch.distributed's object collectives (``all_gather_object``, ``broadcast_object_list``,
+    and DCP's planning, which uses them) read the received bytes through ``Tensor.numpy()``;
+    without numpy they fail inside the collective ("Numpy is not available"), for DCP in its
+    background thread, long after the cause. Checked once where such a feature starts.
+
+    Raises:
+        OptionalDependencyError: numpy is not installed (an ``ImportError``).
+    """
+    if not _numpy_installed():
+        raise missing_extra_error(
+            f"{feature} (torch.distributed's object collectives read through numpy)",
+            "numpy",
+            "distributed",
+        )
+
+
+@functools.cache
+def _numpy_installed() -> bool:
+    try:
+        import numpy  # noqa: F401  (torch has imported it already when it is installed)
+    except ImportError:
+        return False
+    return True
 
 
 def gather_objects(obj: Any) -> list[Any]:

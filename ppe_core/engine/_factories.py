@@ -14,6 +14,7 @@ from ppe_core._resolve import resolve_runtime
 from ppe_core.errors import ArgumentTypeError, ConfigurationError, RuntimeOptionError
 from ppe_core.handler import BaseLogic, Handler, Logic
 from ppe_core.handler._diagnostics import pop_async_option
+from ppe_core.handler._logic import LOGIC_OPTIONS
 from ppe_core.runtime import BaseRuntime, DeviceLike, iter_runtime_modules
 from ppe_core.training._manager import (
     default_transform_model,
@@ -47,6 +48,27 @@ def _as_dict(value: Any, kind: type, kind_name: str, argument: str, example: str
     return items
 
 
+#: Arguments other frameworks' trainers take, each with what does it here (said when given).
+_ARGUMENT_HINTS: dict[str, str] = {
+    "precision": (
+        "mixed precision is the autocast option: ppe.to(model, device, "
+        "options={'autocast': True}) (bfloat16 on the CPU, float16 with a GradScaler on CUDA; "
+        "or a dtype, e.g. {'autocast': torch.bfloat16}), or the Logic's "
+        "create_trainer(..., options={'autocast': True}); see docs/runtimes.md"
+    ),
+    "seed": (
+        "create_trainer does not seed: call torch.manual_seed(seed) (and random's and "
+        "numpy's, if used) before building the model and the loaders; a resumed run "
+        "continues from the RNG states its snapshot saved"
+    ),
+    "gradient_clip_val": (
+        "gradient clipping is the Logic option create_trainer(..., "
+        "options={'grad_clip_norm': max_norm}) (or 'grad_clip_value' to clamp each element), "
+        "applied after unscaling, once per optimizer step; see docs/how-to/clipping.md"
+    ),
+}
+
+
 def _reject_unknown(
     function: Callable[..., Any], kwargs: Mapping[str, Any], also: Sequence[str] = ()
 ) -> None:
@@ -57,11 +79,13 @@ def _reject_unknown(
     kwargs = {k: v for k, v in kwargs.items() if k not in also}
     hints = []
     for key in sorted(kwargs):
-        close = difflib.get_close_matches(key, known, n=1)
+        # A hinted argument gets its hint below, not the closest name (unrelated to it).
+        close = [] if key in _ARGUMENT_HINTS else difflib.get_close_matches(key, known, n=1)
         hints.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+    fixes = "".join(f" {key}: {hint}." for key, hint in _ARGUMENT_HINTS.items() if key in kwargs)
     raise ArgumentTypeError(
         f"{function.__name__} got unexpected argument(s) {', '.join(hints)}; its arguments are "
-        f"{', '.join(known)}."
+        f"{', '.join(known)}.{fixes}"
     )
 
 
@@ -316,6 +340,14 @@ def _build_handler(
     pop_async_option(remaining, stacklevel=3)
     handler = (handler_class or Handler)(resolved, runtime, remaining)
     resolved.consume_options(remaining)  # the handler took its options first
+    dropped = sorted(set(remaining) & set(LOGIC_OPTIONS))
+    if dropped and not isinstance(resolved, Logic):
+        raise ConfigurationError(
+            f"option(s) {dropped} are ppe.handler.Logic's, and {type(resolved).__name__} is not "
+            "a Logic subclass (a BaseLogic subclass takes none of them). Subclass "
+            "ppe.handler.Logic, calling super() in what it overrides, to keep them; see "
+            "docs/handler-logic.md, A custom Logic"
+        )
     if remaining:
         raise ConfigurationError(
             f"unknown option(s) {sorted(remaining)}: neither {type(handler).__name__} nor "
@@ -331,7 +363,7 @@ def create_trainer(
     max_epochs: int,
     *,
     extensions: list[Any] | None = None,
-    out_dir: str = "result",
+    out_dir: str | os.PathLike[str] = "result",
     stop_trigger: Any = None,
     writer: Any = None,
     evaluator: EvaluatorSpec | None = None,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 import torch
@@ -158,6 +158,20 @@ class Handler(HandlerScalerState, BaseHandler):
         self._eval_pre = _overriding(self._modules, "eval_pre_step")
         self._eval_post = _overriding(self._modules, "eval_post_step")
 
+    def _runtime_iterator(
+        self, models: Mapping[str, torch.nn.Module]
+    ) -> Iterator[tuple[str, torch.nn.Module, BaseRuntime]]:
+        """PPE's iterator over ``(name, module, runtime)`` of every tagged module, for handler
+        subclasses; the modules are found in ``models`` on first use, then reused."""
+        if not self._modules:
+            self._discover(models)
+        return iter(self._modules)
+
+    @property
+    def _ppe_modules(self) -> list[tuple[str, torch.nn.Module, BaseRuntime]]:
+        """PPE's name for the ``(name, module, runtime)`` triples found so far."""
+        return self._modules
+
     def _each_runtime(self, models: Mapping[str, torch.nn.Module], method: str) -> None:
         """Calls ``runtime.<method>(module)`` for every tagged module (callbacks called outside
         a run, or before setup, find the runtimes on first use)."""
@@ -170,11 +184,13 @@ class Handler(HandlerScalerState, BaseHandler):
         self,
         models: Mapping[str, torch.nn.Module],
         loader: Any,
-        optimizers: Mapping[str, torch.optim.Optimizer] | None,
+        optimizers: Mapping[str, torch.optim.Optimizer] | None = None,
+        *,
+        initialize: bool = True,
     ) -> None:
-        """Finds the runtimes (a run without any is refused) and binds the logic to them; given
-        ``optimizers``, each runtime initialises its module (with the optimizer keyed like it,
-        or the only one)."""
+        """Finds the runtimes (a run without any is refused) and binds the logic to them; with
+        ``initialize``, each runtime initialises its module (with the optimizer keyed like it,
+        or the only one; none without ``optimizers``), as PPE's ``_setup``."""
         self._discover(models)
         if not self._modules:
             raise NoRuntimeError(
@@ -183,8 +199,9 @@ class Handler(HandlerScalerState, BaseHandler):
                 "before running, e.g. ppe.to(model, 'cpu')."
             )
         self._bind_logic(models)
-        if optimizers is None:
+        if not initialize:
             return
+        optimizers = optimizers or {}
         sole = next(iter(optimizers.values())) if len(optimizers) == 1 else None
         for name, module, runtime in self._modules:
             load = loader.get(name) if isinstance(loader, dict) else loader
@@ -268,7 +285,7 @@ class Handler(HandlerScalerState, BaseHandler):
     def eval_setup(self, evaluator: Any, loader: Iterable[Any]) -> None:
         """Find runtimes (the evaluator may run standalone); initialise modules once."""
         switch_mode(evaluator.models.values(), False)
-        self._setup(evaluator.models, loader, None if self._eval_initialized else {})
+        self._setup(evaluator.models, loader, initialize=not self._eval_initialized)
         self._eval_initialized = True
 
     def eval_loop_begin(self, evaluator: Any) -> None:

@@ -14,6 +14,7 @@ from ppe_core.errors import (
     ConfigurationError,
     ModelOutputError,
 )
+from ppe_core.handler._clipping import ClipOptions, build_clipper, pop_clip_options
 from ppe_core.handler._diagnostics import (
     GradientWatch,
     check_autocast_device,
@@ -36,6 +37,19 @@ from ppe_core.runtime import (
 from ppe_core.runtime._execute import call_with_batch
 
 _T = TypeVar("_T")
+
+#: The options :class:`Logic` takes (a ``BaseLogic`` subclass takes none of them).
+LOGIC_OPTIONS = (
+    "backward_outputs",
+    "backward_function",
+    "autocast",
+    "grad_scaler",
+    "grad_accumulation_steps",
+    "optimizers",
+    "grad_clip_norm",
+    "grad_clip_norm_type",
+    "grad_clip_value",
+)
 
 
 def set_sampler_epoch(loader: Iterable[Any], epoch: int) -> None:
@@ -337,6 +351,16 @@ class Logic(LogicScalerState, ModelLogic):
             that optimizer's parameters only (when there are several losses), then the
             model's optimizers step before the next model's forward. See
             ``docs/handler-logic.md``.
+        grad_clip_norm: Clip the gradients of each optimizer's parameters to this total norm
+            (``torch.nn.utils.clip_grad_norm_``) right before it steps: after the grad
+            scaler unscaled them, once per accumulation window, over every rank's gradients
+            (DDP, FSDP2). A number for every optimizer, or ``{optimizer name: max_norm}``.
+            The norm before clipping is reported as ``train/grad_norm`` (with several
+            optimizers ``train/<name>/grad_norm``), a tensor: nothing waits for the device.
+        grad_clip_norm_type: The p of that norm (default 2.0; ``math.inf``: the largest).
+        grad_clip_value: Clamp each gradient element to ``[-value, value]``
+            (``torch.nn.utils.clip_grad_value_``), at the same point; a number or a dict.
+            One optimizer takes a norm or a value, not both.
 
     Args:
         model_name: The key of the model (and optimizer) this logic trains.
@@ -350,6 +374,8 @@ class Logic(LogicScalerState, ModelLogic):
     _first_step = True
     #: Set when that step trained nothing: checked (and cleared) at the next epoch's start.
     _nograd_watch: GradientWatch | None = None
+    #: The clipping options as given so far (the clipper is built from them and the targets).
+    _clip_options = ClipOptions()
 
     def consume_options(self, options: dict[str, Any]) -> None:
         super().consume_options(options)
@@ -370,6 +396,9 @@ class Logic(LogicScalerState, ModelLogic):
         self._autocast = self._autocast if autocast is None else _AutocastManager(autocast)
         self._grad_scaler = options.pop("grad_scaler", None) or self._grad_scaler
         self._consume_staged_options(options)
+        self._clip_options = pop_clip_options(options, self._clip_options)
+        targets = None if self._targets is None else list(self._targets)
+        self._clipper = build_clipper(self._clip_options, targets, self.model_name)
 
     def _window_model_names(self) -> list[str]:
         """The models whose gradients this logic accumulates: its model, or with the
@@ -493,7 +522,10 @@ class Logic(LogicScalerState, ModelLogic):
     def _forward_backward(self, model: torch.nn.Module, batch: Any, window: int) -> Any:
         outputs = self._autocast_forward(model, batch)
         named = outputs if type(outputs) is dict else self._keyed(outputs)
-        self._backward(named, window)
+        if window == 1:  # PPE's call: a subclass's ``_backward(self, outputs)`` works
+            self._backward(named)
+        else:
+            self._backward(named, window)
         if self._first_step:  # one attribute test per step; the check itself runs once
             self._check_first_step(model, named)
         return outputs
@@ -524,6 +556,9 @@ class Logic(LogicScalerState, ModelLogic):
             optimizer = optimizers[self.model_name]
         except KeyError:
             optimizer = self._lookup(optimizers, "optimizer")  # raises the explained error
+        clipper = self._clipper
+        if clipper is not None:  # the options' clipping: after unscaling, before the step
+            clipper.clip(self.model_name, optimizer, self._grad_scaler)
         if self._grad_scaler is None:
             optimizer.step()
         else:
@@ -576,6 +611,13 @@ class ClousureLogic(Logic):
                 "optimizer that needs no closure."
             )
         check_closure_options(self.grad_accumulation_steps, self._targets is not None)
+        if self._clipper is not None:
+            raise ConfigurationError(
+                "ClousureLogic cannot clip gradients: the optimizer evaluates the closure, "
+                "maybe several times, inside its own step. Remove the 'grad_clip_norm' / "
+                "'grad_clip_value' option, or use ppe.handler.Logic with an optimizer that "
+                "needs no closure"
+            )
 
     def offer_grad_scaler(self, scaler: torch.amp.GradScaler) -> None:
         """Ignored: a closure-driven optimizer step cannot be scaled (see above)."""

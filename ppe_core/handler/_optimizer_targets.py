@@ -15,6 +15,7 @@ import torch
 
 from ppe_core.errors import ConfigurationError, ModelOutputError
 from ppe_core.handler._accumulation import Accumulation, no_sync
+from ppe_core.handler._clipping import GradClipper
 from ppe_core.handler._diagnostics import check_something_trains, holds_parameters
 
 #: The keys an optimizer's entry in the ``optimizers`` option may have.
@@ -169,6 +170,8 @@ class StagedSteps(Accumulation):
     _plan: Plan | None = None
     _grad_scaler: torch.amp.GradScaler | None = None
     _backward_fn: Callable[[torch.Tensor], Any] | None = None
+    #: The ``grad_clip_norm`` / ``grad_clip_value`` options' clipper (None: no clipping).
+    _clipper: GradClipper | None = None
 
     if TYPE_CHECKING:
 
@@ -366,11 +369,15 @@ class StagedSteps(Accumulation):
         stage.checked = True
 
     def _step_stage(self, stage: Stage) -> None:
-        """Steps the stage's optimizers, each through its group's scaler, then updates the
-        scalers that have stepped their last optimizer of the step."""
+        """Steps the stage's optimizers, each through its group's scaler (its gradients
+        clipped first, with the clipping options), then updates the scalers that have stepped
+        their last optimizer of the step."""
+        clipper = self._clipper
         for group in stage.groups:
             scaler = group.scaler
-            for optimizer in group.optimizers:
+            for name, optimizer in zip(group.names, group.optimizers, strict=True):
+                if clipper is not None:
+                    clipper.clip(name, optimizer, scaler)
                 if scaler is None:
                     optimizer.step()
                 else:

@@ -22,6 +22,7 @@ from ppe_core.runtime import get_runtime
 from ppe_core.tracking._channel import COUNTS_LOCK as _COUNTS_LOCK
 from ppe_core.tracking._channel import Pump, TrackerReport
 from ppe_core.tracking._sender import ProcessSender, unsendable_reason
+from ppe_core.tracking._shared_dir import check_shared_out_dir
 from ppe_core.training._extension import PRIORITY_READER, Extension
 from ppe_core.training.extensions._log_reader import find_log_report
 from ppe_core.training.triggers import get_trigger
@@ -36,6 +37,10 @@ __all__ = ["BaseTracker", "TrackerEntry", "TrackerReport"]
 # The manifest of a complete SnapshotMode.DCP snapshot directory (its name, not imported: the
 # snapshot modules import torch.distributed.checkpoint helpers).
 _DCP_MANIFEST = ".ppe_core_manifest.json"
+
+#: The default ``snapshot`` names (``snapshot_iter_{.iteration}``): what ``snapshots=True``
+#: uploads.
+SNAPSHOT_PATTERN = "snapshot_iter_*"
 
 # The longest pause between two retries, whatever ``retry_backoff`` doubles to.
 _MAX_BACKOFF = 30.0
@@ -128,7 +133,13 @@ class BaseTracker(Extension):
             runtime).
         artifacts: Glob patterns, relative to the manager's ``out`` directory, of files to
             upload as artifacts once they appear (e.g. ``"snapshot_iter_*"``); checked by the
-            worker after each batch and at the end.
+            worker after each batch and at the end. A ``SnapshotMode.DCP`` snapshot's
+            directory is uploaded whole once complete; under torch.distributed the tracker
+            checks at start that rank 0 sees every rank's shards in it (a shared file
+            system), and raises :class:`~ppe_core.errors.ConfigurationError` on every rank
+            when not: the upload would hold only rank 0's node's shards.
+        snapshots: Also upload the snapshots (``snapshot_iter_*``, the default names of
+            ``snapshot``) as artifacts; a string is another glob pattern.
         queue_size: Entries waiting in the queue before each new one drops the oldest (besides
             them, at most two batches are in the worker's or sender process's hands).
         batch_size: Most entries handed to one :meth:`log_metrics` call.
@@ -160,6 +171,7 @@ class BaseTracker(Extension):
         log_report: str = "LogReport",
         params: Mapping[str, Any] | None = None,
         artifacts: str | Sequence[str] = (),
+        snapshots: bool | str = False,
         queue_size: int = 10_000,
         batch_size: int = 100,
         send_interval: float = 1.0,
@@ -199,6 +211,9 @@ class BaseTracker(Extension):
         self._log_report_name = log_report
         self._extra_params = dict(params or {})
         self._artifact_patterns = (artifacts,) if isinstance(artifacts, str) else tuple(artifacts)
+        if snapshots:
+            pattern = SNAPSHOT_PATTERN if snapshots is True else str(snapshots)
+            self._artifact_patterns = (*self._artifact_patterns, pattern)
         self._queue_size = queue_size
         self._batch_size = batch_size
         self._send_interval = float(send_interval)
@@ -335,6 +350,14 @@ class BaseTracker(Extension):
         return params
 
     @property
+    def collectives(self) -> str | None:
+        """What the tracker issues under torch.distributed (see ``training/_ranks``): with
+        artifacts, the check at start that rank 0 sees every rank's DCP shards."""
+        if not self._artifact_patterns:
+            return None
+        return f"tracker(shared out_dir check, artifacts={list(self._artifact_patterns)})"
+
+    @property
     def run_id(self) -> str | None:
         """The tracker run's id: None until the worker opened (or was told to resume) one."""
         return self._run_id
@@ -394,6 +417,8 @@ class BaseTracker(Extension):
         if self._run_key is None:
             self._run_key = uuid.uuid4().hex
         self._reset_run_state()
+        # Every rank, before rank 0 alone goes on: refuses DCP uploads missing other nodes' shards.
+        check_shared_out_dir(manager, self.name, self._label(), self._artifact_patterns)
         self._active = group_world()[1] == 0
         if not self._active:
             return

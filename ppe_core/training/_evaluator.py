@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import queue
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ppe_core._active_host import active_host
 from ppe_core.distributed import is_distributed, run_collective, timeouts_explained
-from ppe_core.errors import DistributedNotInitializedError
+from ppe_core.errors import DistributedNotInitializedError, ManagerStateError
 from ppe_core.handler._handler import step_function
 from ppe_core.handler._logic import keep_modes
 from ppe_core.reporting import DictSummary, Reporter, report
@@ -29,6 +30,29 @@ __all__ = ["DistributedEvaluator", "DistributedNotInitializedError", "Evaluator"
 
 #: ``metric(batch, outputs) -> {name: value}``; values are reported as ``val/<name>``.
 Metric = Callable[[Any, Any], Mapping[str, Any]]
+
+
+@contextlib.contextmanager
+def _progress_bar(name: str, required: bool, size: int | None) -> Iterator[Callable[[int], None]]:
+    """PPE's evaluation progress bar: ``with _progress_bar(name, required, size) as update``,
+    then ``update(batch_idx)`` after each batch; the bar closes when the block ends.
+
+    Kept for PPE subclasses that drive their own evaluation loop (``name`` is PPE's label; the
+    bar always reads "validation", as PPE's evaluator passes). Not required: a no-op updater.
+    """
+    if not required:
+        yield lambda i: None
+        return
+    bar = make_bar(size)
+    done = 0
+
+    def update(batch_idx: int) -> None:
+        nonlocal done
+        bar.update(batch_idx + 1 - done)  # PPE's position is the index of the batch just done
+        done = batch_idx + 1
+
+    yield update
+    bar.close()
 
 
 def _observing_reporter(models: Mapping[str, torch.nn.Module]) -> Reporter:
@@ -96,6 +120,7 @@ class Evaluator:
         self.summary = DictSummary()
         self._set_up = False
         self._batch_unit = 1  # the first batch's size: the unit of the summary's weights
+        self._eval_len: int | None = None  # batches in the current run (PPE's attribute)
         if self._distributed and not is_distributed():
             raise DistributedNotInitializedError(
                 "a distributed evaluator needs torch.distributed to be initialised: run under "
@@ -110,21 +135,98 @@ class Evaluator:
             self.handler.eval_setup(self, loader)
             self._set_up = True
 
+    # PPE's names for the attributes above, for subclasses written against PPE 0.9.
+    @property
+    def _progress_bar(self) -> bool:
+        return self.progress_bar
+
+    @_progress_bar.setter
+    def _progress_bar(self, value: bool) -> None:
+        self.progress_bar = value
+
+    @property
+    def _summary(self) -> DictSummary:
+        return self.summary
+
+    @_summary.setter
+    def _summary(self, value: DictSummary) -> None:
+        self.summary = value
+
+    def _process_metrics(self, ins: Any, outs: Any) -> Any:
+        """Adds each metric's values to ``outs`` (a dict; other outputs get them reported as
+        ``val/<name>``) and returns ``outs``; called in every step before ``eval_post_step``.
+
+        PPE's hook: a subclass may override it (it is then called every step, metrics or
+        not) to add or change outputs before they are reported.
+        """
+        for metric in self._metrics:
+            values = metric(ins, outs)
+            if not isinstance(values, Mapping):
+                raise metric_result_error(metric, values)
+            if isinstance(outs, dict):
+                outs.update(values)  # reported by eval_post_step with the outputs
+            else:
+                report({f"val/{k}": v for k, v in values.items()})
+        return outs
+
     def _finish_step(self, evaluator: Any, batch_idx: int, batch: Any, outputs: Any) -> None:
-        """The post-step when there are metrics: the metrics, then ``eval_post_step``."""
+        """The post-step with metrics (or a ``_process_metrics`` override): the metrics, then
+        ``eval_post_step``."""
         reporter = self._reporter
         # The run made the reporter current; the scope keeps a handler that completes a step
         # in another thread reporting into the batch's observation.
         with reporter.scope(reporter.observation):
-            for metric in self._metrics:
-                values = metric(batch, outputs)
-                if not isinstance(values, Mapping):
-                    raise metric_result_error(metric, values)
-                if isinstance(outputs, dict):
-                    outputs.update(values)  # reported by eval_post_step with the outputs
-                else:
-                    report({f"val/{k}": v for k, v in values.items()})
+            outputs = self._process_metrics(batch, outputs)
             self.handler.eval_post_step(evaluator, batch_idx, batch, outputs)
+
+    def _complete_step(self, idx: int, outs: Any, *, is_deferred: bool = False) -> None:
+        """PPE's step completion, used only when a subclass overrides it (see :meth:`run`).
+
+        Takes the step's batch and observation from the queues ``run`` fills (``_idxs``,
+        ``_inputs``, ``_observed``), runs :meth:`_process_metrics` and the handler's
+        ``eval_post_step`` in that observation, adds it to the summary (per sample, as
+        ``run``) and updates the progress bar (``_update``; ``_pbar`` closes at the last batch).
+        """
+        expected = self._idxs.get()
+        if expected != idx:
+            raise ManagerStateError(
+                f"evaluation step {idx} completed while step {expected} was expected: a "
+                "handler must complete its steps in order"
+            )
+        batch, observation = self._inputs.get(), self._observed.get()
+        with self._reporter.scope(observation):
+            outs = self._process_metrics(batch, outs)
+            self.handler.eval_post_step(self, idx, batch, outs)
+        self._batch_unit = add_per_sample(self.summary, idx, batch, observation, self._batch_unit)
+        self._update(idx)
+        if idx + 1 == self._eval_len:
+            self._pbar.__exit__(None, None, None)
+
+    def _run_ppe_steps(self, loader: Iterable[Any], length: int | None) -> None:
+        """The steps of a run for a subclass overriding :meth:`_complete_step`: PPE's protocol.
+
+        As PPE: each batch's index, batch and observation are queued, and the handler's
+        ``eval_step`` gets ``self._complete_step`` as ``complete_fn``; ``_pbar`` (PPE's
+        ``_progress_bar`` context) and its updater ``_update`` are set for the override.
+        """
+        self._idxs: queue.Queue[int] = queue.Queue()
+        self._inputs: queue.Queue[Any] = queue.Queue()
+        self._observed: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._pbar = _progress_bar("validation", self.progress_bar, length)
+        self._update = self._pbar.__enter__()
+        handler: Any = self.handler
+        reporter, complete, profile = self._reporter, self._complete_step, self._profile
+        indices = range(length) if length is not None else itertools.count()
+        for batch_idx, batch in zip(indices, loader, strict=False):
+            observation: dict[str, Any] = {}
+            reporter.observation = observation
+            self._idxs.put(batch_idx)
+            self._inputs.put(batch)
+            self._observed.put(observation)
+            handler.eval_step(self, batch_idx, batch, complete)
+            if profile is not None:
+                profile.step()
+        self._pbar.__exit__(None, None, None)  # a no-op if the last step closed it
 
     def _gather_summaries(self) -> None:
         """Combine ``self.summary`` over processes; a single process keeps its own."""
@@ -137,19 +239,23 @@ class Evaluator:
             The mean of every reported value (PPE returns None; the same means are reported
             into the current reporter either way).
         """
-        length = optional_length(loader, eval_len, "eval_len")
+        length = self._eval_len = optional_length(loader, eval_len, "eval_len")
         handler: Any = self.handler
         host = active_host()
         restore_modes = keep_modes(self.models.values())
         self.setup(loader)
         host.evaluator_setup(self)
         error: BaseException | None = None
-        bar = make_bar(length) if self.progress_bar else None
+        # A subclass overriding PPE's _complete_step gets PPE's step protocol (_run_ppe_steps);
+        # one overriding _process_metrics gets it called every step. Chosen once per run.
+        ppe_steps = type(self)._complete_step is not Evaluator._complete_step
+        processes = self._metrics or type(self)._process_metrics is not Evaluator._process_metrics
+        bar = make_bar(length) if self.progress_bar and not ppe_steps else None
         summary = self.summary = DictSummary()
         reporter = self._reporter
         # One whole step per batch, whatever the handler (chosen once); metrics run before the
         # handler's post-step reports the outputs.
-        step = step_function(handler, "eval", self._finish_step if self._metrics else None)
+        step = step_function(handler, "eval", self._finish_step if processes else None)
         profile, unit = self._profile, self._batch_unit
         previous = reporter.observation
         try:
@@ -157,16 +263,20 @@ class Evaluator:
             # The reporter is current for the whole run; each batch only swaps its observation.
             profiling = profile if profile is not None else contextlib.nullcontext()
             with reporter, torch.no_grad(), profiling:
-                indices = range(length) if length is not None else itertools.count()
-                for batch_idx, batch in zip(indices, loader, strict=False):
-                    observation: dict[str, Any] = {}
-                    reporter.observation = observation
-                    step(self, batch_idx, batch)
-                    unit = add_per_sample(summary, batch_idx, batch, observation, unit)
-                    if bar is not None:
-                        bar.update(1)
-                    if profile is not None:
-                        profile.step()
+                if ppe_steps:
+                    self._run_ppe_steps(loader, length)
+                    unit = self._batch_unit
+                else:
+                    indices = range(length) if length is not None else itertools.count()
+                    for batch_idx, batch in zip(indices, loader, strict=False):
+                        observation: dict[str, Any] = {}
+                        reporter.observation = observation
+                        step(self, batch_idx, batch)
+                        unit = add_per_sample(summary, batch_idx, batch, observation, unit)
+                        if bar is not None:
+                            bar.update(1)
+                        if profile is not None:
+                            profile.step()
             self._batch_unit = unit
             handler.eval_loop_end(self)
         except BaseException as exc:

@@ -8,6 +8,7 @@ name it without an import circle through that package's ``__init__``.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -60,7 +61,7 @@ class IgniteExtensionsManager(ExtensionsManager):
         max_epochs: int,
         *,
         extensions: Sequence[ExtensionLike | Extension | ExtensionEntry] | None = None,
-        out_dir: str = "result",
+        out_dir: str | os.PathLike[str] = "result",
         writer: _Writer | None = None,
         enable_profile: bool = False,
         enable_trace: bool = False,

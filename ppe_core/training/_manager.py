@@ -23,6 +23,7 @@ from ppe_core.errors import (
     ManagerStateError,
     MissingExtensionStateWarning,
     ModelStateUnavailableError,
+    NotProvidedError,
     StateDictKeyError,
     StateDictMismatchError,
     StateVersionWarning,
@@ -48,7 +49,12 @@ from ppe_core.training._manager_checks import (
 )
 from ppe_core.training._protocols import StateObjectProtocol
 from ppe_core.training._ranks import agree_on_collectives, device_of
-from ppe_core.training._resume import STOP_TRIGGER_KEY, VERSION_KEY, ResumeStates
+from ppe_core.training._resume import (
+    ELAPSED_TIME_KEY,
+    STOP_TRIGGER_KEY,
+    VERSION_KEY,
+    ResumeStates,
+)
 from ppe_core.training._run_lock import ManagerRunLock
 from ppe_core.training._state import PPE_CORE_STATE_KEY
 from ppe_core.training._state_mismatch import (
@@ -56,7 +62,7 @@ from ppe_core.training._state_mismatch import (
     load_model_state,
     load_optimizer_state,
 )
-from ppe_core.training._stop_reason import StopKind, StopReason
+from ppe_core.training._stop_reason import StopKind, StopReason, reached_length
 from ppe_core.training.triggers import NEVER, Trigger, TriggerLike, get_trigger, next_due
 from ppe_core.writing._extension_files import check_output_files
 
@@ -232,6 +238,29 @@ class _StopTriggerState:
         self.loaded = True
 
 
+class _ElapsedTimeState:
+    """The manager's elapsed time, ``state['_ppe_core']['elapsed_time']`` (PPE saves none).
+
+    A resumed run's ``elapsed_time`` goes on from the saved value, so logs and a
+    ``TimeTrigger`` (whose next firing time is saved) continue; a state without it (PPE's)
+    starts at 0.0, as in PPE.
+    """
+
+    def __init__(self, manager: ExtensionsManager) -> None:
+        self._manager = manager
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seconds": float(self._manager.elapsed_time)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        manager = self._manager
+        start = manager._start_time
+        # elapsed_time reads the saved value from now on (this run's loading time not counted).
+        manager._elapsed_before = float(state["seconds"])
+        if start is not None:
+            manager._start_time = time.perf_counter()
+
+
 class _IterationContext:
     """What ``run_iteration()`` returns: a reusable, allocation-free context manager."""
 
@@ -255,6 +284,19 @@ class _IterationContext:
             self._manager.end_iteration(self._step_optimizers)
         else:
             self._manager.abort_iteration(exc)
+
+
+#: PPE 0.9's protected ExtensionsManager members that ppe-core keeps no equivalent of ->
+#: the public way to do what a subclass used them for (docs/migration.md lists them).
+_PPE_PROTECTED = {
+    "_extensions": "`manager.extensions` ((name, entry) pairs) or `manager.get_extension(name)`",
+    "_state_objects": "the `state_objects` argument of the manager (and `state_dict()`)",
+    "_internal_stop_trigger": "`manager.stop_trigger` (and the `stop_trigger` argument)",
+    "_start_extensions_called": "`manager.start_extensions()`, which runs once by itself",
+    "_run_on_error": "an extension's `on_error(manager, exc, tb)`",
+    "_finalize_extensions": "`manager.finalize()`",
+    "_check_model_available": "`manager.models` (it raises when the models are not available)",
+}
 
 
 class ExtensionsManager(EpochLengthState):
@@ -320,7 +362,7 @@ class ExtensionsManager(EpochLengthState):
         *,
         iters_per_epoch: int,
         extensions: Sequence[ExtensionLike | Extension | ExtensionEntry] | None = None,
-        out_dir: str = "result",
+        out_dir: str | os.PathLike[str] = "result",
         stop_trigger: TriggerLike = None,
         writer: _Writer | None = None,
         transform_model: TransformModel | None = identity_transform_model,
@@ -369,6 +411,7 @@ class ExtensionsManager(EpochLengthState):
         self._stop_checked_at, self._stop_value = -1, False
         self._stop_state = _StopTriggerState(self)
         self._resume_states.add(STOP_TRIGGER_KEY, self._stop_state, builtin=True)
+        self._resume_states.add(ELAPSED_TIME_KEY, _ElapsedTimeState(self), builtin=True)
         self._stopped = False  # the manager saw the condition fire after an iteration
         self._stop_reason: StopReason | None = None
 
@@ -398,6 +441,8 @@ class ExtensionsManager(EpochLengthState):
         self._start_iteration = 0
         # When the extensions started (None: not yet).
         self._start_time: float | None = None
+        # The elapsed time of the run this one resumed, when its state was saved (0.0: none).
+        self._elapsed_before = 0.0
         self._finalized = False
         # True once started and until finalized: the one check on the hot path.
         self._ready = False
@@ -469,9 +514,11 @@ class ExtensionsManager(EpochLengthState):
 
     @property
     def elapsed_time(self) -> float:
-        """Seconds since the extensions started (0.0 before that)."""
+        """Seconds of training: since the extensions started, plus, after a resume, the
+        resumed run's elapsed time when it was saved (PPE restarts it at 0.0)."""
         start = self._start_time
-        return 0.0 if start is None else time.perf_counter() - start
+        now = 0.0 if start is None else time.perf_counter() - start
+        return self._elapsed_before + now
 
     @property
     def models(self) -> Mapping[str, torch.nn.Module]:
@@ -611,6 +658,18 @@ class ExtensionsManager(EpochLengthState):
         if entry is None:
             raise unknown_extension_error(name, self._entries)
         return entry.extension
+
+    if not TYPE_CHECKING:  # type checkers keep flagging misspelt attributes of the manager
+
+        def __getattr__(self, name: str) -> Any:
+            # Only reached for attributes the manager lacks: no cost on the ones it has.
+            replacement = _PPE_PROTECTED.get(name)
+            if replacement is None:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            raise NotProvidedError(
+                f"ExtensionsManager.{name} (a protected member of PPE 0.9's manager) is not "
+                f"provided by ppe-core; use {replacement} instead"
+            )
 
     @property
     def extensions(self) -> list[tuple[str, ExtensionEntry]]:
@@ -998,7 +1057,14 @@ class ExtensionsManager(EpochLengthState):
         that fired or the ``error``; only the first reason counts."""
         if self._stop_reason is None:
             epoch_detail = iteration / self._iters_per_epoch
-            self._stop_reason = StopReason(kind, iteration, epoch_detail, trigger, error)
+            # A full run (max_epochs, an EarlyStoppingTrigger at its max_trigger) says so
+            # rather than "fired".
+            length = (
+                None
+                if error is not None
+                else reached_length(trigger, iteration, self._iters_per_epoch)
+            )
+            self._stop_reason = StopReason(kind, iteration, epoch_detail, trigger, error, length)
 
     def needs_model_state(self, iteration: int | None = None) -> bool:
         """Whether an extension declaring ``needs_model_state`` may run at ``iteration``.
@@ -1053,7 +1119,7 @@ class ExtensionsManager(EpochLengthState):
 
         Raises:
             ConfigurationError: ``name`` is a key ppe-core writes there itself (``version``,
-                ``world_size``, ``ranks``, ``stop_trigger``).
+                ``world_size``, ``ranks``, ``stop_trigger``, ``elapsed_time``).
         """
         self._resume_states.add(name, obj)
 
@@ -1143,7 +1209,13 @@ class ExtensionsManager(EpochLengthState):
         iteration = self._start_iteration = self._iteration = int(to_load["_start_iteration"])
         self.execution = int(to_load.get("_start_execution", iteration))
         self._invalidate_schedule()
-        warn_missing_extension_states(self._entries, extension_states)
+        # An extension that keeps no state (Extension's own state_dict) loses nothing.
+        stateful = [
+            name
+            for name, entry in self._entries.items()
+            if type(entry.extension).state_dict is not Extension.state_dict
+        ]
+        warn_missing_extension_states(stateful, extension_states)
         if not self._stop_state.loaded and self._stop_trigger.state_dict():
             warn_missing_stop_trigger_state(self._stop_trigger)
         self._load_epoch_length(to_load, stacklevel=3)

@@ -176,7 +176,15 @@ def not_an_extension_error(ext: object) -> ArgumentTypeError:
     if isinstance(ext, type):
         got = f"the class {ext.__name__}; pass an instance, e.g. {ext.__name__}()"
     elif isinstance(ext, (list, tuple)):
-        got = f"a {type(ext).__name__}; register each item separately"
+        # Most often PPE-style ``(extension, trigger)``: a trigger is given where the
+        # extension is registered, never in a tuple.
+        got = (
+            f"a {type(ext).__name__}; to register an extension with a trigger (or a priority, "
+            "a name), wrap it: ExtensionEntry(extension, trigger=trigger, priority=priority) "
+            "in extensions=[...] (ExtensionEntry is ppe.training.ExtensionEntry), or call "
+            "manager.extend(extension, trigger=trigger, priority=priority); to register "
+            "several extensions, list or extend each one"
+        )
     else:
         got = f"{type(ext).__name__} {ext!r}"
     return ArgumentTypeError(

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from ppe_core.distributed import group_world, run_collective
+from ppe_core.distributed._env import require_object_collectives
 from ppe_core.errors import ConfigurationError
 
 __all__ = ["agree_on_collectives", "check_same_keys", "device_of", "object_device"]
@@ -85,6 +86,7 @@ def agree_on_collectives(
         return None
     import torch.distributed as dist
 
+    require_object_collectives(f"a manager under torch.distributed ({world} processes)")
     mine: dict[str, tuple[str, str, int]] = {}
     for entry in entries:
         declared = getattr(entry.extension, "collectives", None)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ppe_core.training._protocols import StateObjectProtocol
 
 __all__ = [
+    "ELAPSED_TIME_KEY",
     "RANKS_KEY",
     "STOP_TRIGGER_KEY",
     "VERSION_KEY",
@@ -48,8 +49,12 @@ RANKS_KEY = "ranks"
 VERSION_KEY = "version"
 #: Under ``state['_ppe_core']``: the manager's stop trigger's state (PPE saves none).
 STOP_TRIGGER_KEY = "stop_trigger"
+#: Under ``state['_ppe_core']``: the manager's elapsed time when the state was saved.
+ELAPSED_TIME_KEY = "elapsed_time"
 # Keys of state['_ppe_core'] that add_resume_state may not take: ppe-core writes them itself.
-_RESERVED_KEYS = frozenset({VERSION_KEY, WORLD_SIZE_KEY, RANKS_KEY, STOP_TRIGGER_KEY})
+_RESERVED_KEYS = frozenset(
+    {VERSION_KEY, WORLD_SIZE_KEY, RANKS_KEY, STOP_TRIGGER_KEY, ELAPSED_TIME_KEY}
+)
 
 
 class ResumeStates:

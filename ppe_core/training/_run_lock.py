@@ -7,6 +7,12 @@ when it starts, and releases it when it is finalized. The lock belongs to an ope
 it dies with the process: a SIGKILLed holder leaves no live lock, only a file whose content
 (pid, host, start time, job id) the next run reports when it takes the lock over.
 
+A lock file deleted (or replaced) while its run holds it no longer protects the directory: a
+second run would find no lock. The holder notices at its next write into ``out_dir`` (the
+writer asks :func:`check_before_write`, one ``os.stat``; never per step) and takes the lock
+again with a :class:`RunLockWarning`, or, if a second run took the directory meanwhile,
+raises :class:`OutputDirectoryInUseError` before writing anything more.
+
 Within one process the lock is shared: managers of the same process on the same directory
 (a notebook re-running a cell after an error, tests) do not refuse each other; the lock is
 released when the last of them finishes. Under ``torch.distributed`` only rank 0 takes it,
@@ -20,6 +26,7 @@ import errno
 import json
 import os
 import socket
+import stat
 import sys
 import threading
 import time
@@ -28,7 +35,8 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from ppe_core.errors import OutputDirectoryInUseError, RunLockWarning
+from ppe_core.errors import ConfigurationError, OutputDirectoryInUseError, RunLockWarning
+from ppe_core.writing import _writer_base
 
 __all__ = [
     "RUN_LOCK_FILENAME",
@@ -37,6 +45,7 @@ __all__ = [
     "RunLock",
     "RunLockWarning",
     "acquire_run_lock",
+    "check_before_write",
 ]
 
 #: The lock file's name inside ``out_dir``; hidden, so PPE's autoload never considers it.
@@ -89,14 +98,20 @@ else:
 
 
 class _Held:
-    """One directory's lock as this process holds it: the open file and how many hold it."""
+    """One directory's lock as this process holds it: the open file, its identity (device,
+    inode) and how many hold it."""
 
-    __slots__ = ("count", "fd", "path")
+    __slots__ = ("count", "fd", "ident", "path")
 
     def __init__(self, fd: int, path: str) -> None:
         self.fd = fd
         self.path = path
+        self.ident = _ident(os.fstat(fd))
         self.count = 0
+
+
+def _ident(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
 
 
 # This process's locks by lock-file path, guarded by _guard (managers may start in threads).
@@ -104,6 +119,9 @@ class _Held:
 # finalizer) while this thread is inside the guarded block.
 _held: dict[str, _Held] = {}
 _guard = threading.RLock()
+# Output directories as writers name them (``manager.out``) -> their lock file's path, so that
+# the check before a write needs no path resolution.
+_lock_paths: dict[str, str] = {}
 
 
 def _forget_in_child() -> None:
@@ -116,6 +134,7 @@ def _forget_in_child() -> None:
         with contextlib.suppress(OSError):
             os.close(held.fd)
     _held.clear()
+    _lock_paths.clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -148,15 +167,19 @@ def _release(path: str) -> None:
         if held.count > 0:
             return
         del _held[path]
+        for key in [key for key, value in _lock_paths.items() if value == path]:
+            del _lock_paths[key]
         # On POSIX the file is removed while still locked: a process that opened it meanwhile
         # sees that it is no longer the file at ``path`` and retries (see _lock_file). Windows
-        # cannot remove an open file, so there it goes after closing.
+        # cannot remove an open file, so there it goes after closing. A file at ``path`` that
+        # is not ours (ours was deleted and another run locked a new one) stays.
+        ours = _still_at(held.fd, path)
         with contextlib.suppress(OSError):
-            if sys.platform != "win32":
+            if ours and sys.platform != "win32":
                 os.unlink(path)
             _unlock(held.fd)
         os.close(held.fd)
-        if sys.platform == "win32":
+        if ours and sys.platform == "win32":
             with contextlib.suppress(OSError):
                 os.unlink(path)
 
@@ -198,7 +221,104 @@ def acquire_run_lock(out_dir: str) -> RunLock | None:
                 break
             # Garbage collection released the last other share between the two lines above:
             # that lock is gone, so take the directory afresh.
+        _lock_paths[os.fspath(out_dir)] = path
     return RunLock(path)
+
+
+def check_before_write(out_dir: str) -> None:
+    """Makes sure this process still holds the run lock of ``out_dir``, before a write there.
+
+    Writers call it before each file they write (not per step: a log appended every step
+    reaches it once per sync interval). Directories this process holds no lock on cost one
+    dictionary lookup; a held one costs one ``os.stat``, comparing the file at the lock path
+    with the file this process locked. If they differ (the lock file was deleted, or replaced
+    by another file), the lock is taken again with a :class:`RunLockWarning`.
+
+    Raises:
+        OutputDirectoryInUseError: Another live process locked the directory after the lock
+            file was deleted (a second run started there); this run must not write on.
+        ConfigurationError: Something that is not a file now sits at the lock path.
+    """
+    path = _lock_paths.get(out_dir)
+    if path is None:
+        return
+    held = _held.get(path)
+    if held is None:
+        return
+    try:
+        current: tuple[int, int] | None = _ident(os.stat(path))
+    except FileNotFoundError:
+        current = None
+    except OSError:
+        return  # cannot tell (permissions changed): leave the lock as it is
+    if current != held.ident:
+        _retake(held, deleted=current is None)
+
+
+def _retake(held: _Held, *, deleted: bool) -> None:
+    """Locks the file now at ``held.path`` for this process in place of the lost one."""
+    path = held.path
+    directory = os.path.dirname(path)
+    with _guard:
+        if _held.get(path) is not held:
+            return  # released meanwhile
+        with contextlib.suppress(OSError):
+            if _ident(os.stat(path)) == held.ident:
+                return  # another thread (a background writer's) took it again meanwhile
+        what = "deleted" if deleted else "replaced by another file"
+        while True:
+            _refuse_non_file(path)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                locked = _try_lock(fd)
+            except OSError:
+                os.close(fd)
+                raise
+            if not locked:
+                holder = _read_details(fd, wait=_DETAILS_WAIT_S)
+                os.close(fd)
+                who = "another process" if holder is None else _describe(holder)
+                raise OutputDirectoryInUseError(
+                    f"the run lock file {path} of this run's output directory was deleted or "
+                    "replaced while this run held it, and another training run now holds the "
+                    f"directory: {who}. Two runs writing into one directory overwrite each "
+                    "other's snapshots and logs, so this run stops before writing anything "
+                    "more. Let that run finish and restart this one with another out_dir (or "
+                    "stop that run); never delete the lock file of a live run"
+                )
+            if _still_at(fd, path):
+                break
+            os.close(fd)  # removed between our open and lock: take the file there now
+        _write_details(fd)
+        old, held.fd, held.ident = held.fd, fd, _ident(os.fstat(fd))
+        with contextlib.suppress(OSError):
+            _unlock(old)
+        os.close(old)
+    warnings.warn(
+        RunLockWarning(
+            f"the run lock file {path} was {what} while this run held it, so another run "
+            f"could have started in {directory!r}; none holds it, so this run took the lock "
+            "again. Do not delete the lock file of a live run"
+        ),
+        stacklevel=4,
+    )
+
+
+def _refuse_non_file(path: str) -> None:
+    """Raises if something other than a regular file (a directory, a FIFO, ...) is at ``path``."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(mode):
+        return
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+    kind = next((name for test, name in kinds if test(mode)), "not a regular file")
+    raise ConfigurationError(
+        f"the run lock path {path} is {kind}, not a lock file: ppe-core locks the output "
+        f"directory {os.path.dirname(path)!r} through a file of that name (one run per "
+        "directory). It is not ppe-core's: remove it, or pass another out_dir"
+    )
 
 
 class ManagerRunLock:
@@ -249,9 +369,12 @@ class ManagerRunLock:
 def _lock_file(directory: str, path: str) -> int | None:
     """Opens, locks and stamps ``path``; the open descriptor, or None if locks are unsupported."""
     while True:
+        _refuse_non_file(path)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
+            if exc.errno == errno.EISDIR:  # a directory appeared there since the check
+                _refuse_non_file(path)
             if exc.errno not in _NO_ACCESS:
                 raise
             _warn_unprotected(directory, f"the lock file cannot be opened: {exc}")
@@ -370,3 +493,7 @@ def _in_use_message(directory: str, path: str, holder: dict[str, Any] | None) ->
         "one does not start. Wait for that run to finish, or pass another out_dir; if that "
         f"process is gone (e.g. it ran on another host sharing this directory), delete {path}"
     )
+
+
+# The writers ask before each file they write into a directory (see check_before_write).
+_writer_base._before_write = check_before_write

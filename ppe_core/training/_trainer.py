@@ -5,6 +5,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import queue
+import time
+import traceback
 import types
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -19,6 +22,7 @@ from ppe_core.errors import (
     AmbiguousEvaluatorError,
     ConfigurationError,
     ManagerStateError,
+    NotProvidedError,
     UnknownOptimizerError,
     ValLoaderIgnoredWarning,
 )
@@ -31,6 +35,16 @@ from ppe_core.training._epoch_length import (
 )
 from ppe_core.training._evaluator import Evaluator
 from ppe_core.training._extension import PRIORITY_WRITER, Extension, ExtensionEntry
+from ppe_core.training._interrupt import (
+    FAILED_LINE,
+    Interrupt,
+    InterruptAgreement,
+    check_every,
+    distributed,
+    interrupted_exit,
+    save_interrupted,
+    saved_line,
+)
 from ppe_core.training._manager import ExtensionsManager, named_models
 from ppe_core.training._manager_checks import (
     check_manager_kwargs,
@@ -163,7 +177,7 @@ class Trainer:
         self._enable_profile = bool(kwargs.get("enable_profile", profile is not None))
         self._enable_trace = bool(kwargs.get("enable_trace", False))
         self._evaluators = _normalize_evaluators(evaluator)
-        self._extensions: list[tuple[Any, dict[str, Any]]] = []
+        self._extension_specs: list[tuple[Any, dict[str, Any]]] = []
         self._profile = profile
         self._manager: ExtensionsManager | None = None
         self._state = TrainerState(lambda: getattr(self.handler, "runtimes", []))
@@ -171,6 +185,7 @@ class Trainer:
         # The validation data of the current run(), for the evaluators' extensions.
         self._val_loader: Iterable[Any] | None = None
         self._eval_len: int | None = None
+        self._train_len: int | None = None
         for extension in extensions or []:
             self.extend(extension)
 
@@ -288,7 +303,7 @@ class Trainer:
         if not isinstance(extension, ExtensionEntry) and not kwargs:
             # Validate now (bad trigger, priority or name), not when run() starts.
             extension, entry_args = ExtensionEntry(extension, **entry_args), {}
-        self._extensions.append((extension, {**entry_args, **kwargs}))
+        self._extension_specs.append((extension, {**entry_args, **kwargs}))
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: models, optimizers, extensions, triggers, iteration."""
@@ -322,16 +337,81 @@ class Trainer:
         # elapsed time anyway, and it would cost clock reads and a summary entry per step.
         for name, (evaluator, trigger) in self._evaluators.items():
             manager.extend(_EvaluatorExtension(self, evaluator), name=name, trigger=trigger)
-        for extension, extension_kwargs in self._extensions:
+        for extension, extension_kwargs in self._extension_specs:
             manager.extend(extension, **extension_kwargs)
         if iters_per_epoch is None:
             manager.set_epoch_length(None)  # learnt when the first epoch's loader runs out
         attach_resume_state(manager, self._state, self.handler)
+        # SIGTERM/SIGINT stop after an iteration; ranks agree on it every few iterations.
+        self._interrupt = Interrupt(distributed())
+        if self._interrupt.distributed:
+            manager.extend(
+                InterruptAgreement(self._interrupt),
+                name="InterruptAgreement",
+                trigger=(check_every(), "iteration"),
+            )
         if self._pending_state is not None:
             manager.load_state_dict(self._pending_state)
             self._pending_state = None
         self._manager = manager
         return manager
+
+    # PPE 0.9's protected members, for subclasses written against PPE -----------------------
+    @property
+    def _models(self) -> dict[str, torch.nn.Module]:
+        return self.models
+
+    @property
+    def _manager_state(self) -> dict[str, Any] | None:
+        """A state given to ``load_state_dict`` before ``run()``, applied when it starts."""
+        return self._pending_state
+
+    @property
+    def _extensions(self) -> Any:
+        raise NotProvidedError(
+            "Trainer._extensions (PPE's list of pending extend() arguments) is not provided: "
+            "add extensions with trainer.extend(...); once run() started, read them from "
+            "trainer.manager.extensions"
+        )
+
+    def _complete_step(self, idx: int, outs: Any) -> None:
+        """PPE's step completion, used only when a subclass overrides it.
+
+        Then each step's index, batch, start time and PPE's profiler records (``None`` here)
+        are queued (``_idxs``, ``_inputs``, ``_times``, ``_profile_records``) and the
+        handler's ``train_step`` gets this method as ``complete_fn``. It takes them from the
+        queues and runs the handler's ``train_post_step`` with the loader's batch; like the
+        rest of ppe-core it does not report ``elapsed_time`` (docs/migration.md).
+        """
+        expected = self._idxs.get()
+        if expected != idx:
+            raise ManagerStateError(
+                f"training step {idx} completed while step {expected} was expected: a handler "
+                "must complete its steps in order"
+            )
+        batch = self._inputs.get()
+        self._times.get()
+        self._profile_records.get()
+        self.handler.train_post_step(self, idx, batch, outs)
+
+    def _ppe_step_function(self) -> _Step:
+        """The train step of PPE's protocol (see :meth:`_complete_step`), chosen once per run
+        for a subclass that overrides it; other trainers never queue anything."""
+        self._idxs: queue.Queue[int] = queue.Queue()
+        self._inputs: queue.Queue[Any] = queue.Queue()
+        self._times: queue.Queue[float] = queue.Queue()
+        self._profile_records: queue.Queue[list[Any]] = queue.Queue()
+        handler_step: Any = self.handler.train_step
+        complete = self._complete_step
+
+        def ppe_step(trainer: Any, batch_idx: int, batch: Any) -> Any:
+            self._idxs.put(batch_idx)
+            self._inputs.put(batch)
+            self._times.put(time.time())
+            self._profile_records.put([None, None, None])
+            return handler_step(trainer, batch_idx, batch, complete)
+
+        return ppe_step
 
     # The loop -------------------------------------------------------------------------------
     def run(
@@ -369,6 +449,7 @@ class Trainer:
         if val_loader is not None:
             eval_len = optional_length(val_loader, eval_len, "eval_len")
         self._val_loader, self._eval_len = val_loader, eval_len
+        self._train_len = iters_per_epoch
         manager = self._manager or self._setup_manager(iters_per_epoch)
         handler: Any = self.handler
         host = active_host()
@@ -386,7 +467,10 @@ class Trainer:
             evaluator.setup(val_loader)  # type: ignore[arg-type]  # checked above
         # One whole step per call, post-step included, whatever the handler (chosen once).
         begin, end = manager.begin_iteration, manager.end_iteration
-        train_step = step_function(handler, "train")
+        if type(self)._complete_step is Trainer._complete_step:
+            train_step = step_function(handler, "train")
+        else:  # a subclass overriding PPE's _complete_step: PPE's step protocol
+            train_step = self._ppe_step_function()
         # With enable_profile/enable_trace: PPE's sections around each step (the iteration,
         # the data fetch, run_iteration, train_step); nothing is added to the loop otherwise.
         scopes = None
@@ -398,6 +482,9 @@ class Trainer:
         manager.start_extensions()
         host.trainer_setup(self)
         error: BaseException | None = None
+        interrupted, saved = False, None
+        interrupt = self._interrupt
+        interrupt.install(train_loader)  # the signal handlers, until run() returns
         try:
             with profile if profile is not None else contextlib.nullcontext():
                 while not manager.stop_trigger:
@@ -424,17 +511,28 @@ class Trainer:
                             stop = end()  # True once the stop condition fired
                             if profile is not None:
                                 profile.step()
-                            if stop:
+                            if stop or interrupt.stop:
                                 break
                         else:
                             check_epoch_end(
                                 manager, train_loader, batches, sized=sized, first=first
                             )
+                    interrupted = interrupt.stop and not manager.stop_trigger
+                    if interrupted:  # the epoch goes on when the run is resumed
+                        break
                     handler.train_epoch_end(self)
                 if profile is not None:
                     # As PPE: leaving the profiler must not emit one more (partial) trace.
                     profile.on_trace_ready = None
+            if interrupted:
+                saved = save_interrupted(manager)
         except BaseException as exc:
+            if interrupt.signum and not isinstance(exc, SystemExit):
+                # After a signal, a failure (a peer rank gone: torchrun stops the others)
+                # ends the run at once, without a snapshot.
+                manager.handle_training_error(exc)
+                traceback.print_exception(exc)  # SystemExit prints nothing of its cause
+                raise interrupted_exit(interrupt.signum, manager.iteration, FAILED_LINE) from exc
             # A collective's timeout (DDP's gradient all-reduce, an extension's barrier) says
             # which rank and what to do, not only the backend's "Timed out waiting 600000ms".
             error = timeout_error(exc, f"training (iteration {manager.iteration})") or exc
@@ -447,7 +545,10 @@ class Trainer:
                 scopes.close()
             handler.train_cleanup(self)
             host.trainer_teardown(self, error)
+            interrupt.uninstall()
         manager.finalize()
+        if interrupted:
+            raise interrupted_exit(interrupt.signum, manager.iteration, saved_line(saved))
 
 
 class _StepScopes(contextlib.ExitStack):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 import traceback
 from collections.abc import Callable
@@ -67,7 +68,7 @@ class StandardWriter(Writer, Generic[_W]):
         self,
         savefun: SaveFun = torch.save,
         fs: FileSystem | None = None,
-        out_dir: str | None = None,
+        out_dir: str | os.PathLike[str] | None = None,
         **kwds: Any,
     ) -> None:
         super().__init__(fs=fs, out_dir=out_dir)
@@ -243,7 +244,7 @@ class ProcessWriter(StandardWriter[BaseProcess]):
         self,
         savefun: SaveFun = torch.save,
         fs: FileSystem | None = None,
-        out_dir: str = "",
+        out_dir: str | os.PathLike[str] = "",
         *,
         mp_context: str | BaseContext | None = None,
         **kwds: Any,

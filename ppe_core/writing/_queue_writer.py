@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import queue
 import threading
 import traceback
@@ -124,7 +125,7 @@ class QueueWriter(Writer, Generic[_W]):
         self,
         savefun: SaveFun = torch.save,
         fs: FileSystem | None = None,
-        out_dir: str | None = None,
+        out_dir: str | os.PathLike[str] | None = None,
         task: Any | None = None,
     ) -> None:
         super().__init__(fs=fs, out_dir=out_dir)
@@ -296,7 +297,7 @@ class ProcessQueueWriter(QueueWriter[BaseProcess]):
         self,
         savefun: SaveFun = torch.save,
         fs: FileSystem | None = None,
-        out_dir: str | None = None,
+        out_dir: str | os.PathLike[str] | None = None,
         task: Any | None = None,
         *,
         mp_context: str | BaseContext | None = None,

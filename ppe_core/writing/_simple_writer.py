@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -30,7 +31,7 @@ class SimpleWriter(Writer):
         self,
         savefun: SaveFun = torch.save,
         fs: FileSystem | None = None,
-        out_dir: str = "",
+        out_dir: str | os.PathLike[str] = "",
         **kwds: Any,
     ) -> None:
         super().__init__(fs=fs, out_dir=out_dir)

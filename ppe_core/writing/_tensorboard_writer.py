@@ -6,6 +6,7 @@ TensorBoard (``torch.utils.tensorboard``) is imported only when a writer is crea
 from __future__ import annotations
 
 import numbers
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -73,7 +74,8 @@ class TensorBoardWriter:
     """A writer that sends log entries to TensorBoard instead of writing a file.
 
     Give it to ``LogReport(writer=TensorBoardWriter(out_dir='runs'))``: each time the log is
-    written, the scalars of its latest entry are added at ``global_step=entry['iteration']``.
+    written, the scalars of its latest entry (``'iteration'`` included, as PPE's writer sends
+    it) are added at ``global_step=entry['iteration']``.
     TensorBoard is an optional dependency: ``pip install 'ppe-core[tensorboard]'``.
 
     Args:
@@ -94,12 +96,13 @@ class TensorBoardWriter:
         self,
         savefun: Any = None,
         fs: Any = None,
-        out_dir: str | None = None,
+        out_dir: str | os.PathLike[str] | None = None,
         stats: Iterable[str] | None = None,
         *,
         summary_writer: ScalarWriter | None = None,
         **kwds: Any,
     ) -> None:
+        out_dir = None if out_dir is None else os.fspath(out_dir)  # a Path works as its str
         self._stats = None if stats is None else tuple(stats)
         self._owned = summary_writer is None
         self._writer: ScalarWriter | None = (
@@ -123,6 +126,9 @@ class TensorBoardWriter:
     ) -> None:
         """Adds the scalars of ``target`` (a log entry, or a log whose last entry is used).
 
+        As PPE's writer, ``'iteration'`` is sent as a scalar too (dashboards made from a PPE
+        run have that chart); ``add_entry`` leaves it out.
+
         Args:
             filename: Ignored.
             out_dir: Ignored.
@@ -140,10 +146,13 @@ class TensorBoardWriter:
                 "TensorBoardWriter expects a log entry (a dict with an 'iteration' key) or a "
                 f"list of them, got {type(target).__name__}; use it as LogReport's writer"
             )
-        self.add_entry(entry)
+        self._add(entry, with_step=True)
 
     def add_entry(self, entry: Mapping[str, Any]) -> None:
-        """Adds the scalars of ``entry`` at step ``entry['iteration']``."""
+        """Adds the scalars of ``entry`` but ``'iteration'``, at step ``entry['iteration']``."""
+        self._add(entry, with_step=False)
+
+    def _add(self, entry: Mapping[str, Any], *, with_step: bool) -> None:
         writer = self._writer
         if writer is None:
             raise ConfigurationError("TensorBoardWriter was finalized; create a new one")
@@ -151,7 +160,7 @@ class TensorBoardWriter:
         keys = entry.keys() if self._stats is None else self._stats
         for key in keys:
             value = entry.get(key)
-            if key != "iteration" and _is_scalar(value):
+            if (with_step or key != "iteration") and _is_scalar(value):
                 writer.add_scalar(key, float(value), global_step=step)  # type: ignore[arg-type]
 
     def flush(self) -> None:

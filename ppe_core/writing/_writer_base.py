@@ -47,6 +47,10 @@ Target: TypeAlias = Mapping[str, Any] | Sequence[Any] | Any
 
 _T = TypeVar("_T")
 
+#: Called with the output directory before each file a writer writes there: the run lock's
+#: check that this process still holds the directory (``training._run_lock`` sets it).
+_before_write: Callable[[str], None] | None = None
+
 
 class FileSystem(Protocol):
     """The file operations a writer needs; ``fs=`` objects (e.g. PFIO's) provide them."""
@@ -652,6 +656,8 @@ class Writer:
         filename = os.fspath(filename)
         if not self._initialized:
             self.initialize(out_dir)
+        if _before_write is not None:  # the run lock, once ppe_core.training is imported
+            _before_write(out_dir)
         key = (out_dir, filename)
         dest = self._flat_destinations.get(key)
         if dest is not None:  # a log appended to per entry: no path arithmetic each time

@@ -6,10 +6,10 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
+from ppe_testing import enable_emulated_device
 
 from ppe_core.errors import ConfigurationError
 from ppe_core.runtime import BaseRuntime, DeviceLike, OptionSpec, RuntimeOptions, device_type_of
-from ppe_core.testing import enable_emulated_device
 from ppe_example_device import _device
 
 __all__ = ["ExampleDeviceRuntime"]

@@ -14,10 +14,10 @@ from typing import Any, ClassVar
 import pytest
 import torch
 from ppe_example_device import ExampleDeviceRuntime, bytes_copied, reset_stats
+from ppe_testing import RuntimeConformance, enable_emulated_device
 
 import ppe_core as ppe
 from ppe_core.errors import ConfigurationError
-from ppe_core.testing import RuntimeConformance, enable_emulated_device
 
 # The runtime's tensors live on ppe-core's emulated device, which must exist before the test
 # process's first backward pass (torch's autograd engine takes no new device type later), so

@@ -21,9 +21,6 @@ _PARAM_VALUE_LENGTH = 6000
 #: The tag holding the tracker's run key (:attr:`~ppe_core.tracking.BaseTracker.run_key`).
 RUN_KEY_TAG = "ppe.run_key"
 
-#: The default ``snapshot`` file names (``snapshot_iter_{.iteration}``).
-SNAPSHOT_PATTERN = "snapshot_iter_*"
-
 
 class MLflowLogger(BaseTracker):
     """Logs every LogReport entry to an MLflow run, as metrics by iteration step.
@@ -50,7 +47,10 @@ class MLflowLogger(BaseTracker):
         run_name: The run's name; MLflow picks one when None.
         tags: Tags set on a new run.
         snapshots: Upload the files matching ``snapshot_iter_*`` in the output directory as
-            artifacts (each once, when it appears); a string is another glob pattern.
+            artifacts (each once, when it appears; a ``SnapshotMode.DCP`` directory once
+            complete, whole); a string is another glob pattern. Under torch.distributed a
+            DCP snapshot needs an output directory rank 0 shares with every rank (checked at
+            start: see :class:`~ppe_core.tracking.BaseTracker`'s ``artifacts``).
         request_timeout: Seconds one HTTP request may take.
         sender: ``"process"`` (default) or ``"thread"``: where the MLflow client runs.
         **tracker_options: ``BaseTracker`` options (``params``, ``artifacts``,
@@ -84,12 +84,7 @@ class MLflowLogger(BaseTracker):
                 "MLflowLogger needs MLflow, which is not installed; run `pip install ppe-mlflow` "
                 "(or `pip install mlflow`)"
             )
-        if snapshots:
-            pattern = SNAPSHOT_PATTERN if snapshots is True else str(snapshots)
-            artifacts = tracker_options.pop("artifacts", ())
-            artifacts = (artifacts,) if isinstance(artifacts, str) else tuple(artifacts)
-            tracker_options["artifacts"] = (*artifacts, pattern)
-        super().__init__(sender=sender, **tracker_options)
+        super().__init__(sender=sender, snapshots=snapshots, **tracker_options)
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment_name
         self.run_name = run_name

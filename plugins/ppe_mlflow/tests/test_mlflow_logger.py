@@ -499,3 +499,42 @@ def test_dcp_snapshots_are_uploaded_as_directories(server: Server, tmp_path: Pat
         uploaded = {Path(item.path).name for item in client.list_artifacts(logger.run_id, name)}
         assert set(manifest["files"]) | {".ppe_core_manifest.json"} <= uploaded
     assert logger.report.artifacts_sent == 2
+
+
+def test_dcp_uploads_are_refused_where_rank_0_lacks_the_other_ranks_shards(
+    server: Server, tmp_path: Path
+) -> None:
+    # Two gloo ranks, a DCP snapshot and snapshots=True (scripts/dcp_shared_out_dir.py). With
+    # an out_dir of their own each (as the local disks of two nodes), rank 1 writes its
+    # shards where rank 0 does not see them: every rank refuses at start (none hangs),
+    # naming why and the fix, before training. With one shared out_dir the check passes and
+    # each uploaded directory holds both ranks' files.
+    sys.path.insert(0, str(Path(__file__).parents[3] / "tests"))
+    from helpers import launch
+
+    script = Path(__file__).parent / "scripts" / "dcp_shared_out_dir.py"
+    code, stderr = launch(script, server.uri, str(tmp_path), processes=2, timeout=300)
+    assert code == 0, stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for rank in ranks:
+        error = rank["error"]
+        assert error is not None
+        assert f"rank 1 on host {socket.gethostname()} writes into" in error
+        assert str(tmp_path / "apart" / "rank1") in error
+        assert "would hold only rank 0's node's shards" in error
+        assert "same out_dir on a shared file system" in error and "snapshots=False" in error
+    apart = tmp_path / "apart" / "rank0"
+    assert not (apart / "log.json").exists() and not (apart / "snapshot_iter_4").exists()
+    client = MlflowClient(tracking_uri=server.uri)
+    assert client.get_experiment_by_name("dcp-apart") is None
+    # Shared: rank 0 alone sent, and the directories hold every rank's files.
+    assert ranks[0]["artifacts_sent"] == 2 and ranks[1]["run_id"] is None
+    run_id = ranks[0]["run_id"]
+    tops = sorted(item.path for item in client.list_artifacts(run_id))
+    assert tops == ["snapshot_iter_4", "snapshot_iter_8"]
+    for name in tops:
+        manifest = json.loads((tmp_path / "shared" / name / ".ppe_core_manifest.json").read_text())
+        uploaded = {Path(item.path).name for item in client.list_artifacts(run_id, name)}
+        assert {"rank0.pt", "rank1.pt"} <= set(manifest["files"]) <= uploaded
+    for directory in (apart, tmp_path / "shared"):  # the probes are gone
+        assert not list(directory.glob(".ppe_core_shared_dir_probe.*"))

@@ -36,8 +36,14 @@ class WandbLogger(BaseTracker):
         entity: The W&B entity (user or team).
         tags: Tags of the run.
         init_options: More ``wandb.init`` arguments.
+        snapshots: Save the files matching ``snapshot_iter_*`` in the output directory with
+            the run's files (each once, when it appears; a ``SnapshotMode.DCP`` directory
+            once complete, file by file under its name); a string is another glob pattern.
+            Under torch.distributed a DCP snapshot needs an output directory rank 0 shares
+            with every rank (checked at start: see
+            :class:`~ppe_core.tracking.BaseTracker`'s ``artifacts``).
         sender: ``"process"`` (default) or ``"thread"``: where the W&B client runs.
-        **tracker_options: ``BaseTracker`` options (``params``, ``queue_size``,
+        **tracker_options: ``BaseTracker`` options (``params``, ``artifacts``, ``queue_size``,
             ``batch_size``, ``max_retries``, ``retry_backoff``, ``flush_timeout``,
             ``log_report``).
 
@@ -59,6 +65,7 @@ class WandbLogger(BaseTracker):
         entity: str | None = None,
         tags: Sequence[str] | None = None,
         init_options: Mapping[str, Any] | None = None,
+        snapshots: bool | str = False,
         sender: str = "process",
         **tracker_options: Any,
     ) -> None:
@@ -67,7 +74,7 @@ class WandbLogger(BaseTracker):
                 "WandbLogger needs wandb, which is not installed; run `pip install ppe-wandb` "
                 "(or `pip install wandb`)"
             )
-        super().__init__(sender=sender, **tracker_options)
+        super().__init__(sender=sender, snapshots=snapshots, **tracker_options)
         self.project = project
         self.run_name = name
         self.dir = dir

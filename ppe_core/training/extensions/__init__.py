@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from ppe_core.training.extensions._progress_bar import ProgressBar as ProgressBarNotebook
     from ppe_core.training.extensions._slack import Slack, SlackWebhook
     from ppe_core.training.extensions._snapshot import SnapshotMode, snapshot, snapshot_object
-    from ppe_core.training.extensions._snapshot_dcp import export_snapshot
+    from ppe_core.training.extensions._snapshot_export import export_snapshot
     from ppe_core.training.extensions._tensorboard import TensorBoard
     from ppe_core.training.extensions._throughput import Throughput
     from ppe_core.training.extensions._timeline_trace import TimelineTrace
@@ -127,7 +127,7 @@ _TRACKER_PACKAGES = {"MLflowLogger": "ppe-mlflow", "WandbLogger": "ppe-wandb"}
 #: registry entries.
 _ATTRIBUTES: dict[str, str] = {
     "SnapshotMode": "ppe_core.training.extensions._snapshot",
-    "export_snapshot": "ppe_core.training.extensions._snapshot_dcp",
+    "export_snapshot": "ppe_core.training.extensions._snapshot_export",
 }
 
 

@@ -38,9 +38,17 @@ __all__ = [
 ]
 
 
+#: The columns a CSV log starts with (when its entries have them), whatever the keys' order.
+_LEADING_COLUMNS = ("epoch", "iteration")
+
+
 def entry_columns(entries: Iterable[Mapping[str, Any]]) -> list[str]:
-    """The keys of ``entries`` in order of first appearance: a CSV log's header."""
-    return list(dict.fromkeys(key for entry in entries for key in entry))
+    """A CSV log's header: ``epoch`` and ``iteration`` first (where a row is read from, and
+    what LogReport adds after the reported means), then the other keys of ``entries`` in
+    order of first appearance; a header widened by a new key keeps them first."""
+    keys = dict.fromkeys(key for entry in entries for key in entry)
+    leading = [key for key in _LEADING_COLUMNS if key in keys]
+    return leading + [key for key in keys if key not in _LEADING_COLUMNS]
 
 
 def csv_text(entries: Iterable[Mapping[str, Any]], columns: Sequence[str], *, header: bool) -> str:

@@ -255,12 +255,13 @@ class LogReport(Extension):
         keys: Iterable[str] | None = None,
         trigger: TriggerLike = (1, "epoch"),
         postprocess: Callable[[dict[str, Any]], object] | None = None,
-        filename: str | None = None,
+        filename: str | os.PathLike[str] | None = None,
         append: bool = False,
         format: str | None = None,
         writer: LogWriter | None = None,
     ) -> None:
-        filename = "log" if filename is None else filename
+        # A Path names the same file its str form does (templates included).
+        filename = "log" if filename is None else os.fspath(filename)
         format = _checked_format(format, filename, "LogReport")
         if append and format in ("json", "csv"):
             what = "one JSON list" if format == "json" else "one header and its rows"

@@ -86,17 +86,18 @@ class PlotReport(Extension):
         x_key: str = "iteration",
         trigger: TriggerLike = (1, "epoch"),
         postprocess: Callable[[Any, Any, DictSummary], object] | None = None,
-        filename: str | None = None,
+        filename: str | os.PathLike[str] | None = None,
         marker: str | None = "x",
         grid: bool = True,
         *,
-        file_name: str | None = None,
+        file_name: str | os.PathLike[str] | None = None,
         writer: WriterLike | None = None,
     ) -> None:
         if not self.available():
             raise missing_extra_error("PlotReport", "matplotlib", "plot")
         if filename is None:
             filename = "plot.png" if file_name is None else file_name
+        filename = os.fspath(filename)  # a Path names the file its str form does
         self._y_keys = (y_keys,) if isinstance(y_keys, str) else tuple(y_keys)
         _check_y_keys(self._y_keys)
         self.trigger = EveryIteration()  # it must see every iteration's values

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import difflib
 import numbers
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from ppe_core.distributed import group_world
-from ppe_core.errors import ConfigurationError
+from ppe_core.errors import ConfigurationError, MissingObservationWarning
 from ppe_core.training._extension import PRIORITY_READER, Extension
 from ppe_core.training.extensions._console import is_terminal
 from ppe_core.training.extensions._keys import key_tuple
@@ -61,6 +63,10 @@ class PrintReport(Extension):
             instance that this extension feeds itself (then it runs every iteration).
         out: Text stream to print to; ``sys.stdout`` (at construction time) when None.
 
+    A name in ``entries`` that no log entry has by the end of the first epoch (or of a
+    shorter run) warns once with :class:`MissingObservationWarning`, naming the keys the
+    entries have: its column would stay empty (a misspelt key, or nothing reports it).
+
     Example::
 
         manager.extend(LogReport())
@@ -96,6 +102,8 @@ class PrintReport(Extension):
         self._printed = 0
         self._restored = False
         self._header_due = True
+        # Whether the explicit entries were checked against the log's keys (once per process).
+        self._keys_checked = self._infer
 
     def _resolve(self, manager: ManagerView) -> LogReport:
         if self._resolved is None:
@@ -133,6 +141,8 @@ class PrintReport(Extension):
         """Prints entries that are still unprinted (e.g. emitted after the last call)."""
         if self._resolved is not None:
             self._print_new(self._resolved)
+            if not self._keys_checked and self._resolved.num_entries:
+                self._warn_missing_keys(self._resolved, "this run")
 
     def _print_new(self, log_report: LogReport) -> None:
         if log_report.num_entries <= self._printed:
@@ -159,6 +169,32 @@ class PrintReport(Extension):
             flush = getattr(out, "flush", None)
             if flush is not None:
                 flush()
+        # Once the first epoch's entries are in: a key an evaluator reports at the epoch's end
+        # is absent from the entries of a per-iteration log before it.
+        epoch = new[-1].get("epoch", 1)
+        if not self._keys_checked and (not isinstance(epoch, (int, float)) or epoch >= 1):
+            self._warn_missing_keys(log_report, "the first epoch")
+
+    def _warn_missing_keys(self, log_report: LogReport, through: str) -> None:
+        """Warns once of the columns that no entry of ``log_report`` has (empty columns)."""
+        self._keys_checked = True
+        seen = dict.fromkeys(key for entry in log_report.entries_since(0) for key in entry)
+        missing = [name for name in self._columns if name not in seen]
+        if not missing:
+            return
+        hints = []
+        for name in missing:
+            close = difflib.get_close_matches(name, list(seen), n=1)
+            hints.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+        warnings.warn(
+            MissingObservationWarning(
+                f"PrintReport prints an empty column for {', '.join(hints)}: no log entry of "
+                f"{through} has it. The entries have {', '.join(map(repr, seen))}; check the "
+                "name, or that something reports it (ppe.reporting.report, an evaluator's "
+                "'val/<output>')"
+            ),
+            stacklevel=2,
+        )
 
     def _update_columns(self, new: Sequence[Mapping[str, Any]], log_report: LogReport) -> None:
         seen = self._seen

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -65,16 +66,18 @@ class ProfileReport(Extension):
         store_keys: Iterable[str] | None = None,
         report_keys: Iterable[str] | None = None,
         trigger: TriggerLike = (1, "epoch"),
-        filename: str | None = None,
+        filename: str | os.PathLike[str] | None = None,
         append: bool = False,
         format: str | None = None,
         *,
         writer: WriterLike | None = None,
         time_summary: TimeSummary | None = None,
-        log_name: str | None = None,
+        log_name: str | os.PathLike[str] | None = None,
     ) -> None:
+        # A Path names the same file its str form does (templates included).
         if filename is None:
             filename = "log" if log_name is None else log_name
+        filename = os.fspath(filename)
         if format is None and infer_format(filename) == "csv":
             format = "json"  # LogReport's format only
         format = _checked_format(format, filename, "ProfileReport", LOG_FORMATS)

@@ -229,13 +229,20 @@ class ProgressBar(Extension):
             self.initialize(manager)
         assert self._display is not None
         iteration = manager.iteration
-        if self._initial is not None:
-            # More than one interval since initialize: an autoloading snapshot (initialized
-            # after the bar) resumed the run there; the loaded iterations took no time here.
-            if iteration - self._initial > self._schedule.interval:
-                self._display.rebase(iteration)
-            self._initial = None
+        self._rebase_after_resume(self._display, iteration)
         self._display.update(iteration, manager.epoch_detail)
+
+    def _rebase_after_resume(
+        self, display: PlainDisplay | _TqdmDisplay | NoDisplay, iteration: int
+    ) -> None:
+        """At the first update since initialize (or at the end, when none came): more than one
+        interval since initialize means an autoloading snapshot (initialized after the bar)
+        resumed the run there, and the loaded iterations took no time here; the rate counts
+        this process's iterations only (none, for a resumed run with nothing left to train)."""
+        if self._initial is not None:
+            if iteration - self._initial > self._schedule.interval:
+                display.rebase(iteration)
+            self._initial = None
 
     def _restart(self) -> None:
         """The first epoch over a loader without ``len()`` ran out: the bar is closed, to be
@@ -251,6 +258,7 @@ class ProgressBar(Extension):
             return
         self._display = None
         try:
+            self._rebase_after_resume(display, manager.iteration)
             display.update(manager.iteration, manager.epoch_detail, final=True)
         finally:
             display.close()

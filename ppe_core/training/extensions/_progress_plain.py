@@ -108,7 +108,8 @@ class PlainDisplay:
             if progress.length is not None:
                 amount, unit = progress.length
                 status += f" / {amount:g} {unit}s"
-            eta = (total - iteration) / speed if speed > 0 else math.inf
+            left = total - iteration
+            eta = left / speed if speed > 0 else (0.0 if left <= 0 else math.inf)
             line = (
                 f"{status} | {iteration}/{total} iters ({min(iteration / total, 1.0):.2%}), "
                 f"epoch {epoch_detail:.2f}/{total / per_epoch:g}, "

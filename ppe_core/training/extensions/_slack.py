@@ -34,7 +34,7 @@ MessageLike = str | Callable[[ManagerView, Any], str]
 #: An error message: a template, or a callable ``(manager, exc, context) -> str``.
 ErrorMessageLike = str | Callable[[ManagerView, BaseException, Any], str]
 #: Files to upload: templates, or a callable ``(manager, context) -> list of paths``.
-FilenamesLike = Sequence[str] | Callable[[ManagerView, Any], Sequence[str]]
+FilenamesLike = Sequence[str | os.PathLike[str]] | Callable[[ManagerView, Any], Sequence[str]]
 
 _WEB_API = "https://slack.com/api/"
 
@@ -95,7 +95,12 @@ class _SlackBase(Extension):
         self._end_msg = end_msg
         self._error_msg = error_msg
         self._context = context
-        self._filenames = filenames
+        # A Path in the list names the file its str form does (templates included).
+        self._filenames: Sequence[str] | Callable[[ManagerView, Any], Sequence[str]] | None = (
+            [os.fspath(name) for name in filenames]
+            if isinstance(filenames, Sequence) and not isinstance(filenames, str)
+            else filenames
+        )
         self._upload_trigger: Trigger | None = (
             None if upload_trigger is None else get_trigger(upload_trigger)
         )

@@ -10,8 +10,9 @@ DISTRIBUTED and SHARDED and ``_snapshot_dcp_mode``'s DCP. The manifest and safe 
 from __future__ import annotations
 
 import enum
+import inspect
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ppe_core.errors import (
@@ -90,7 +91,7 @@ _MODE_CLASSES: dict[SnapshotMode, type[_Snapshot]] = {
 
 def snapshot(
     savefun: Callable[..., Any] | None = None,
-    filename: str | Callable[[Any], str] = "snapshot_iter_{.iteration}",
+    filename: str | os.PathLike[str] | Callable[[Any], str] = "snapshot_iter_{.iteration}",
     *,
     target: Any = None,
     condition: Callable[[], bool] | None = None,
@@ -100,6 +101,7 @@ def snapshot(
     autoload: bool = False,
     saver_rank: int | None = None,
     snapshot_mode: SnapshotMode = SnapshotMode.DEFAULT,
+    **unexpected: Any,
 ) -> _Snapshot:
     """Take a verified snapshot of the trainer (or ``target``) once per epoch by default.
 
@@ -124,7 +126,8 @@ def snapshot(
         savefun: Serializer ``savefun(obj, file)``, given to the writer as in PPE;
             ``torch.save`` by default.
         filename: Name template formatted with the manager, e.g.
-            ``"snapshot_iter_{.iteration}"``, or a callable ``filename(manager) -> str``.
+            ``"snapshot_iter_{.iteration}"`` (a ``pathlib.Path`` of it works the same), or a
+            callable ``filename(manager) -> str``.
         target: Object whose ``state_dict`` is saved, or a dict of such objects (default:
             the manager).
         condition: Skip the snapshot when ``condition()`` is false.
@@ -140,7 +143,11 @@ def snapshot(
             files are deleted only after the new one is complete. Files without a manifest
             (PPE's, or ppe-core's whose manifest a kill prevented) count when they load as
             a snapshot state; one that does not load is never deleted.
-        autoload: Resume from the newest valid snapshot when training starts.
+        autoload: Resume from the newest valid snapshot when training starts (saying
+            ``resumed from <name> (epoch E, iteration I)`` once, on rank 0). A trainer's
+            snapshot (no ``target``) with autoload also saves the last iteration when
+            training ends normally, if its trigger did not fire there, so a finished run
+            started again trains nothing (and says so).
         saver_rank: Under torch.distributed, only this rank writes (``None``: rank 0), with
             every rank's RNG and loader states gathered into the file when every rank has
             the snapshot (otherwise it warns and saves its own); without a process group the
@@ -150,14 +157,24 @@ def snapshot(
             ``SnapshotMode.DCP`` saves the trainer's state only (no ``target``, ``condition``,
             ``writer``, ``savefun`` nor ``snapshot_on_error``).
 
+    The trigger (once per epoch by default) is given where the snapshot is registered:
+    ``ExtensionEntry(snapshot(...), trigger=...)`` in ``extensions=``, or
+    ``manager.extend(snapshot(...), trigger=...)``.
+
     Raises:
         ArgumentTypeError: Both ``savefun`` and ``writer`` are given (a ``TypeError``, as in
-            PPE), or an argument has the wrong type.
+            PPE), an argument has the wrong type, or an unknown keyword (``trigger=``) is
+            given.
         ConfigurationError: When training starts: ``filename`` cannot be formatted with the
             manager, has a bare field (``'snap_{}'``, the manager's repr), gives names too
             long for the file system, or the snapshot's own writer's directory is an
             existing file.
     """
+    if unexpected:
+        raise _unexpected_arguments_error(unexpected)
+    if isinstance(filename, os.PathLike):
+        # A Path template names the files its str form does (PPE accepts both).
+        filename = os.fspath(filename)
     if savefun is not None and writer is not None:
         raise ArgumentTypeError(
             "savefun and writer cannot be given together (as in PPE): pass the writer alone, "
@@ -187,15 +204,36 @@ def snapshot(
 
 def snapshot_object(
     target: Any,
-    filename: str | Callable[[Any], str],
+    filename: str | os.PathLike[str] | Callable[[Any], str],
     savefun: Callable[..., Any] | None = None,
     **kwargs: Any,
 ) -> _Snapshot:
     """Snapshot ``target.state_dict()`` (a model, an optimizer, a dict of them) as ``filename``.
 
-    Takes the keyword arguments of :func:`snapshot`.
+    Takes the keyword arguments of :func:`snapshot`; its trigger is given where it is
+    registered, as there.
     """
     return snapshot(savefun, filename, target=target, **kwargs)
+
+
+def _unexpected_arguments_error(unexpected: Mapping[str, Any]) -> ArgumentTypeError:
+    """What ``snapshot`` / ``snapshot_object`` raise for keywords they do not take (a
+    ``TypeError``, as Python's own): ``trigger=`` gets where a trigger goes instead."""
+    if "trigger" in unexpected:
+        return ArgumentTypeError(
+            "snapshot() and snapshot_object() take no trigger: a snapshot's trigger is given "
+            "where it is registered: ExtensionEntry(snapshot_object(...), trigger=trigger) in "
+            "extensions=[...] (ppe.training.ExtensionEntry), or "
+            "manager.extend(snapshot_object(...), trigger=trigger); e.g. "
+            "trigger=ppe.training.triggers.MinValueTrigger('val/loss') keeps the best model"
+        )
+    takes = [
+        p.name for p in inspect.signature(snapshot).parameters.values() if p.kind != p.VAR_KEYWORD
+    ]
+    return ArgumentTypeError(
+        f"snapshot() got unexpected keyword argument(s) {sorted(unexpected)}; it takes "
+        f"{', '.join(takes)}"
+    )
 
 
 # PPE's private helpers (some user code calls them), over the one series rule -----------------

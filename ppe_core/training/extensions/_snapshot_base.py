@@ -12,7 +12,9 @@ writer (``Writer.submit`` runs a background snapshot in the writer's worker).
 from __future__ import annotations
 
 import functools
+import logging
 import os
+import sys
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
@@ -24,6 +26,7 @@ from ppe_core.errors import (
     ShardedStateError,
     SnapshotError,
 )
+from ppe_core.logging import get_logger
 from ppe_core.training._extension import PRIORITY_SNAPSHOT
 from ppe_core.training._resume import record_ranks
 from ppe_core.training._state import PPE_CORE_STATE_KEY
@@ -94,6 +97,14 @@ class _Snapshot(SnapshotRanks):
         self._host_buffers: dict[BufferKey, list[torch.Tensor]] = {}
         #: The path of the snapshot autoload restored, or None.
         self.loaded_from: str | None = None
+        # Whether initialize ran (an extension whose trigger finished before the start is
+        # neither initialized nor saved at the end).
+        self._initialized = False
+        # The iteration autoload resumed at (None: it restored nothing).
+        self._resumed_at: int | None = None
+        # The iteration of this snapshot's last save (or of the one autoload restored), so that
+        # the end of training adds one only when the last iteration has none (_save_at_end).
+        self._saved_at: int | None = None
         # Set by initialize: whether what this snapshot saves holds sharded (DTensor) state.
         self._sharded = False
 
@@ -177,6 +188,7 @@ class _Snapshot(SnapshotRanks):
         """
         self._setup(manager)
         self._agree_on_ranks(manager)
+        self._initialized = True
         if not self.autoload:
             return None
         out_dir = self._out_dir(manager)
@@ -189,7 +201,11 @@ class _Snapshot(SnapshotRanks):
         except Exception as exc:
             raise _autoload_error(path, exc) from exc
         self.loaded_from = path
-        return os.path.relpath(path, out_dir)
+        name = os.path.relpath(path, out_dir)
+        self._resumed_at = self._saved_at = int(manager.iteration)
+        if self._target is None:  # the trainer's resume (a snapshot_object's is not the run's)
+            _say(f"resumed from {name} ({_when(manager)})")
+        return name
 
     def _setup(self, manager: Any) -> None:
         """Checks, before training, what would otherwise fail only at the first snapshot.
@@ -239,6 +255,7 @@ class _Snapshot(SnapshotRanks):
         self._wait_in_flight(raise_error=False)  # the run's error is the one to report
 
     def finalize(self, manager: Any) -> None:
+        self._save_at_end(manager)
         self._host_buffers.clear()  # after the last save (waited for below) nothing reads them
         self._wait_in_flight()
         # A writer given to the snapshot alone is finalized here (flushing background
@@ -246,11 +263,36 @@ class _Snapshot(SnapshotRanks):
         if self.writer is not None and self.writer is not getattr(manager, "writer", None):
             self.writer.finalize()
 
+    def _save_at_end(self, manager: Any) -> None:
+        """The trainer's autoloading snapshot: when training ended normally (its stop trigger,
+        ``max_epochs``), saves the last iteration if it has no snapshot yet, so that a rerun
+        resumes there (and, with the same length, trains nothing) rather than re-training the
+        iterations after the last periodic snapshot.
+
+        Only the snapshot that resumes the trainer (``autoload`` without ``target``) does:
+        other snapshots (a best model's ``snapshot_object``) keep their own trigger. Under
+        torch.distributed every rank stops at the same iteration (the stop is agreed), so each
+        takes part in the save's collectives.
+        """
+        if not (self.autoload and self._initialized) or self._target is not None:
+            return
+        reason = getattr(manager, "stop_reason", None)
+        if reason is None or reason.kind == "error":
+            return  # not an end of training (an error, or finalized before it stopped)
+        iteration = int(manager.iteration)
+        if iteration == self._resumed_at:
+            _say(f"training already finished ({_when(manager)}): nothing to do")
+            return
+        if iteration == 0 or iteration == self._saved_at:
+            return
+        self(manager)
+
     def _filename(self, manager: Any) -> str:
         filename = self.filename
         return str(filename(manager)) if callable(filename) else filename.format(manager)
 
     def _save(self, manager: Any, final: bool = False) -> None:
+        self._saved_at = int(manager.iteration)
         if self._is_saver():
             self._write(manager, self._filename(manager), final)
 
@@ -362,6 +404,28 @@ class _Snapshot(SnapshotRanks):
         save(manifest_path(filename), manifest, write_bytes)
         if not on_error:
             self._series.added(self.filename, files_dir, path, self.n_retains)
+
+
+def _when(manager: Any) -> str:
+    """``epoch E, iteration I`` of the manager now (E with a fraction mid-epoch)."""
+    return f"epoch {round(float(manager.epoch_detail), 2):g}, iteration {int(manager.iteration)}"
+
+
+def _say(message: str) -> None:
+    """Tells the user once, on rank 0: on the ``ppe.snapshot`` logger (INFO) and standard error
+    (printed unless that logger's record already went there: once on the console)."""
+    if group_world()[1] != 0:
+        return
+    logger = get_logger("snapshot")
+    logger.info(message)
+    on_console = logger.isEnabledFor(logging.INFO) and any(
+        isinstance(handler, logging.StreamHandler)
+        and not isinstance(handler, logging.FileHandler)
+        and handler.stream is sys.stderr
+        for handler in logging.getLogger("ppe").handlers
+    )
+    if not on_console:
+        print(message, file=sys.stderr, flush=True)
 
 
 def _autoload_error(path: str, exc: Exception) -> SnapshotError:

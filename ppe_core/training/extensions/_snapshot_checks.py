@@ -23,8 +23,8 @@ def check_arguments(
     """Raises unless the snapshot's target, filename and ``n_retains`` can work together."""
     if not (callable(filename) or (isinstance(filename, str) and filename)):
         raise ArgumentTypeError(
-            f"filename must be a non-empty str template (e.g. 'snapshot_iter_{{.iteration}}')"
-            f" or a callable taking the manager, got {filename!r}"
+            "filename must be a non-empty str (or os.PathLike) template (e.g. "
+            f"'snapshot_iter_{{.iteration}}') or a callable taking the manager, got {filename!r}"
         )
     if autoload and not isinstance(filename, str):
         raise ConfigurationError(

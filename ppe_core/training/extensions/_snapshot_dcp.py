@@ -42,8 +42,9 @@ from ppe_core.writing._writer_base import _HOST_TAG, _disk_full_error, _process_
 __all__ = [
     "MANIFEST_NAME",
     "check_fits",
+    "check_output",
     "disk_full",
-    "export_snapshot",
+    "export_models",
     "newest_valid",
     "publish",
     "read_manifest",
@@ -56,6 +57,7 @@ __all__ = [
     "tensor_state",
     "verify",
     "verify_world",
+    "write_export",
     "write_manifest",
     "writer_tag",
 ]
@@ -439,39 +441,16 @@ def _full_state(directory: str) -> dict[str, Any]:
     return state
 
 
-def export_snapshot(
-    directory: str | os.PathLike[str],
-    output: str | os.PathLike[str],
-    model: str | None = None,
-) -> dict[str, torch.Tensor]:
-    """Writes one model's weights from a ``SnapshotMode.DCP`` snapshot as one ordinary file.
-
-    The snapshot directory is verified first (every file's size and SHA-256 against its
-    manifest); then the model's shards of every rank are read and joined into full tensors in
-    this process (no process group, any number of saving ranks) and saved with ``torch.save``
-    as a plain state dict, keyed as ``model.state_dict()`` of the unwrapped model (no FSDP or
-    DDP prefixes): ``model.load_state_dict(torch.load(output))`` restores it, for inference
-    or in PPE. The file appears atomically (written beside ``output``, then renamed).
-
-    Args:
-        directory: The snapshot's directory (e.g. ``result/snapshot_iter_12``).
-        output: The file to write.
-        model: The trainer's name of the model (``"main"`` for ``create_trainer``'s model);
-            needed only when the snapshot holds several models.
-
-    Returns:
-        The exported state dict (host tensors).
+def export_models(directory: str) -> dict[str, Any]:
+    """The model states of the ``SnapshotMode.DCP`` snapshot ``directory``, once it verifies
+    (every file's size and SHA-256 against its manifest), each model's shards of every rank
+    joined into full tensors in this process (no process group, any number of saving ranks),
+    keyed as ``model.state_dict()`` of the unwrapped model (no FSDP or DDP prefixes).
 
     Raises:
         SnapshotError: The snapshot does not verify (no manifest: unfinished or not a DCP
-            snapshot; a file damaged, missing or not listed), ``model`` is not in it, or
-            ``output`` cannot be written (its directory is missing or not writable, or it is
-            inside the snapshot directory); checked before the snapshot is read.
-        DiskFullError: The file system of ``output`` is full.
+            snapshot; a file damaged, missing or not listed), or holds no model states.
     """
-    directory = os.fspath(directory)
-    output = os.fspath(output)
-    _check_output(directory, output)
     try:
         verify(directory)
     except SnapshotError as exc:
@@ -483,14 +462,16 @@ def export_snapshot(
     models = _full_state(directory).get("models")
     if not isinstance(models, dict) or not models:
         raise SnapshotError(f"{directory}: the snapshot holds no model states")
-    if model is None and len(models) > 1:
-        raise SnapshotError(
-            f"{directory} holds the models {sorted(models)}: name the one to export (model=)"
-        )
-    name = next(iter(models)) if model is None else model
-    if name not in models:
-        raise SnapshotError(f"{directory} holds no model {name!r}; it holds {sorted(models)}")
-    weights = dict(models[name])
+    return models
+
+
+def write_export(weights: dict[str, torch.Tensor], output: str) -> None:
+    """``torch.save``-s ``weights`` as ``output``, atomically (beside it, then renamed).
+
+    Raises:
+        SnapshotError: ``output`` cannot be written.
+        DiskFullError: The file system of ``output`` is full.
+    """
     temporary = f"{output}.tmp{os.getpid()}"
     try:
         torch.save(weights, temporary)
@@ -503,10 +484,9 @@ def export_snapshot(
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)
-    return weights
 
 
-def _check_output(directory: str, output: str) -> None:
+def check_output(directory: str, output: str) -> None:
     """Refuses, before the snapshot is read, an ``output`` that cannot or must not be written."""
     parent = os.path.dirname(os.path.abspath(output))
     snapshot = os.path.realpath(directory)

@@ -226,6 +226,7 @@ class _DCPSnapshot(_EveryRankSnapshot):
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
         from torch.distributed.checkpoint.state_dict_saver import async_save
 
+        self._saved_at = int(manager.iteration)
         self._wait_staged()
         self._wait_in_flight()  # the previous snapshot is complete (its rename, n_retains)
         started = time.perf_counter()

@@ -53,13 +53,13 @@ MANIFEST_SUFFIX = ".manifest.json"
 _FORMAT = "ppe-core-snapshot"
 
 
-def manifest_path(path: str) -> str:
+def manifest_path(path: str | os.PathLike[str]) -> str:
     """The manifest of the snapshot at ``path``: a hidden file beside it.
 
     Hidden so that PPE's autoload, which takes the newest file whose name starts and ends like
     the snapshot filename template, never mistakes a manifest for a snapshot.
     """
-    directory, name = os.path.split(path)
+    directory, name = os.path.split(os.fspath(path))
     return os.path.join(directory, "." + name + MANIFEST_SUFFIX)
 
 
@@ -196,7 +196,7 @@ def complete_manifest(path: str) -> dict[str, Any]:
     return manifest
 
 
-def verify_snapshot(path: str) -> dict[str, Any]:
+def verify_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Check ``path`` against its manifest and return the manifest.
 
     Raises:
@@ -204,6 +204,7 @@ def verify_snapshot(path: str) -> dict[str, Any]:
             schema), or the file's size or SHA-256 differs from it (a torn, truncated or
             modified file).
     """
+    path = os.fspath(path)
     manifest = complete_manifest(path)
     if file_digest(path)[1] != manifest["sha256"]:
         raise SnapshotError(f"{path}: SHA-256 differs from the manifest (corrupt or modified)")
@@ -347,7 +348,7 @@ def _refused_globals(data: bytes) -> list[str]:
     return sorted({name for name in names if not _allowed_name(name)})
 
 
-def load_snapshot(path: str, *, verify: bool = True) -> Any:
+def load_snapshot(path: str | os.PathLike[str], *, verify: bool = True) -> Any:
     """Load a snapshot safely: verified, then ``torch.load(weights_only=True)``.
 
     Nothing in the file is executed: a file that needs arbitrary unpickling is refused.
@@ -360,6 +361,7 @@ def load_snapshot(path: str, *, verify: bool = True) -> Any:
             bytes, a torn file, a zip that is not a torch archive).
         UnsafeSnapshotError: the file holds objects only full unpickling could build.
     """
+    path = os.fspath(path)
     if verify:
         verify_snapshot(path)
     try:

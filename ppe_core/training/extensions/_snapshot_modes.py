@@ -12,6 +12,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ppe_core.distributed import barrier, group_world, is_distributed
+from ppe_core.distributed._env import require_object_collectives
 from ppe_core.errors import (
     ConfigurationError,
     ShardedStateError,
@@ -29,6 +30,7 @@ def require_process_group(mode: str, more: str = "") -> None:
             f"snapshot_mode=SnapshotMode.{mode} needs torch.distributed to be initialized "
             f"(init_process_group) before the snapshot is created{more}"
         )
+    require_object_collectives(f"snapshot_mode=SnapshotMode.{mode}")
 
 
 class _DistributedSnapshot(_Snapshot):

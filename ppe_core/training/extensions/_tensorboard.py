@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -50,14 +51,14 @@ class TensorBoard(Extension):
     def __init__(
         self,
         writer: ScalarWriter | None = None,
-        out_dir: str | None = None,
+        out_dir: str | os.PathLike[str] | None = None,
         keys: Iterable[str] | None = None,
         trigger: TriggerLike = (1, "epoch"),
     ) -> None:
         if writer is None:
             check_tensorboard("TensorBoard")
         self._given_writer = writer
-        self._out_dir = out_dir
+        self._out_dir = None if out_dir is None else os.fspath(out_dir)
         self._keys = None if keys is None else key_tuple(keys, "TensorBoard", "keys")
         self.trigger = EveryIteration()  # it must see every iteration's values
         self._trigger = DueCheck(get_trigger(trigger))

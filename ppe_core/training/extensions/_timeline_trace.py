@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +39,7 @@ class TimelineTrace(Extension):
     def __init__(
         self,
         trigger: TriggerLike = (1, "epoch"),
-        filename: str | None = None,
+        filename: str | os.PathLike[str] | None = None,
         enable: TriggerLike = None,
         disable: TriggerLike = None,
         tracer: Any = None,
@@ -54,7 +55,8 @@ class TimelineTrace(Extension):
         self._disable: Trigger | None = None if disable is None else get_trigger(disable)
         self._trigger = get_trigger(trigger)
         self._due = DueCheck(self._trigger)
-        self._filename = "chrome_trace.json" if filename is None else filename
+        # A Path names the file its str form does.
+        self._filename = "chrome_trace.json" if filename is None else os.fspath(filename)
         self._writer = writer
 
     def _chosen_writer(self, manager: ManagerView) -> Any:

@@ -8,6 +8,7 @@ matplotlib (the ``plot`` extra); numpy and matplotlib are imported only when use
 
 from __future__ import annotations
 
+import os
 from typing import IO, TYPE_CHECKING, Any
 
 import torch
@@ -194,13 +195,13 @@ class VariableStatisticsPlot(Extension):
         plot_std: bool = True,
         percentile_sigmas: float | tuple[float, ...] = DEFAULT_PERCENTILE_SIGMAS,
         trigger: TriggerLike = (1, "epoch"),
-        filename: str | None = None,
+        filename: str | os.PathLike[str] | None = None,
         figsize: tuple[float, ...] | None = None,
         marker: str | None = None,
         grid: bool = True,
         *,
         writer: WriterLike | None = None,
-        file_name: str | None = None,
+        file_name: str | os.PathLike[str] | None = None,
     ) -> None:
         if not self.available():
             raise missing_extra_error("VariableStatisticsPlot", "matplotlib", "plot")
@@ -229,7 +230,8 @@ class VariableStatisticsPlot(Extension):
         self._n_percentile = n_percentile
         self._statistician = Statistician(plot_mean, plot_std, percentile_sigmas)
         self._due = DueCheck(get_trigger(trigger))
-        self._filename = filename or file_name or "statistics.png"
+        # A Path names the file its str form does.
+        self._filename = os.fspath(filename or file_name or "statistics.png")
         self._format = self._filename.rsplit(".", 1)[-1] if "." in self._filename else "png"
         self._figsize: Any = figsize  # matplotlib types it as a pair
         self._marker = marker

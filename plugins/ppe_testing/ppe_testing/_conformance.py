@@ -27,8 +27,8 @@ import torch
 import ppe_core
 from ppe_core.errors import ConformanceError, RuntimeOptionError
 from ppe_core.runtime import BaseRuntime, PyTorchRuntime, RuntimeOptions, device_type_of
-from ppe_core.testing._emulated import EMULATED_DEVICE, enable_emulated_device
-from ppe_core.testing._host import plugin_host
+from ppe_core.testing import plugin_host
+from ppe_testing._emulated import EMULATED_DEVICE, enable_emulated_device
 
 __all__ = [
     "CHECKS",
@@ -1322,7 +1322,7 @@ class RuntimeConformance:
 
     Set the class attributes (they mirror :class:`RuntimeTarget`)::
 
-        from ppe_core.testing import RuntimeConformance
+        from ppe_testing import RuntimeConformance
 
         class TestMyRuntimeConformance(RuntimeConformance):
             device = "mydev:0"
