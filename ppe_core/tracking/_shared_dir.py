@@ -18,7 +18,6 @@ import contextlib
 import fnmatch
 import os
 import socket
-import sys
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -36,23 +35,17 @@ __all__ = ["PROBE_PREFIX", "check_shared_out_dir", "uploaded_dcp_snapshots"]
 #: The probe file's name starts with this (a hidden file: no artifact pattern matches it).
 PROBE_PREFIX = ".ppe_core_shared_dir_probe."
 
-# The module of SnapshotMode.DCP's extension: when it was never imported, no DCP snapshot
-# exists (and the check imports nothing).
-_DCP_MODULE = "ppe_core.training.extensions._snapshot_dcp_mode"
-
 
 def uploaded_dcp_snapshots(manager: ManagerView, patterns: Sequence[str]) -> dict[str, str]:
     """``{extension name: directory it writes into}`` of the manager's ``SnapshotMode.DCP``
     snapshots whose directories match one of ``patterns`` (relative to ``manager.out``)."""
-    module = sys.modules.get(_DCP_MODULE)
-    if module is None or not patterns:
+    if not patterns:
         return {}
-    dcp_class = module._DCPSnapshot
     sample = OutputSample(manager)
     found: dict[str, str] = {}
     for name, entry in getattr(manager, "extensions", ()):
-        extension = getattr(entry, "extension", None)
-        if not isinstance(extension, dcp_class):
+        extension: Any = getattr(entry, "extension", None)
+        if getattr(extension, "snapshot_mode", None) != "DCP":
             continue
         for path in extension.output_files(sample):
             relative = os.path.relpath(path, manager.out)

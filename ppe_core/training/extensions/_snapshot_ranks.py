@@ -47,6 +47,12 @@ class SnapshotRanks(Extension):
     _rank_states: list[Any] | None = None
 
     @property
+    def snapshot_mode(self) -> str:
+        """The ``SnapshotMode`` member this snapshot takes ("DEFAULT", "DCP", ...): for code
+        that treats a mode's output differently (a tracker uploading DCP directories)."""
+        return self._mode
+
+    @property
     def collectives(self) -> str | None:
         """The collectives this snapshot issues under torch.distributed (see ``_ranks``).
 
