@@ -69,9 +69,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from ppe_extensions.tracking import BaseTracker
 
 import ppe_core as ppe
-from ppe_core.tracking import BaseTracker
 
 #: Log lengths (entries already in the log) at which per-step cost is measured.
 LOG_SIZES = (1_000, 10_000, 100_000)

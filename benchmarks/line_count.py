@@ -127,7 +127,7 @@ def collect() -> dict[str, dict[str, int]]:
         rows[name] = {"files": files, "lines": lines, "code": code}
     plugin_prefixes = tuple(folder.name for folder in PACKAGES.values())
     modules, lines, code = count_loaded("ppe_core", plugin_prefixes)
-    rows["ppe-core run, loaded"] = {"files": modules, "lines": lines, "code": code}
+    rows["ppe-core + plugins run, loaded"] = {"files": modules, "lines": lines, "code": code}
     ppe = ppe_folder()
     if ppe is not None:
         files, lines, code = count_tree(ppe)

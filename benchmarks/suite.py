@@ -492,7 +492,7 @@ def section_import(report: Report, args: argparse.Namespace) -> None:
         if m.split(".")[0] in {"tqdm", "matplotlib", "tensorboard", "numpy", "mlflow", "wandb"}
         or m.startswith(("torch._dynamo", "torch.distributed", "ppe_core.training"))
         or m.startswith(("ppe_core.handler", "ppe_core.writing", "ppe_core._reporting"))
-        or m.startswith(("ppe_core.tracking", "ppe_mlflow._logger", "ppe_wandb._logger"))
+        or m.startswith(("ppe_extensions.tracking", "ppe_mlflow._logger", "ppe_wandb._logger"))
     ]
     report.add(
         "import",

@@ -13,12 +13,18 @@ table and writes the log and the snapshots (in ``--out``, default ``result_ddp/w
 processes, so runs at different sizes do not resume each other); a rerun resumes from the newest
 snapshot on every rank. There is no teardown at the end: ``init_from_env`` shuts the process
 group down at exit, after every rank is done with it.
+
+Restarts: ``torchrun --nproc_per_node=2 --max-restarts=3 examples/train_ddp.py --fail-at 23``
+kills the last rank after iteration 23 on the first attempt only (``TORCHELASTIC_RESTART_COUNT``
+0); torchrun restarts every worker, they resume from the newest snapshot and the job finishes
+with the weights of a run that never failed.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -67,6 +73,12 @@ def main() -> None:
         "--out", default=None, help="log and snapshot directory (default: result_ddp/world{N})"
     )
     parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument(
+        "--fail-at",
+        type=int,
+        default=None,
+        help="on torchrun's first attempt, SIGKILL the last rank after this iteration",
+    )
     args = parser.parse_args()
 
     device = os.environ.get("PPE_DEVICE", "cpu")
@@ -98,6 +110,15 @@ def main() -> None:
         E.LogReport(),
         E.PrintReport(["epoch", "iteration", "train/loss", "val/loss", "val/accuracy"]),
     ]
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    if args.fail_at is not None and first_attempt and world.rank == world.world_size - 1:
+
+        @ppe.training.make_extension(trigger=(1, "iteration"))
+        def fail(manager: ppe.training.ExtensionsManagerProtocol) -> None:
+            if manager.iteration == args.fail_at:
+                os.kill(os.getpid(), signal.SIGKILL)  # a lost worker, as a dead node's
+
+        extensions.append(fail)
     trainer = ppe.engine.create_trainer(
         wrapped,
         torch.optim.SGD(wrapped.parameters(), lr=0.1 * world.world_size, momentum=0.9),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ppe_core import _active_host, _not_provided
+from ppe_core import _not_provided
 from ppe_core._version import __version__
 from ppe_core.hookspecs import hookimpl, hookspec
 from ppe_core.runtime import _registry as _runtime_registry
@@ -18,7 +18,6 @@ from ppe_core.runtime import to
 
 if TYPE_CHECKING:
     from ppe_core import (
-        _plugins,
         config,
         dataloaders,
         distributed,
@@ -33,13 +32,13 @@ if TYPE_CHECKING:
         reporting,
         runtime,
         testing,
-        tracking,
         training,
         writing,
     )
     from ppe_core._compile import compile
     from ppe_core._map import map
     from ppe_core._requires import requires
+    from ppe_core.runtime import RuntimeRegistry
 
 _SUBMODULES = frozenset(
     {
@@ -57,7 +56,6 @@ _SUBMODULES = frozenset(
         "reporting",
         "runtime",
         "testing",
-        "tracking",
         "training",
         "writing",
     }
@@ -93,7 +91,6 @@ __all__ = [
     "runtime",
     "testing",
     "to",
-    "tracking",
     "training",
     "writing",
 ]
@@ -102,18 +99,17 @@ __all__ = [
 _not_provided.install_finder()
 
 
-def _plugin_host() -> _plugins.PluginHost:
-    # The face composes the layers: the runtime contract and the training stack reach the
-    # plugin host without importing it (it names their modules), and it loads on first use.
+def _active_runtimes() -> RuntimeRegistry:
+    # The face composes the layers: the runtime contract sits below the plugin host (which
+    # holds a RuntimeRegistry), so it reaches the host's registry through this slot; the host
+    # loads on first use.
     from ppe_core._plugins import get_plugin_host
 
-    _active_host.set_host_source(get_plugin_host)  # later calls go straight to it
-    return get_plugin_host()
+    return get_plugin_host().runtimes
 
 
-_active_host.set_host_source(_plugin_host)
-_runtime_registry.set_registry_source(lambda: _active_host.active_host().runtimes)
-del _plugin_host, _runtime_registry  # not names of the package
+_runtime_registry.set_registry_source(_active_runtimes)
+del _active_runtimes, _runtime_registry  # not names of the package
 
 
 def __getattr__(name: str) -> Any:

@@ -142,10 +142,12 @@ def _export(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     written marked unverified on stderr); 1, with the reason (one line) on stderr, when
     refused: a path not found, a snapshot that does not verify, or an output that cannot be
     written (a missing or unwritable directory, a full disk, a path inside the snapshot)."""
+    import ppe_core.training.extensions
     from ppe_core.errors import PPEError, SnapshotVerificationWarning
-    from ppe_core.training.extensions._snapshot_export import export_snapshot
 
     try:
+        # The snapshot family is ppe-extensions'; without it this names the package to install.
+        export_snapshot = ppe_core.training.extensions.export_snapshot
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", SnapshotVerificationWarning)
             weights = export_snapshot(args.snapshot, args.output, model=args.model)

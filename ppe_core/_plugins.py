@@ -80,11 +80,10 @@ _CORE = "ppe-core"
 # A Requires-Dist line of an extra pinning one version: 'ppe-cpu==0.1.0; extra == "cpu"'.
 _PINNED_IN_EXTRA = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)\s*===?\s*[^,;*]+;\s*extra\s*==")
 
+_STANDARD_EXTRA = re.compile(r"extra\s*==\s*['\"]standard['\"]")
+
 #: The core's own plugins, registered exactly like external ones: (name, module).
-BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
-    ("ppe_core.logics", "ppe_core._builtin.logics"),
-    ("ppe_core.extensions", "ppe_core._builtin.extensions"),
-)
+BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (("ppe_core.logics", "ppe_core._builtin.logics"),)
 
 Status = Literal["loaded", "failed", "blocked"]
 Source = Literal["builtin", "entry point", "PPE_PLUGINS", "register()"]
@@ -121,6 +120,18 @@ def first_party_distributions() -> frozenset[str]:
         requires = []
     pinned = (_PINNED_IN_EXTRA.match(req) for req in requires)
     return frozenset({_CORE, *(_distribution_key(m.group(1)) or "" for m in pinned if m)})
+
+
+def standard_distributions() -> frozenset[str]:
+    """The distributions of ppe-core's ``standard`` extra (ppe-extensions: the standard
+    extensions), read from ppe-core's installed metadata like :func:`first_party_distributions`.
+    """
+    try:
+        requires = distribution(_CORE).requires or []
+    except PackageNotFoundError:
+        requires = []
+    pinned = (_PINNED_IN_EXTRA.match(req) for req in requires if _STANDARD_EXTRA.search(req))
+    return frozenset(_distribution_key(m.group(1)) or "" for m in pinned if m)
 
 
 def __getattr__(name: str) -> Any:
@@ -227,7 +238,12 @@ class PluginHost:
     """
 
     def __init__(
-        self, settings: PluginSettings | None = None, *, load: bool = True, builtins: bool = True
+        self,
+        settings: PluginSettings | None = None,
+        *,
+        load: bool = True,
+        builtins: bool = True,
+        standard: bool = True,
     ) -> None:
         self.settings = settings if settings is not None else PluginSettings.from_env()
         self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
@@ -244,20 +260,31 @@ class PluginHost:
         )
         self.logics: Registry[Any] = Registry("logic", self._describe_failures)
         self.extensions: Registry[Any] = Registry("extension", self._describe_failures)
-        self._registries: tuple[Registry[Any], ...] = (self.runtimes, self.logics, self.extensions)
+        #: ppe_core module path (a face, see ``ppe_register_modules``) -> provider modules.
+        self.modules: Registry[tuple[str, ...]] = Registry("module path", self._describe_failures)
+        self._registries: tuple[Registry[Any], ...] = (
+            self.runtimes,
+            self.logics,
+            self.extensions,
+            self.modules,
+        )
         # Historic calls: every plugin registered from now on receives its registries.
         self.pm.hook.ppe_register_runtimes.call_historic(kwargs={"registry": self.runtimes})
         self.pm.hook.ppe_register_logics.call_historic(kwargs={"registry": self.logics})
         self.pm.hook.ppe_register_extensions.call_historic(kwargs={"registry": self.extensions})
+        self.pm.hook.ppe_register_modules.call_historic(kwargs={"registry": self.modules})
         if load:
-            self.load(builtins=builtins)
+            self.load(builtins=builtins, standard=standard)
 
     # Loading ------------------------------------------------------------------------------
-    def load(self, *, builtins: bool = True) -> None:
+    def load(self, *, builtins: bool = True, standard: bool = True) -> None:
         """Register built-ins, then entry points (unless autoload is off), then ``PPE_PLUGINS``.
 
         First-party entry points load before any other, so what they register is theirs
-        whatever order ``sys.path`` lists the distributions in.
+        whatever order ``sys.path`` lists the distributions in. With ``standard`` (the default)
+        and autoload off, the entry points of the ``standard`` extra's distributions (the
+        standard extensions, built-ins before they became a package) load all the same;
+        ``PPE_DISABLED_PLUGINS=ppe-extensions`` disables them.
         """
         if builtins:
             for name, module in BUILTIN_PLUGINS:
@@ -269,6 +296,11 @@ class PluginHost:
         if self.settings.autoload:
             for ep in eps.values():
                 self._load_entry_point(ep, "entry point")
+        elif standard:
+            wanted = standard_distributions()
+            for ep in eps.values():
+                if _distribution_key(_entry_point_distribution(ep)[0]) in wanted:
+                    self._load_entry_point(ep, "entry point")
         items = self.settings.plugins
         first = [item for item in items if item in eps and self._ep_first_party(eps[item])]
         for item in [*first, *(item for item in items if item not in first)]:

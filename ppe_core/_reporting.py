@@ -1,4 +1,10 @@
-"""Reporters, report scopes and running summaries of observed values (implementation)."""
+"""Reporters, report scopes and running summaries of observed values (implementation).
+
+Beyond PPE, the explained errors at the end of this module: where PPE raises a bare
+``KeyError`` (unknown observer), ``IndexError`` (no current reporter), ``ZeroDivisionError``
+(mean of nothing) or lets arithmetic fail on a non-number or a tensor of several elements,
+ppe-core raises the same types saying what to do instead.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +19,14 @@ from typing import TYPE_CHECKING, Any, SupportsFloat, TypeAlias
 
 import torch
 
-from ppe_core import _reporting_checks as _checks
 from ppe_core._summary_exact import EXACT_KEY, exact_entry, read_exact
+from ppe_core.errors import (
+    ArgumentTypeError,
+    ConfigurationError,
+    EmptySummaryError,
+    NoCurrentReporterError,
+    UnknownObserverError,
+)
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -162,7 +174,7 @@ class Reporter:
         if observer is not None:
             name = self._observer_names.get(id(observer))
             if name is None:
-                raise _checks.unknown_observer(observer, len(self._observer_names))
+                raise unknown_observer(observer, len(self._observer_names))
             prefix = name + "/"
         observation = self.observation
         for key, value in values.items():
@@ -210,7 +222,7 @@ def get_current_reporter() -> Reporter:
     """
     reporters = _local.reporters
     if not reporters:
-        raise _checks.no_current_reporter()
+        raise no_current_reporter()
     return reporters[-1]
 
 
@@ -381,8 +393,8 @@ class Summary:
         if not isinstance(value, torch.Tensor):
             if isinstance(weight, torch.Tensor):
                 value = _host_values_to([float(value)], None, weight.device).reshape(())
-            elif not (_checks.is_host_number(value) and _checks.is_host_number(weight)):
-                raise _checks.not_a_number(value, weight)
+            elif not (is_host_number(value) and is_host_number(weight)):
+                raise not_a_number(value, weight)
             else:
                 wv: Any = weight * value  # type: ignore[operator]
                 self._x += wv
@@ -390,7 +402,7 @@ class Summary:
                 self._n += weight
                 return
         if value.numel() != 1:
-            raise _checks.not_a_scalar(value)
+            raise not_a_scalar(value)
         if weight.__class__ is int and weight == 1:  # (a tensor compared with == makes a tensor)
             self.add_tensor(value)
             return
@@ -513,7 +525,7 @@ class Summary:
             # The host sums never hold tensors (those are folded on their device), so plain
             # arithmetic is PPE's; only a plain number is tested (an array's truth is ambiguous).
             if isinstance(self._n, numbers.Number) and n == 0:
-                raise _checks.empty_summary()
+                raise empty_summary()
             mean = self._x / n
             return mean, _host_sqrt(self._x2 / n - mean * mean)
         sums = self._dev
@@ -676,7 +688,7 @@ class DictSummary:
             weight: Any = 1
             if isinstance(entry, tuple):
                 if len(entry) != 2 or not _is_scalar(entry[1]):
-                    raise _checks.malformed_weighted_entry(key, entry)
+                    raise malformed_weighted_entry(key, entry)
                 value, weight = entry
             if callable(value) or _is_scalar(value):
                 summary = summaries.get(key)
@@ -739,3 +751,63 @@ class DictSummary:
         for key in sorted({*mine, *theirs}):
             result._summaries[key] = mine.get(key, Summary()) + theirs.get(key, Summary())
         return result
+
+
+# Explained errors: the conditions are tested where they occur (most on per-step paths);
+# these build the errors, out of the way of the code that reads them.
+
+
+def unknown_observer(observer: object, registered: int) -> UnknownObserverError:
+    """``Reporter.report``'s observer was never registered (``registered`` observers are)."""
+    return UnknownObserverError(
+        f"{type(observer).__name__} object at {id(observer):#x} is not registered "
+        f"with this Reporter ({registered} observers are); register it "
+        "first with reporter.add_observer(name, observer)"
+    )
+
+
+def no_current_reporter() -> NoCurrentReporterError:
+    """An operation needed the current reporter and none is."""
+    return NoCurrentReporterError(
+        "no Reporter is current in this thread; enter one first with `with reporter:` or "
+        "`with reporter.scope(observation):`"
+    )
+
+
+def is_host_number(value: object) -> bool:
+    """Whether ``value`` is a Python or NumPy number or array (what PPE's arithmetic takes)."""
+    if isinstance(value, numbers.Number):
+        return True
+    return hasattr(value, "ndim") and hasattr(value, "__mul__") and hasattr(value, "dtype")
+
+
+def not_a_number(value: object, weight: object) -> ArgumentTypeError:
+    """``Summary.add`` got a value or weight that is neither a number nor a tensor."""
+    return ArgumentTypeError(
+        f"Summary.add() takes a number or a one-element tensor as value and weight, "
+        f"got {type(value).__name__} {value!r} (weight {weight!r}); add numbers, "
+        "e.g. summary.add(loss) or summary.add(accuracy, weight=batch_size)"
+    )
+
+
+def not_a_scalar(value: torch.Tensor) -> ConfigurationError:
+    """``Summary.add`` got a tensor of more than one element."""
+    return ConfigurationError(
+        f"Summary.add() takes a scalar, got a tensor of shape {tuple(value.shape)}; "
+        "reduce it first, e.g. report({'loss': loss.mean()})"
+    )
+
+
+def empty_summary() -> EmptySummaryError:
+    """A mean of numbers whose total weight is 0."""
+    return EmptySummaryError(
+        "the summary is empty (total weight 0); add() values before computing a mean"
+    )
+
+
+def malformed_weighted_entry(key: str, entry: object) -> ConfigurationError:
+    """A ``DictSummary`` entry is a tuple that is not ``(value, scalar weight)``."""
+    return ConfigurationError(
+        f"DictSummary entry {key!r} is a tuple, which means (value, weight), "
+        f"but got {entry!r}; pass a scalar or a (value, scalar weight) pair"
+    )

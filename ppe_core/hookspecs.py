@@ -42,6 +42,7 @@ __all__ = [
     "ppe_evaluator_teardown",
     "ppe_register_extensions",
     "ppe_register_logics",
+    "ppe_register_modules",
     "ppe_register_runtimes",
     "ppe_trainer_setup",
     "ppe_trainer_teardown",
@@ -51,7 +52,7 @@ __all__ = [
 #: or a hook argument is added (plugins written for an older minor keep working); the major
 #: version grows when a hook is removed or its meaning changes. A plugin declares the version
 #: it was written for as a module (or object) attribute ``PPE_CORE_HOOK_API = (1, 0)``.
-PPE_CORE_HOOK_API: tuple[int, int] = (1, 0)
+PPE_CORE_HOOK_API: tuple[int, int] = (1, 1)
 
 #: The pluggy project name; also the entry-point group scanned for plugins.
 PROJECT_NAME = "ppe_core"
@@ -130,6 +131,33 @@ def ppe_register_extensions(registry: Registry[Any]) -> None:
         @ppe_core.hookimpl
         def ppe_register_extensions(registry):
             registry.register("GradientNorm", GradientNorm)
+    """
+
+
+@hookspec(historic=True)
+def ppe_register_modules(registry: Registry[tuple[str, ...]]) -> None:
+    """Provide the names of a ppe_core module path that the core keeps only as a face.
+
+    PPE's import paths of the standard extensions and writers
+    (``ppe_core.training.extensions.log_report``, ``ppe_core.writing``'s background writers)
+    stay files in the core, for scripts and type checkers, but their classes ship in
+    ppe-extensions. Such a face looks up the modules registered for its path here and
+    forwards its names to them; with no provider installed it names the package to install.
+    Called once for every plugin when it is registered (historic).
+
+    Args:
+        registry: Module path -> the provider modules searched in order for each name.
+
+    Returns:
+        Nothing; the return value is ignored.
+
+    Example::
+
+        @ppe_core.hookimpl
+        def ppe_register_modules(registry):
+            registry.register(
+                "ppe_core.training.extensions.log_report", ("mypkg._log_report",)
+            )
     """
 
 

@@ -14,7 +14,18 @@ import os
 import threading
 from logging import CRITICAL, DEBUG, ERROR, INFO, WARNING
 
-__all__ = ["CRITICAL", "DEBUG", "ERROR", "INFO", "WARNING", "get_logger"]
+from ppe_core._console import in_notebook, is_terminal
+
+__all__ = [
+    "CRITICAL",
+    "DEBUG",
+    "ERROR",
+    "INFO",
+    "WARNING",
+    "get_logger",
+    "in_notebook",
+    "is_terminal",
+]
 
 #: Environment variable naming the log level (``DEBUG`` ... ``CRITICAL``).
 LOG_LEVEL_ENV = "PPE_LOG_LEVEL"

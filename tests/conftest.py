@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import importlib.util
-import os
-import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import pip_install_fixtures
 
 import ppe_core.testing
 from ppe_core.plugins import PluginHost
-
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture(autouse=True)
@@ -68,32 +64,6 @@ def hide_module(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
     return hide
 
 
-def _pip_install_fixtures(root: Path, names: tuple[str, ...]) -> Path:
-    """pip-install fixture distributions, copied out of the repository, into ``root/site``."""
-    target = root / "site"
-    sources = []
-    for name in names:
-        shutil.copytree(FIXTURES / name, root / name)
-        sources.append(str(root / name))
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--disable-pip-version-check",
-            "--target",
-            str(target),
-            *sources,
-        ],
-        check=True,
-    )
-    return target
-
-
 @pytest.fixture(scope="session")
 def installed_plugins(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """pip-install the fixture plugin distributions into a private ``--target`` directory.
@@ -102,23 +72,11 @@ def installed_plugins(tmp_path_factory: pytest.TempPathFactory) -> Path:
     third-party package, and never into the developer's environment.
     """
     root = tmp_path_factory.mktemp("third_party")
-    return _pip_install_fixtures(root, ("ppe_testdevice", "ppe_brokenplugin"))
+    return pip_install_fixtures(root, ("ppe_testdevice", "ppe_brokenplugin"))
 
 
 @pytest.fixture(scope="session")
 def misbehaving_plugins(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """pip-install ``ppe-misbehaving`` (plugins that misbehave on purpose) into its own
     ``--target`` directory, so the tests that put it on ``sys.path`` choose where."""
-    return _pip_install_fixtures(tmp_path_factory.mktemp("misbehaving"), ("ppe_misbehaving",))
-
-
-def run_python(
-    code: str, *, path: Path | None = None, env: dict[str, str] | None = None, module: str = ""
-) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` (or ``-m module``) in a fresh interpreter with ``path`` on PYTHONPATH."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PPE_")}
-    if path is not None:
-        full_env["PYTHONPATH"] = os.pathsep.join([str(path), full_env.get("PYTHONPATH", "")])
-    full_env.update(env or {})
-    args = [sys.executable, "-m", *module.split()] if module else [sys.executable, "-c", code]
-    return subprocess.run(args, env=full_env, capture_output=True, text=True, timeout=120)
+    return pip_install_fixtures(tmp_path_factory.mktemp("misbehaving"), ("ppe_misbehaving",))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -60,14 +61,6 @@ def profile_entry_steps(manager: Any, steps: int) -> tuple[list[str], list[Any]]
     return files, appended_to
 
 
-def run_python(code: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh interpreter (state a test must not leave in its own process:
-    the emulated device, a first backward pass); output captured, never raises on failure."""
-    return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, check=False
-    )
-
-
 #: torchrun's variables, dropped from a launched script's environment (pytest may run under one).
 _LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -78,16 +71,29 @@ def _env() -> dict[str, str]:
     return env
 
 
-def launch(script: Path, *args: str, processes: int = 2, timeout: float = 120) -> tuple[int, str]:
+def launch(
+    script: Path,
+    *args: str,
+    processes: int = 2,
+    timeout: float = 120,
+    torchrun: tuple[str, ...] = (),
+) -> tuple[int, str]:
     """Runs ``script`` in ``processes`` gloo processes (0: plain python); ``(returncode, stderr)``.
+
+    ``torchrun``: more of torchrun's options (``"--max-restarts=2"``).
 
     A run still going after ``timeout`` seconds (a hang) is stopped with all its processes and
     fails the test.
     """
     command = [sys.executable, str(script), *args]
     if processes:
-        command[1:1] = ["-m", "torch.distributed.run", "--standalone"]
-        command.insert(4, f"--nproc_per_node={processes}")
+        command[1:1] = [
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={processes}",
+            *torchrun,
+        ]
     # stderr goes to a file: a pipe would stay open as long as any worker lives.
     with tempfile.TemporaryFile("w+") as stderr:
         process = subprocess.Popen(
@@ -114,3 +120,55 @@ def launch(script: Path, *args: str, processes: int = 2, timeout: float = 120) -
             )
         stderr.seek(0)
         return process.returncode, stderr.read()
+
+
+#: Fixture distributions (third-party plugins) that tests pip-install outside the repository.
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def pip_install_fixtures(root: Path, names: tuple[str, ...]) -> Path:
+    """pip-install fixture distributions, copied out of the repository, into ``root/site``."""
+    target = root / "site"
+    sources = []
+    for name in names:
+        shutil.copytree(FIXTURES / name, root / name)
+        sources.append(str(root / name))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "--target",
+            str(target),
+            *sources,
+        ],
+        check=True,
+    )
+    return target
+
+
+def run_python(
+    code: str = "",
+    *,
+    path: Path | None = None,
+    env: dict[str, str] | None = None,
+    module: str = "",
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` (or ``-m module``) in a fresh interpreter with ``path`` on PYTHONPATH and no
+    ``PPE_`` variable of this process: state a test must not leave in its own process (the
+    emulated device, a first backward pass, a plugin host). Output captured; never raises on a
+    failure."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PPE_")}
+    if path is not None:
+        full_env["PYTHONPATH"] = os.pathsep.join([str(path), full_env.get("PYTHONPATH", "")])
+    full_env.update(env or {})
+    args = [sys.executable, "-m", *module.split()] if module else [sys.executable, "-c", code]
+    return subprocess.run(
+        args, env=full_env, capture_output=True, text=True, timeout=timeout, check=False
+    )

@@ -260,13 +260,13 @@ def test_the_graph_reader_sees_a_cycle() -> None:
     assert "ppe_core._plugins" in _function_imports("ppe_core.engine._factories")
     # ... strings: a lazy-export table, a concatenated plugin table, a package's submodule names
     assert "ppe_core.training._trainer" in _edges("ppe_core.training")
-    assert "ppe_core.training.extensions._log_report" in _edges("ppe_core._builtin.extensions")
+    assert "ppe_core.handler" in _edges("ppe_core._builtin.logics")
     assert "ppe_core.training.extensions.log_report" in _edges("ppe_core.training.extensions")
     # ... not TYPE_CHECKING blocks, nor f-string pieces
-    assert "ppe_core._plugins" not in _edges("ppe_core._active_host")
+    assert "ppe_core._plugins" not in _edges("ppe_core.hookspecs")
     assert "ppe_core.distributed" not in _edges("ppe_core.distributed._env")
-    # ... and the packages an import runs: the builtin plugin table runs ppe_core.training.
-    assert "ppe_core.training" in _graph()["ppe_core._builtin.extensions"]
+    # ... and the packages an import runs: the builtin plugin table runs ppe_core.handler.
+    assert "ppe_core.handler" in _graph()["ppe_core._builtin.logics"]
 
 
 def test_no_import_circles() -> None:
@@ -347,7 +347,7 @@ def test_runtime_package_imports_nothing_inside_functions() -> None:
 
 
 def _compat_layer() -> set[str]:
-    return {"ppe_core._compat", *_compat.SHIMS, *_compat.ADAPTERS}
+    return {"ppe_core._compat", *_compat.SHIMS, *_compat.FACES, *_compat.ADAPTERS}
 
 
 def _shim_problems(module: str, sources: tuple[str, ...]) -> list[str]:
@@ -386,8 +386,8 @@ def _shim_problems(module: str, sources: tuple[str, ...]) -> list[str]:
 def test_the_shim_check_sees_a_definition() -> None:
     assert (
         _shim_problems(
-            "ppe_core.training.extensions.log_report",
-            _compat.SHIMS["ppe_core.training.extensions.log_report"],
+            "ppe_core.training.triggers.interval_trigger",
+            _compat.SHIMS["ppe_core.training.triggers.interval_trigger"],
         )
         == []
     )
@@ -400,6 +400,58 @@ def test_ppe_path_shims_only_re_export_what_the_table_says(module: str) -> None:
     assert module in _modules(), f"{module} is in ppe_core/_compat.py but has no file"
     assert not _shim_problems(module, _compat.SHIMS[module])
     importlib.import_module(module)  # and it imports
+
+
+def _face_problems(module: str) -> list[str]:
+    """How the face ``module`` departs from its shape: ``__all__``, the provider's imports under
+    ``if TYPE_CHECKING:`` naming exactly ``__all__``, and in its ``else:`` only the import of
+    ``ppe_core._faces`` and the call that forwards (``forward`` or ``replace_with_provider``)."""
+    problems: list[str] = []
+    exported: list[str] | None = None
+    typed: set[str] = set()
+    tree = ast.parse(_modules()[module].read_text())
+    for index, node in enumerate(tree.body):
+        if index == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module in ("__future__", "typing"):
+            continue
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__all__"]:
+            exported = [ast.literal_eval(e) for e in node.value.elts]  # type: ignore[attr-defined]
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            for sub in node.body:
+                if isinstance(sub, ast.ImportFrom):
+                    typed.update(alias.asname or alias.name for alias in sub.names)
+                else:
+                    problems.append(f"line {sub.lineno}: {ast.unparse(sub).splitlines()[0]}")
+            for sub in node.orelse:
+                text = ast.unparse(sub)
+                if not (
+                    text.startswith("from ppe_core._faces import")
+                    or "forward(__name__" in text
+                    or text.startswith("replace_with_provider(__name__")
+                ):
+                    problems.append(f"line {sub.lineno}: {text.splitlines()[0]}")
+        else:
+            problems.append(f"line {node.lineno}: {ast.unparse(node).splitlines()[0]}")
+    if exported is None or set(exported) != typed:
+        problems.append(f"__all__ {exported} is not what type checkers see {sorted(typed)}")
+    return problems
+
+
+def test_the_face_check_sees_a_definition() -> None:
+    assert _face_problems("ppe_core.training.extensions.log_report") == []
+    problems = _face_problems("ppe_core.training.extensions.snapshot_writers")
+    assert any("def __getattr__" in p for p in problems)
+
+
+@pytest.mark.parametrize("module", sorted(_compat.FACES))
+def test_faces_only_forward_to_their_provider(module: str) -> None:
+    assert module in _modules(), f"{module} is in ppe_core/_compat.py but has no file"
+    assert not _face_problems(module)
+    face = importlib.import_module(module)
+    # With the provider installed, every name resolves, to the object its provider defines.
+    for name in face.__all__:
+        assert getattr(face, name) is not None, name
 
 
 def test_every_module_that_only_re_exports_is_in_the_compat_table() -> None:
@@ -439,6 +491,8 @@ def test_ppe_paths_of_to_are_one_function() -> None:
     assert "to" in dir(ppe_core.runtime) and "runtime_registry" in dir(ppe_core.runtime)
     assert ppe_core.runtime.runtime_registry is ppe_core.plugins.get_plugin_host().runtimes
 
+
+_EXTENSIONS = ROOT.parent / "plugins" / "ppe_extensions"
 
 # Plugins are written against the public contract only ---------------------------------------
 #: Every package under plugins/ (found, not listed: a new plugin is checked from its first
@@ -661,12 +715,12 @@ def test_the_foreign_field_check_sees_a_reach_in(tmp_path: Path) -> None:
 def test_the_sender_process_drives_a_tracker_through_its_public_methods() -> None:
     """The parent's sender and the child's loop use BaseTracker's worker controls, report
     and run id, and the callbacks the tracker hands them: never its fields."""
-    import ppe_core.tracking._child
-    import ppe_core.tracking._sender
+    import ppe_extensions.tracking._child
+    import ppe_extensions.tracking._sender
 
     offending = {
         Path(module.__file__).name: uses
-        for module in (ppe_core.tracking._sender, ppe_core.tracking._child)
+        for module in (ppe_extensions.tracking._sender, ppe_extensions.tracking._child)
         if module.__file__ and (uses := _foreign_private_reads(Path(module.__file__)))
     }
     assert not offending, f"the sender reaches into a tracker's fields: {offending}"
@@ -713,7 +767,8 @@ def test_mypy_sees_the_classes_behind_ppe_paths(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        env={**os.environ, "MYPYPATH": str(ROOT.parent)},
+        # An editable install hides the package from mypy; a wheel in site-packages does not.
+        env={**os.environ, "MYPYPATH": os.pathsep.join([str(ROOT.parent), str(_EXTENSIONS)])},
     )
     for line, found in ((4, "LogReport"), (5, "IntervalTrigger"), (6, "IgniteExtensionsManager")):
         assert (

@@ -359,7 +359,7 @@ def test_plugin_written_for_another_hook_api() -> None:
 
     with pytest.raises(PluginAPIVersionError) as info:
         ppe.plugins.get_plugin_host().register(Plugin(), name="future")
-    says(info, "plugin 'future'", "hook API 2.0", "provides hook API 1.0", "upgrade ppe-core")
+    says(info, "plugin 'future'", "hook API 2.0", "provides hook API 1.1", "upgrade ppe-core")
 
 
 def test_autocast_on_a_device_type_torch_cannot_autocast() -> None:

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 import torch
+from ppe_extensions import _snapshot_dcp as files
+from ppe_extensions._snapshot import manifest_path
 from test_snapshot_dcp_promises import runs  # noqa: F401  (a DCP snapshot run, one process)
 
 import ppe_core as ppe
 from ppe_core.__main__ import main as cli
-from ppe_core.training.extensions import _snapshot_dcp as files
-from ppe_core.training.extensions._snapshot import manifest_path
 
 
 def _export(capsys: pytest.CaptureFixture[str], snapshot: Path, output: Path) -> str:

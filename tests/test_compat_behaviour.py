@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 import torch
+from ppe_extensions._snapshot import load_snapshot
 
 import ppe_core
 from ppe_core.errors import ConfigurationError
 from ppe_core.runtime import get_runtime
-from ppe_core.training.extensions._snapshot import load_snapshot
 
 
 @pytest.fixture(scope="module")

@@ -462,7 +462,7 @@ def test_accuracy_metric_called_directly() -> None:
 
 
 def test_snapshot_mode_is_in_the_extensions_namespace() -> None:
-    from ppe_core.training.extensions import _snapshot
+    from ppe_extensions import _snapshot
 
     mode = ppe.training.extensions.SnapshotMode
     assert mode is _snapshot.SnapshotMode

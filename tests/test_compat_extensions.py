@@ -273,7 +273,7 @@ def test_variable_statistics_plot_rejects_nothing_to_watch_or_plot() -> None:
 
 
 def test_reservoir_keeps_a_bounded_sorted_sample() -> None:
-    from ppe_core.training.extensions._variable_statistics_plot import Reservoir
+    from ppe_extensions._variable_statistics_plot import Reservoir
 
     reservoir = Reservoir(size=3, data_shape=(2, 4))
     for step in range(10):
@@ -287,11 +287,10 @@ def test_reservoir_keeps_a_bounded_sorted_sample() -> None:
 
 
 def test_statistician_matches_ppes(pfn: Any) -> None:
+    from ppe_extensions._variable_statistics_plot import Statistician
     from pytorch_pfn_extras.training.extensions.variable_statistics_plot import (
         Statistician as TheirStatistician,
     )
-
-    from ppe_core.training.extensions._variable_statistics_plot import Statistician
 
     x = torch.randn(2, 7, 3, generator=torch.Generator().manual_seed(0))
     sigmas = (0.0, 15.87, 50.0, 100.0)
@@ -397,8 +396,9 @@ def test_slack_posts_through_the_web_api_in_one_thread(requests: list[Any], tmp_
 def test_slack_without_slack_sdk_posts_and_warns_that_files_need_it(
     requests: list[Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from ppe_extensions import _slack
+
     from ppe_core.errors import SlackPostWarning
-    from ppe_core.training.extensions import _slack
 
     monkeypatch.setattr(_slack, "_slack_sdk_available", False)
     (tmp_path / "curve.png").write_bytes(b"png")

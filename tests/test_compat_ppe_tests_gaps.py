@@ -176,7 +176,7 @@ def test_queue_writer_finalize_joins_its_queue(tmp_path: Any) -> None:
 
 
 def test_find_stale_snapshots_keeps_all_when_fewer_than_retained(tmp_path: Any) -> None:
-    from ppe_core.training.extensions._snapshot import _find_stale_snapshots
+    from ppe_extensions._snapshot import _find_stale_snapshots
 
     for i in range(2):
         (tmp_path / f"snapshot_iter_{i}").write_bytes(b"")

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from ppe_extensions._snapshot import SnapshotMode, load_snapshot, manifest_path
 
 import ppe_core
 from ppe_core.errors import SnapshotError, SnapshotVerificationWarning
-from ppe_core.training.extensions._snapshot import SnapshotMode, load_snapshot, manifest_path
 
 
 def _ppe() -> types.ModuleType:

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from ppe_extensions._snapshot import load_snapshot
 
 import ppe_core
-from ppe_core.training.extensions._snapshot import load_snapshot
 
 EPOCHS = 3
 ITERS = 4

@@ -303,10 +303,11 @@ def test_a_class_without_device_says_to_set_it() -> None:
 
 def test_the_package_re_exports_exactly_the_kit_and_a_method_per_check() -> None:
     import ppe_testing
-    from ppe_testing import _conformance, _emulated
+    from ppe_testing import _conformance, _emulated, _installs_alone
 
     # ppe_testing spells the kit's names out for its lazy re-export: keep them in sync.
-    assert set(ppe_testing.__all__) == {*_conformance.__all__, *_emulated.__all__}
+    modules = (_conformance, _emulated, _installs_alone)
+    assert set(ppe_testing.__all__) == {name for module in modules for name in module.__all__}
     for name in _conformance.__all__:
         assert getattr(ppe_testing, name) is getattr(_conformance, name)
     # RuntimeConformance spells out one test method per check, so every check is collected.
@@ -315,7 +316,7 @@ def test_the_package_re_exports_exactly_the_kit_and_a_method_per_check() -> None
 
 
 def test_importing_the_kit_does_not_import_pytest() -> None:
-    from conftest import run_python
+    from helpers import run_python
 
     code = (
         "import sys, ppe_core, ppe_testing\n"

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 import torch
+from ppe_extensions._snapshot import load_snapshot
 
 import ppe_core as ppe
 from ppe_core.distributed import DistributedEnvironmentError
 from ppe_core.errors import ConfigurationError, WorldSizeMismatchWarning
-from ppe_core.training.extensions._snapshot import load_snapshot
 
 SCRIPTS = Path(__file__).parent / "scripts"
 SCRIPT = SCRIPTS / "ddp_training.py"

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import torch
 from helpers import launch
+from ppe_extensions._snapshot import load_snapshot
 
 import ppe_core as ppe
-from ppe_core.training.extensions._snapshot import load_snapshot
 
 SCRIPTS = Path(__file__).parent / "scripts"
 RESUME = SCRIPTS / "ddp_resume.py"

@@ -100,8 +100,9 @@ def test_old_import_paths_give_the_same_class(module: str) -> None:
     for name in _OLD_PATHS[module].split():
         assert getattr(imported, name) is getattr(errors, name), f"{module}.{name}"
     # The private twins re-export too (tests and user code of earlier releases import them).
+    from ppe_extensions._snapshot import SnapshotError, SnapshotRanksError
+
     from ppe_core.training._manager import ManagerStateError
-    from ppe_core.training.extensions._snapshot import SnapshotError, SnapshotRanksError
 
     assert ManagerStateError is errors.ManagerStateError
     assert (SnapshotError, SnapshotRanksError) == (errors.SnapshotError, errors.SnapshotRanksError)
@@ -157,9 +158,10 @@ def test_device_plugin_unavailability_is_a_device_unavailable_error() -> None:
 
 
 def test_one_class_per_name_where_two_modules_raised_it() -> None:
+    from ppe_extensions import _accumulate, _lr_scheduler
+    from ppe_extensions import _evaluator as extension_evaluator
+
     from ppe_core.training import _evaluator
-    from ppe_core.training.extensions import _accumulate, _lr_scheduler
-    from ppe_core.training.extensions import _evaluator as extension_evaluator
 
     assert _accumulate.MissingObservationError is errors.MissingObservationError
     assert _lr_scheduler.MissingObservationError is errors.MissingObservationError

@@ -11,13 +11,13 @@ from typing import IO, Any
 
 import pytest
 import torch
+from ppe_extensions._plot_report import PlotReport
+from ppe_extensions._profile_report import ProfileReport, TimeSummary
+from ppe_extensions._tensorboard import TensorBoard
 
 import ppe_core as ppe
 from ppe_core.errors import ConfigurationError, NoPlotDataWarning, OptionalDependencyError
 from ppe_core.training._extension import PRIORITY_READER, make_extension
-from ppe_core.training.extensions._plot_report import PlotReport
-from ppe_core.training.extensions._profile_report import ProfileReport, TimeSummary
-from ppe_core.training.extensions._tensorboard import TensorBoard
 from ppe_core.writing import TensorBoardWriter
 
 

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 import torch
 from helpers import launch
+from ppe_extensions import _snapshot_dcp as files
 from test_snapshot_background import world_of_one  # noqa: F401  (a 1-process gloo group)
 
 import ppe_core as ppe
 from ppe_core.__main__ import main as cli
 from ppe_core.errors import ConfigurationError, SnapshotError, SnapshotVerificationWarning
-from ppe_core.training.extensions import _snapshot_dcp as files
 from ppe_core.training.extensions import export_snapshot
 
 SCRIPTS = Path(__file__).parent / "scripts"

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import _pip_install_fixtures
+from helpers import pip_install_fixtures
 
 import ppe_core
 from ppe_core import hookspecs
@@ -19,7 +19,7 @@ from ppe_core.runtime import PyTorchRuntime
 @pytest.fixture(scope="session")
 def future_api_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``ppe-futureapi`` (declares hook API 2.0) pip-installed into its own directory."""
-    return _pip_install_fixtures(tmp_path_factory.mktemp("futureapi"), ("ppe_futureapi",))
+    return pip_install_fixtures(tmp_path_factory.mktemp("futureapi"), ("ppe_futureapi",))
 
 
 class Declares:
@@ -34,7 +34,7 @@ class Declares:
 
 
 def test_the_hook_api_version_is_public() -> None:
-    assert hookspecs.PPE_CORE_HOOK_API == (1, 0)
+    assert hookspecs.PPE_CORE_HOOK_API == (1, 1)
     assert "PPE_CORE_HOOK_API" in hookspecs.__all__
     assert issubclass(PluginAPIVersionError, PluginLoadError)
 
@@ -52,7 +52,7 @@ def test_an_installed_plugin_for_a_future_major_version_is_skipped_naming_it(
     assert "ppe-futureapi 2.1.0" in message
     assert "PluginAPIVersionError: " in message
     assert "was written for ppe-core hook API 2.0, but this ppe-core" in message
-    assert "provides hook API 1.0" in message
+    assert "provides hook API 1.1" in message
     assert "pip install -U ppe-core" in message and "written for hook API 1.x" in message
     record = host.records["futureapi"]
     assert record.status == "failed" and isinstance(record.exception, PluginAPIVersionError)

@@ -48,7 +48,7 @@ _HEAVY = (
     "ppe_core.engine",
     "ppe_core._reporting",
     "ppe_core.config",
-    "ppe_core.tracking",
+    "ppe_extensions.tracking",
     "ppe_mlflow._logger",
     "ppe_wandb._logger",
     "mlflow",
@@ -89,11 +89,11 @@ def test_builtin_names_are_registered_lazily_and_resolve_on_first_lookup() -> No
     entry = host.extensions._entries["LogReport"]
     assert type(entry.obj) is LazyTarget  # not imported by discovery
     log_report = host.extensions.get("LogReport")
-    from ppe_core.training.extensions._log_report import LogReport
+    from ppe_extensions._log_report import LogReport
 
     assert log_report is LogReport
     assert host.extensions._entries["LogReport"].obj is LogReport  # resolved once, kept
-    assert host.extensions.entries()["LogReport"].registrant.plugin == "ppe_core.extensions"
+    assert host.extensions.entries()["LogReport"].registrant.plugin == "ppe_extensions"
     assert host.logics.get("default") is ppe.handler.Logic
 
 

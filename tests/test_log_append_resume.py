@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 import torch
+from ppe_extensions._log_report import LogReport
 from test_log_report import _manager, _train
 
 from ppe_core.errors import LogFileError
-from ppe_core.training.extensions._log_report import LogReport
 from ppe_core.writing import ThreadQueueWriter
 
 EARLIER = {"from": "an earlier run", "iteration": 100}

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ppe_extensions._log_report import LogReport, LogSaver
 from test_log_report import _manager, _train
 
 from ppe_core.errors import DiskFullError
 from ppe_core.training._run_lock import RUN_LOCK_FILENAME
-from ppe_core.training.extensions._log_report import LogReport, LogSaver
 from ppe_core.writing import (
     ProcessQueueWriter,
     SimpleWriter,
@@ -285,7 +285,7 @@ def test_read_refuses_a_file_damaged_before_its_end(tmp_path: Path) -> None:
 def test_json_log_text_is_json_dumps_with_indent_byte_for_byte(
     tmp_path: Path, entries: list[dict[Any, Any]]
 ) -> None:
-    from ppe_core.training.extensions._log_formats import extend_json_array, json_array_text
+    from ppe_extensions._log_formats import extend_json_array, json_array_text
 
     assert json_array_text(entries) == json.dumps(entries, indent=4)
     # Extended one entry at a time through the writer, the file is the whole log's dumps.
@@ -338,7 +338,7 @@ def test_number_entries_skip_the_json_encoder_and_keep_its_text(
     keys, encoded once; the text is still json.dumps' own, byte for byte."""
     import sys
 
-    from ppe_core.training.extensions import _log_formats
+    from ppe_extensions import _log_formats
 
     entries = _random_entries(
         seed=25,
@@ -383,7 +383,7 @@ def test_number_entries_skip_yamls_emitter_and_keep_its_text(
     keys PyYAML quotes or writes in another style, and other values, keep PyYAML's emitter."""
 
     yaml = pytest.importorskip("yaml")
-    from ppe_core.training.extensions import _log_formats
+    from ppe_extensions import _log_formats
 
     entries = _random_entries(
         seed=22,
@@ -418,7 +418,7 @@ def test_number_entries_skip_yamls_emitter_and_keep_its_text(
 
 
 def test_json_text_without_the_c_encoder_is_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ppe_core.training.extensions import _log_formats
+    from ppe_extensions import _log_formats
 
     entry = {"train/loss": 0.1, "text": "é\n", "flag": False, "none": None, "n": 10**30}
     with_c = _log_formats._json_encoder(",\n        ")(entry, 0)
@@ -432,7 +432,7 @@ def test_a_csv_row_of_numbers_is_what_the_csv_module_writes() -> None:
     import csv
     import io
 
-    from ppe_core.training.extensions._log_formats import csv_number_row
+    from ppe_extensions._log_formats import csv_number_row
 
     entry = {"a": 0.1, "b": -3, "c": float("nan"), "d": float("inf"), "e": 1e22, "f": -0.0}
     buffer = io.StringIO()
@@ -454,7 +454,7 @@ def test_the_json_log_is_extended_in_place_through_a_handle_without_o_append(
 ) -> None:
     import fcntl
 
-    from ppe_core.training.extensions import _log_formats
+    from ppe_extensions import _log_formats
 
     writer = SimpleWriter()
     json_log = LogReport(trigger=(1, "iteration"), filename="log", writer=writer)

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 import torch
+from ppe_extensions._log_report import LogReport
 from test_log_report import _manager, _train
 
 from ppe_core.errors import ConfigurationError
 from ppe_core.reporting import report
 from ppe_core.training import PRIORITY_WRITER, make_extension
-from ppe_core.training.extensions._log_report import LogReport
 from ppe_core.writing import ThreadQueueWriter
 
 SCRIPT = Path(__file__).parent / "scripts" / "logging_training.py"

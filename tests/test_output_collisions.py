@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ppe_extensions._log_report import LogReport
 from test_log_report import _manager, _train
 
 from ppe_core.errors import ConfigurationError
 from ppe_core.training import ExtensionEntry
 from ppe_core.training.extensions import PlotReport, ProfileReport, snapshot
-from ppe_core.training.extensions._log_report import LogReport
 
 
 def _refused(tmp_path: Path, extensions: list[Any], file: str) -> None:

@@ -16,15 +16,15 @@ from typing import Any
 
 import pytest
 import torch
-
-import ppe_core as ppe
-from ppe_core.training import extensions as E
-from ppe_core.training.extensions._snapshot import (
+from ppe_extensions._snapshot import (
     load_snapshot,
     manifest_path,
     verify_snapshot,
 )
-from ppe_core.writing._tensorboard_writer import TensorBoardWriter
+from ppe_extensions._tensorboard_writer import TensorBoardWriter
+
+import ppe_core as ppe
+from ppe_core.training import extensions as E
 
 # The two forms of one path: the str a script would write, and its pathlib.Path.
 Form = Callable[[Any], Any]
@@ -206,8 +206,9 @@ def test_slack_filenames(form: Form, tmp_path: Path, monkeypatch: pytest.MonkeyP
     # template) and still posts. Slack's Web API is answered here (no network in tests).
     import urllib.request
 
+    from ppe_extensions import _slack
+
     from ppe_core.errors import SlackPostWarning
-    from ppe_core.training.extensions import _slack
 
     class Reply:
         status = 200

@@ -337,7 +337,7 @@ def test_disable_autoload_loads_no_entry_point(
 ) -> None:
     monkeypatch.syspath_prepend(str(installed_plugins))
     host = PluginHost(PluginSettings(autoload=False))  # no warning: broken plugin not loaded
-    assert set(host.records) == {"ppe_core.logics", "ppe_core.extensions"}
+    assert set(host.records) == {"ppe_core.logics", "ppe_extensions"}  # the standard set stays
     assert "testdev" not in host.runtimes
     explicit = PluginHost(PluginSettings(autoload=False, plugins=("testdevice",)))
     assert explicit.records["testdevice"].source == "PPE_PLUGINS"
@@ -394,7 +394,7 @@ def test_third_party_runtime_and_logic_drive_a_training_run(
 
 
 def test_cli_lists_installed_plugins_with_versions_and_failures(installed_plugins: Path) -> None:
-    from conftest import run_python
+    from helpers import run_python
 
     result = run_python("", path=installed_plugins, module="ppe_core plugins --json")
     assert result.returncode == 0, result.stderr
@@ -409,7 +409,8 @@ def test_cli_lists_installed_plugins_with_versions_and_failures(installed_plugin
     )
     assert plugins["brokenplugin"]["status"] == "failed"
     assert "libbroken" in plugins["brokenplugin"]["error"]
-    assert plugins["ppe_core.extensions"]["builtin"] is True
+    assert plugins["ppe_core.logics"]["builtin"] is True
+    assert plugins["ppe_extensions"]["distribution"] == "ppe-extensions"  # an entry point
     rows = {
         (section, row["name"]): row
         for section in ("runtimes", "logics", "extensions")
@@ -423,7 +424,7 @@ def test_cli_lists_installed_plugins_with_versions_and_failures(installed_plugin
         assert rows[key]["distribution"] == "ppe-testdevice" and rows[key]["version"] == "1.2.3"
     assert rows[("runtimes", "cpu")]["plugin"] == "ppe_cpu"
     for name in ("LogReport", "PrintReport", "ProgressBar", "snapshot", "LRScheduler"):
-        assert rows[("extensions", name)]["plugin"] == "ppe_core.extensions"  # built-in plugin
+        assert rows[("extensions", name)]["plugin"] == "ppe_extensions"  # ppe-extensions' plugin
     assert rows[("logics", "default")]["plugin"] == "ppe_core.logics"
     # One warning for the broken plugin, on stderr, naming it.
     assert result.stderr.count("PluginLoadWarning") == 1
@@ -434,7 +435,7 @@ def test_cli_lists_installed_plugins_with_versions_and_failures(installed_plugin
 
 
 def test_import_survives_a_broken_plugin_and_autoload_switch(installed_plugins: Path) -> None:
-    from conftest import run_python
+    from helpers import run_python
 
     code = (
         "import warnings, ppe_core as ppe\n"
@@ -457,7 +458,7 @@ def test_import_survives_a_broken_plugin_and_autoload_switch(installed_plugins: 
 
 
 def test_cli_info_prints_versions_and_plugin_lines(installed_plugins: Path) -> None:
-    from conftest import run_python
+    from helpers import run_python
 
     result = run_python(
         "",
@@ -505,19 +506,19 @@ def test_static_extension_names_match_the_builtin_registrations(plugin_host: Plu
     import ast
     import inspect
 
+    from ppe_extensions.plugin import EXTENSIONS
+
     import ppe_core.training.extensions as extensions_module
-    from ppe_core._builtin.extensions import BUILTIN_EXTENSIONS
 
     tree = ast.parse(inspect.getsource(extensions_module))
     static = {
         alias.asname or alias.name
         for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom)
-        and (node.module or "").startswith("ppe_core.training.extensions._")
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ppe_extensions._")
         for alias in node.names
     }
     # Non-extension names (SnapshotMode) are module attributes, not registry entries.
-    assert static == set(BUILTIN_EXTENSIONS) | set(extensions_module._ATTRIBUTES)
-    for name in BUILTIN_EXTENSIONS:
-        assert plugin_host.extensions.entries()[name].registrant.plugin == "ppe_core.extensions"
+    assert static == set(EXTENSIONS) | set(extensions_module._ATTRIBUTES)
+    for name in EXTENSIONS:
+        assert plugin_host.extensions.entries()[name].registrant.plugin == "ppe_extensions"
         assert getattr(ppe.training.extensions, name) is plugin_host.extensions.get(name)

@@ -10,11 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import linear_manager
+from ppe_extensions._log_report import LogReport
+from ppe_extensions._print_report import PrintReport
 
 from ppe_core.errors import ConfigurationError, MissingObservationWarning
 from ppe_core.reporting import report
-from ppe_core.training.extensions._log_report import LogReport
-from ppe_core.training.extensions._print_report import PrintReport
 
 ITERS_PER_EPOCH = 4
 

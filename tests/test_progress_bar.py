@@ -13,12 +13,12 @@ import torch
 import torch.nn.functional as F
 import tqdm
 from helpers import linear_manager
+from ppe_extensions._log_report import LogReport
+from ppe_extensions._print_report import PrintReport
+from ppe_extensions._progress_bar import ProgressBar
 
 from ppe_core.errors import ConfigurationError
 from ppe_core.reporting import report
-from ppe_core.training.extensions._log_report import LogReport
-from ppe_core.training.extensions._print_report import PrintReport
-from ppe_core.training.extensions._progress_bar import ProgressBar
 from ppe_core.training.triggers import TriggerLike
 
 ITERS_PER_EPOCH = 4
@@ -160,7 +160,7 @@ def _autoloading_run(tmp_path: Path, bar: ProgressBar) -> Any:
 def test_the_rate_after_an_autoloaded_resume_counts_only_the_resumed_iterations(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ppe_core.training.extensions import _progress_bar
+    from ppe_extensions import _progress_bar
 
     monkeypatch.setattr(_progress_bar, "time", _Clock())
     out = io.StringIO()
@@ -216,7 +216,7 @@ class _Clock:
 def test_plain_lines_are_limited_by_time_plus_the_final_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ppe_core.training.extensions import _progress_bar
+    from ppe_extensions import _progress_bar
 
     monkeypatch.setattr(_progress_bar, "time", _Clock())
     out = io.StringIO()

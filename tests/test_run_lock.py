@@ -1,7 +1,8 @@
 """One run per output directory: a second process is refused, a dead holder is taken over.
 
-Real processes hold the directory (tests/scripts/locked_training.py pauses while training);
-the second run is this test process or another real run, also under torchrun.
+Real processes hold the directory (run_lock_helpers.Holder: tests/scripts/locked_training.py
+pauses while training); the second run is this test process or another real run, also under
+torchrun.
 """
 
 from __future__ import annotations
@@ -19,64 +20,14 @@ from typing import Any
 
 import pytest
 import torch
+from run_lock_helpers import SCRIPT, Holder, batches, clean_env, make_trainer
 
 import ppe_core as ppe
 from ppe_core.errors import OutputDirectoryInUseError, RunLockWarning
 from ppe_core.training import ExtensionsManager
 from ppe_core.training._run_lock import RUN_LOCK_FILENAME
 
-SCRIPT = Path(__file__).parent / "scripts" / "locked_training.py"
 E = ppe.training.extensions
-
-
-def _env() -> dict[str, str]:
-    skip = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    return {k: v for k, v in os.environ.items() if not k.startswith("PPE_") and k not in skip}
-
-
-class Holder:
-    """A real training run (one process, or a torchrun job) paused while it holds ``out``."""
-
-    def __init__(self, out: Path, *extra: str, torchrun: bool = False) -> None:
-        self.release_file = out.parent / f"{out.name}.release"
-        launcher = [sys.executable]
-        if torchrun:
-            launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-        self.proc = subprocess.Popen(
-            [*launcher, str(SCRIPT), str(out), "--hold", str(self.release_file), *extra],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=_env(),
-        )
-        self.pids: list[int] = []
-        try:
-            self._wait_until_held(2 if torchrun else 1)
-        except BaseException:
-            self.close()  # no process or pipe outlives a failed start
-            raise
-
-    def _wait_until_held(self, ranks: int) -> None:
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + 120
-        while len(self.pids) < ranks:
-            line = self.proc.stdout.readline()
-            assert line, f"the holder ended early: {self.proc.communicate()[1][-3000:]}"
-            if line.startswith("holding "):
-                self.pids.append(int(line.split("pid=")[1]))
-            assert time.monotonic() < deadline
-
-    def finish(self) -> tuple[int, str, str]:
-        """Lets the run go on; returns its exit status, stdout and stderr."""
-        self.release_file.touch()
-        out, err = self.proc.communicate(timeout=180)
-        return self.proc.returncode, out, err
-
-    def close(self) -> None:
-        """Ends the run if a failing test left it alive, and closes its pipes."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.communicate(timeout=60)
 
 
 @pytest.fixture
@@ -86,32 +37,6 @@ def holders() -> Iterator[list[Holder]]:
     yield started
     for holder in started:
         holder.close()
-
-
-def _trainer(out: Path, *extensions: Any) -> Any:
-    torch.manual_seed(0)
-    model = ppe.to(torch.nn.Linear(3, 1), "cpu")
-
-    class Loss(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.fc = model
-
-        def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-            return {"loss": self.fc(x).pow(2).mean()}
-
-    net = ppe.to(Loss(), "cpu")
-    return ppe.engine.create_trainer(
-        net,
-        torch.optim.SGD(net.parameters(), lr=0.1),
-        1,
-        out_dir=str(out),
-        extensions=[E.LogReport(), *extensions],
-    )
-
-
-def _batches() -> list[dict[str, torch.Tensor]]:
-    return [{"x": torch.randn(2, 3)} for _ in range(4)]
 
 
 def _dead_pid() -> int:
@@ -129,7 +54,7 @@ def test_second_process_is_refused_naming_the_holder_and_the_first_finishes(
     holders.append(holder)
     before = sorted(os.listdir(out))
     with pytest.raises(OutputDirectoryInUseError) as info:
-        _trainer(out).run(_batches())
+        make_trainer(out).run(batches())
     message = str(info.value)
     for part in (
         os.path.realpath(out),
@@ -160,9 +85,9 @@ def test_sigkilled_holder_is_taken_over_with_a_warning(
     os.kill(holder.pids[0], signal.SIGKILL)
     holder.proc.wait(timeout=60)
     assert (out / RUN_LOCK_FILENAME).exists()  # the file stays; the lock died with the process
-    trainer = _trainer(out)
+    trainer = make_trainer(out)
     with pytest.warns(RunLockWarning, match=rf"taking over .* pid {holder.pids[0]} on host"):
-        trainer.run(_batches())
+        trainer.run(batches())
     assert trainer.iteration == 4
     assert not (out / RUN_LOCK_FILENAME).exists()
 
@@ -173,9 +98,9 @@ def test_stray_lock_file_of_a_dead_process_is_taken_over(tmp_path: Path) -> None
     pid = _dead_pid()
     stray = {"pid": pid, "host": "node7", "since": "2026-01-02 03:04:05 UTC", "job": None}
     (out / RUN_LOCK_FILENAME).write_text(json.dumps(stray))
-    trainer = _trainer(out)
+    trainer = make_trainer(out)
     with pytest.warns(RunLockWarning, match=rf"pid {pid} on host 'node7'.*2026-01-02 03:04:05"):
-        trainer.run(_batches())
+        trainer.run(batches())
     assert trainer.iteration == 4
     assert not (out / RUN_LOCK_FILENAME).exists()
 
@@ -200,12 +125,12 @@ def test_the_lock_is_held_from_start_to_finalize_and_is_per_process(tmp_path: Pa
         def __call__(self, manager: Any) -> None:
             seen.append(_lock_holder_pid(out))
 
-    first = _trainer(out, Probe())
-    first.run(_batches())
+    first = make_trainer(out, Probe())
+    first.run(batches())
     assert seen == [os.getpid()] * 5
     assert _lock_holder_pid(out) is None
-    second = _trainer(out, Probe())  # the same process again (a notebook, a test)
-    second.run(_batches())
+    second = make_trainer(out, Probe())  # the same process again (a notebook, a test)
+    second.run(batches())
     assert len(seen) == 10
 
     # Two live managers of one process on one directory share its lock (the first one may
@@ -243,7 +168,7 @@ def test_an_abandoned_manager_releases_the_lock_when_collected(tmp_path: Path) -
     # Another process can now train there.
     probe = subprocess.run(
         [sys.executable, "-c", _TAKE_AND_REPORT, str(out)], capture_output=True, text=True,
-        env=_env(), timeout=120, check=False,
+        env=clean_env(), timeout=120, check=False,
     )  # fmt: skip
     assert probe.returncode == 0 and probe.stdout.strip() == "locked", probe.stderr[-2000:]
 
@@ -278,12 +203,12 @@ def test_a_failed_run_releases_the_lock(tmp_path: Path) -> None:
         raise ZeroDivisionError("boom")
 
     with pytest.raises(ZeroDivisionError):
-        _trainer(out, fail).run(_batches())
+        make_trainer(out, fail).run(batches())
     assert not (out / RUN_LOCK_FILENAME).exists()
     # and an extension failing in initialize (the run never starts) releases it too
     bad = ppe.training.make_extension(initializer=lambda m: 1 / 0)(lambda m: None)
     with pytest.raises(ZeroDivisionError):
-        _trainer(out, bad).run(_batches())
+        make_trainer(out, bad).run(batches())
     assert not (out / RUN_LOCK_FILENAME).exists()
 
 
@@ -301,7 +226,7 @@ def test_torchrun_job_holds_one_lock_and_a_second_job_is_refused(
     second = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
          str(SCRIPT), str(out)],
-        capture_output=True, text=True, timeout=_TORCHRUN_TIMEOUT, env=_env(), check=False,
+        capture_output=True, text=True, timeout=_TORCHRUN_TIMEOUT, env=clean_env(), check=False,
     )  # fmt: skip
     assert second.returncode != 0
     assert time.monotonic() - started < _TORCHRUN_TIMEOUT

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
+from run_lock_helpers import Holder, batches, make_trainer
 
 import ppe_core as ppe
 from ppe_core.errors import ConfigurationError, OutputDirectoryInUseError, RunLockWarning
@@ -25,37 +23,11 @@ from ppe_core.training._run_lock import RUN_LOCK_FILENAME
 E = ppe.training.extensions
 
 
-def _env() -> dict[str, str]:
-    skip = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    return {k: v for k, v in os.environ.items() if not k.startswith("PPE_") and k not in skip}
-
-
 def _trainer(out: Path, *extensions: Any) -> Any:
-    torch.manual_seed(0)
-    model = ppe.to(torch.nn.Linear(3, 1), "cpu")
-
-    class Loss(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.fc = model
-
-        def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-            return {"loss": self.fc(x).pow(2).mean()}
-
-    net = ppe.to(Loss(), "cpu")
-    trainer = ppe.engine.create_trainer(
-        net,
-        torch.optim.SGD(net.parameters(), lr=0.1),
-        1,
-        out_dir=str(out),
-        extensions=[E.LogReport(), *extensions],
-    )
+    """run_lock_helpers' trainer with a snapshot at every iteration (a write into out_dir)."""
+    trainer = make_trainer(out, *extensions)
     trainer.extend(E.snapshot(filename="snap_{.iteration}"), trigger=(1, "iteration"))
     return trainer
-
-
-def _batches(n: int = 4) -> list[dict[str, torch.Tensor]]:
-    return [{"x": torch.randn(2, 3)} for _ in range(n)]
 
 
 def _holder(out: Path) -> tuple[int, int] | None:
@@ -81,7 +53,7 @@ def test_a_non_file_at_the_lock_path_is_refused_at_start_naming_it_and_the_fix(
         os.mkfifo(lock)
     trainer = _trainer(out)
     with pytest.raises(ConfigurationError) as info:
-        trainer.run(_batches())
+        trainer.run(batches())
     message = str(info.value)
     assert str(lock) in message and ("a directory" if kind == "directory" else "a FIFO") in message
     assert "remove it" in message and "another out_dir" in message
@@ -109,7 +81,7 @@ def test_a_lock_file_deleted_while_held_is_taken_again_at_the_next_write(
         RunLockWarning,
         match=r"was (deleted|replaced by another file) while this run held it.*took the lock again",
     ):
-        trainer.run(_batches())
+        trainer.run(batches())
     assert trainer.iteration == 4
     pid = os.getpid()
     assert seen[1] is not None and seen[1][0] == pid
@@ -122,60 +94,37 @@ def test_a_lock_file_deleted_while_held_is_taken_again_at_the_next_write(
     assert not (out / RUN_LOCK_FILENAME).exists()  # released at the end
 
 
-_SECOND_RUN = """
-import os, sys, time, torch, ppe_core as ppe
-model = torch.nn.Linear(2, 1)
-manager = ppe.training.ExtensionsManager(
-    model, {}, 1, iters_per_epoch=1, out_dir=sys.argv[1],
-    extensions=[ppe.training.extensions.LogReport()],
-)
-manager.start_extensions()
-print(f"locked pid={os.getpid()}", flush=True)
-sys.stdin.readline()  # holds the directory until the test says so
-print("done", flush=True)
-"""
-
-
 @pytest.mark.slow
 def test_a_second_run_let_in_by_a_deleted_lock_file_stops_the_first_before_its_next_write(
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "out"
-    second: list[subprocess.Popen[str]] = []
+    second: list[Holder] = []
 
     @ppe.training.make_extension(trigger=(1, "iteration"), priority=ppe.training.PRIORITY_WRITER)
     def let_in_a_second_run(manager: Any) -> None:
         if manager.iteration != 2:
             return
         (out / RUN_LOCK_FILENAME).unlink()
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _SECOND_RUN, str(out)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=_env(),
-        )  # fmt: skip
-        second.append(proc)
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # it holds the directory once it printed this
-        assert line.startswith("locked"), proc.communicate()[1][-3000:]
+        # A real run (run_lock_helpers.Holder), paused once it holds the directory.
+        second.append(Holder(out))
 
     trainer = _trainer(out, let_in_a_second_run)
     try:
         with pytest.raises(OutputDirectoryInUseError) as info:
-            trainer.run(_batches())
-        proc = second[0]
+            trainer.run(batches())
+        pid = second[0].pids[0]
         message = str(info.value)
-        assert f"pid {proc.pid}" in message and "deleted" in message
+        assert f"pid {pid}" in message and "deleted" in message
         assert "another out_dir" in message
         assert trainer.iteration == 2
         # The first run wrote no snapshot after the second took the directory...
         assert sorted(p.name for p in out.glob("snap_*")) == ["snap_1"]
         # ... and did not remove the second run's lock file when it ended.
         holder = _holder(out)
-        assert holder is not None and holder[0] == proc.pid
-        out_text, err = proc.communicate("\n", timeout=60)
-        assert proc.returncode == 0 and "done" in out_text, err[-3000:]
+        assert holder is not None and holder[0] == pid
+        code, out_text, err = second[0].finish()
+        assert code == 0 and "done" in out_text, err[-3000:]
     finally:
-        for proc in second:
-            if proc.poll() is None:
-                proc.kill()
-            proc.communicate(timeout=60)
+        for run in second:
+            run.close()

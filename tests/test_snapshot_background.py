@@ -10,16 +10,16 @@ from typing import Any
 
 import pytest
 import torch
-
-import ppe_core as ppe
-from ppe_core.errors import ConfigurationError, SnapshotError
-from ppe_core.training.extensions import _snapshot_base
-from ppe_core.training.extensions._snapshot import (
+from ppe_extensions import _snapshot_base
+from ppe_extensions._snapshot import (
     MANIFEST_SUFFIX,
     load_snapshot,
     manifest_path,
     verify_snapshot,
 )
+
+import ppe_core as ppe
+from ppe_core.errors import ConfigurationError, SnapshotError
 from ppe_core.writing import SimpleWriter, ThreadWriter, Writer
 from ppe_core.writing._writer_base import _LocalFileSystem
 

@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 import torch
+from ppe_extensions import _snapshot_dcp as files
 from test_snapshot_leftovers import _can_mount_tmpfs
 
 import ppe_core as ppe
 from ppe_core.errors import SnapshotError, SnapshotVerificationWarning
-from ppe_core.training.extensions import _snapshot_dcp as files
-from ppe_core.writing._writer_base import _HOST_TAG
+from ppe_core.writing import HOST_TAG as _HOST_TAG
 
 E = ppe.training.extensions
 SCRIPTS = Path(__file__).parent / "scripts"

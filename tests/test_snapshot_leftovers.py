@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 import torch
+from ppe_extensions._snapshot import load_snapshot, manifest_path
 
 import ppe_core as ppe
-from ppe_core.training.extensions._snapshot import load_snapshot, manifest_path
 
 E = ppe.training.extensions
 SCRIPTS = Path(__file__).parent / "scripts"

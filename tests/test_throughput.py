@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 import torch
+from ppe_extensions._throughput import batch_size_of
 
 import ppe_core as ppe
 from ppe_core.errors import ConfigurationError
-from ppe_core.training.extensions._throughput import batch_size_of
 
 E = ppe.training.extensions
 

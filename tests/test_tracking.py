@@ -1,4 +1,4 @@
-"""Tests of ppe_core.tracking.BaseTracker: off-thread batching, retries, drops, flush, resume."""
+"""Tests of BaseTracker (ppe_extensions.tracking): batching, retries, drops, flush, resume."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 import torch
 from helpers import linear_manager
+from ppe_extensions._log_report import LogReport
+from ppe_extensions.tracking import BaseTracker, TrackerEntry
 
 from ppe_core.errors import ConfigurationError, TrackerWarning
 from ppe_core.reporting import report
-from ppe_core.tracking import BaseTracker, TrackerEntry
 from ppe_core.training import make_extension
 from ppe_core.training.extensions import snapshot
-from ppe_core.training.extensions._log_report import LogReport
 from ppe_core.writing import ProcessWriter, ThreadWriter, Writer
 
 ITERS_PER_EPOCH = 4
@@ -351,7 +351,7 @@ def _pump(
     on_full: Any = lambda: None,
 ) -> Any:
     """A pump of batches of 100 (so at most 200 entries in flight)."""
-    from ppe_core.tracking._channel import Pump
+    from ppe_extensions.tracking._channel import Pump
 
     return Pump(
         capacity=capacity,

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import torch
 from helpers import linear_manager, profile_entry_steps
+from ppe_extensions._log_report import LogReport
+from ppe_extensions.tracking import BaseTracker, TrackerEntry
 
 from ppe_core.errors import ConfigurationError, TrackerWarning
 from ppe_core.reporting import report
-from ppe_core.tracking import BaseTracker, TrackerEntry
-from ppe_core.training.extensions._log_report import LogReport
 
 ITERS_PER_EPOCH = 4
 
@@ -267,7 +267,7 @@ def test_a_full_queue_keeps_the_newest_entries(tmp_path: Path) -> None:
 @pytest.mark.parametrize("sender", ["thread", "process"])
 def test_no_tracker_code_runs_on_the_training_thread_per_entry(tmp_path: Path, sender: str) -> None:
     # LogReport's listener is the queue's own append (C code): profiled on the training
-    # thread, a step with an entry calls no Python function of ppe_core.tracking.
+    # thread, a step with an entry calls no Python function of ppe_extensions.tracking.
     tracker = FileTracker(str(tmp_path), batch_size=5, sender=sender)
     manager = linear_manager(  # 12 of its 16 steps: training goes on (no finalize)
         tmp_path / "out",
@@ -340,7 +340,7 @@ import sys, torch
 sys.path.insert(0, sys.argv[1])
 from helpers import linear_manager, profile_entry_steps
 from ppe_core.reporting import report
-from ppe_core.training.extensions._log_report import LogReport
+from ppe_extensions._log_report import LogReport
 from test_tracking_sender import FileTracker
 
 tracker = FileTracker(sys.argv[2], send_interval=0)
@@ -390,3 +390,81 @@ def test_the_sender_process_exits_when_its_parent_is_killed(tmp_path: Path) -> N
     assert not _alive(child)
     # It saw its parent go (stdin EOF), sent what it had and closed the run as failed.
     assert _read(tmp_path, "closed.jsonl") == [True]
+
+
+# A Trainer with a FileTracker in its sender process and DataLoader workers; after iteration 6
+# an extension has `kill` signal the whole process group, as a scheduler's preemption does.
+_PREEMPTED_SCRIPT = """
+import os, subprocess, sys, torch
+sys.path.insert(0, sys.argv[1])
+import ppe_core as ppe
+from test_tracking_sender import FileTracker
+
+torch.manual_seed(0)
+model = ppe.to(torch.nn.Sequential(torch.nn.Linear(4, 1)), "cpu")
+
+
+class Wrapped(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = model
+
+    def forward(self, x):
+        return {"loss": self.net(x).square().mean()}
+
+
+wrapped = ppe.to(Wrapped(), "cpu")
+data = torch.utils.data.TensorDataset(torch.randn(40, 4))
+loader = torch.utils.data.DataLoader(
+    [{"x": row[0]} for row in data], batch_size=4, num_workers=2
+)
+
+
+def preempt(manager):
+    if manager.iteration == 6:
+        subprocess.run(["kill", "-TERM", "--", f"-{os.getpgid(0)}"])
+
+
+E = ppe.training.extensions
+trainer = ppe.engine.create_trainer(
+    wrapped,
+    torch.optim.SGD(wrapped.parameters(), lr=0.1),
+    3,
+    out_dir=sys.argv[3],
+    extensions=[
+        E.LogReport(trigger=(1, "iteration")),
+        FileTracker(sys.argv[2], send_interval=0),
+        ppe.training.ExtensionEntry(E.snapshot(autoload=True), trigger=(100, "iteration")),
+        ppe.training.make_extension(trigger=(1, "iteration"), priority=-1000)(preempt),
+    ],
+)
+trainer.run(loader)
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter imports torch; DataLoader workers start
+def test_a_preempted_run_flushes_its_tracker_and_the_sender_process_ends(tmp_path: Path) -> None:
+    # The scheduler's SIGTERM reaches the sender process too: it keeps sending until the
+    # trainer's finalize closes its pipe, so the tracker has every iteration up to the stop.
+    script = tmp_path / "train.py"
+    script.write_text(_PREEMPTED_SCRIPT)
+    tests = str(Path(__file__).parent)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PPE_")}
+    result = subprocess.run(
+        [sys.executable, str(script), tests, str(tmp_path), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        start_new_session=True,
+    )
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    assert "interrupted at iteration 6; snapshot_iter_6 written" in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert [e["step"] for e in _read(tmp_path, "entries.jsonl")] == list(range(1, 7))
+    assert len(_read(tmp_path, "closed.jsonl")) == 1
+    (opened,) = _read(tmp_path, "opened.jsonl")
+    deadline = time.monotonic() + 15
+    while _alive(opened["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(opened["pid"]), "the sender process outlived the preempted run"

@@ -195,6 +195,7 @@ def _run(out: Path, *extra: str, kill_at: int | None = None) -> None:
         stderr=subprocess.PIPE,
         text=True,
         env=_env(),
+        start_new_session=True,  # its own process group, with its DataLoader workers
     )
     assert proc.stdout is not None and proc.stderr is not None
     deadline = time.monotonic() + 300
@@ -204,7 +205,9 @@ def _run(out: Path, *extra: str, kill_at: int | None = None) -> None:
             and line.startswith("iteration ")
             and int(line.split()[1]) >= kill_at
         ):
-            os.kill(proc.pid, signal.SIGKILL)  # mid-step, mid-snapshot: wherever it is
+            # Mid-step, mid-snapshot: wherever it is; its workers with it, as a scheduler's
+            # kill does (alone, they would keep the pipes open until they noticed, up to 5 s).
+            os.killpg(proc.pid, signal.SIGKILL)
             break
         assert time.monotonic() < deadline
     proc.wait(timeout=120)

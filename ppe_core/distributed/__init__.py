@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from ppe_core.distributed._devices import device_of, object_device
 from ppe_core.distributed._env import (
     DEFAULT_TIMEOUT,
     ENV_TIMEOUT,
     WorldInfo,
     backend_for,
     barrier,
+    gather_objects,
     get_local_rank,
     get_rank,
     get_world_size,
@@ -15,6 +17,8 @@ from ppe_core.distributed._env import (
     init_from_env,
     is_distributed,
     is_main_process,
+    require_group,
+    require_object_collectives,
     run_collective,
     shutdown,
     timeout_error,
@@ -42,6 +46,8 @@ __all__ = [
     "backend_for",
     "barrier",
     "create_distributed_subset_indices",
+    "device_of",
+    "gather_objects",
     "get_local_rank",
     "get_rank",
     "get_world_size",
@@ -50,6 +56,9 @@ __all__ = [
     "initialize_ompi_environment",
     "is_distributed",
     "is_main_process",
+    "object_device",
+    "require_group",
+    "require_object_collectives",
     "run_collective",
     "shutdown",
     "timeout_error",

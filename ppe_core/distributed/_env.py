@@ -297,13 +297,28 @@ def init_from_env(
             f"launched by {launcher} (WORLD_SIZE={world_size}) but this PyTorch build has no "
             "torch.distributed; install a PyTorch build with distributed support"
         )
-    if launcher == "torchrun":
-        # env:// joins the store torchrun's agent already serves on MASTER_PORT
-        # (TORCHELASTIC_USE_AGENT_STORE); a tcp:// URL would try to serve that port again.
-        url = "env://"
+    attempt = env.get("TORCHELASTIC_RESTART_COUNT")
+    if launcher == "torchrun" and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and attempt:
+        # torchrun's agent serves one store for the whole job and keeps the keys of every
+        # attempt: after a restart, a rank could read a dead peer's address from the attempt
+        # before and fail ("Gloo connectFullMesh failed ... Connection refused"). Each attempt
+        # gets keys of its own.
+        # (torch re-exports these without declaring them, hence the ignores)
+        client = dist.TCPStore(  # type: ignore[attr-defined]
+            addr, int(port), world_size, is_master=False, timeout=wait
+        )
+        store = dist.PrefixStore(f"ppe_core/attempt_{attempt}/", client)  # type: ignore[attr-defined]
+        dist.init_process_group(chosen, store=store, world_size=world_size, rank=rank, timeout=wait)
     else:
-        url = f"tcp://[{addr}]:{port}" if ":" in addr else f"tcp://{addr}:{port}"
-    dist.init_process_group(chosen, init_method=url, world_size=world_size, rank=rank, timeout=wait)
+        if launcher == "torchrun":
+            # env:// joins the store torchrun's agent already serves on MASTER_PORT
+            # (TORCHELASTIC_USE_AGENT_STORE); a tcp:// URL would try to serve that port again.
+            url = "env://"
+        else:
+            url = f"tcp://[{addr}]:{port}" if ":" in addr else f"tcp://{addr}:{port}"
+        dist.init_process_group(
+            chosen, init_method=url, world_size=world_size, rank=rank, timeout=wait
+        )
     _Created.group, _Created.timeout = dist.group.WORLD, wait.total_seconds()
     if not _Created.exit_handler_registered:
         # atexit runs before the interpreter starts finalizing: the backend's threads can still

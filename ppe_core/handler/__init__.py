@@ -16,7 +16,14 @@ from ppe_core.handler._code_block import (
     update_parameters,
 )
 from ppe_core.handler._handler import BaseHandler, Handler, NoRuntimeError, step_function
-from ppe_core.handler._logic import BaseLogic, ClousureLogic, Logic, ModelLogic, torch_autocast
+from ppe_core.handler._logic import (
+    BaseLogic,
+    ClousureLogic,
+    Logic,
+    ModelLogic,
+    keep_modes,
+    torch_autocast,
+)
 
 __all__ = [
     "AMPOptionError",
@@ -34,6 +41,7 @@ __all__ = [
     "ModelOutputError",
     "NoRuntimeError",
     "forward",
+    "keep_modes",
     "step_function",
     "torch_autocast",
     "update_parameters",

@@ -1,11 +1,11 @@
 """Gradient accumulation, the Logic's ``grad_accumulation_steps`` option (PPE has none).
 
 Batches are grouped into windows of ``grad_accumulation_steps``, restarting at each epoch and
-cut at its end; the optimizers are zeroed at a window's first batch and stepped at its last,
-each loss divided by the window's size, so the update equals one step on the concatenated
-batch. On the window's other batches a data-parallel model skips its gradient reduction: DDP's
-``no_sync()``, FSDP2's ``set_requires_gradient_sync(False)``. Nothing here runs per step
-without the option.
+cut at its end; the Logic zeroes the optimizers at a window's first batch and steps them at
+its last, each loss divided by the window's size, so the update equals one step on the
+concatenated batch. On the window's other batches a data-parallel model skips its gradient
+reduction (:func:`no_sync`): DDP's ``no_sync()``, FSDP2's ``set_requires_gradient_sync(False)``.
+Nothing here runs per step without the option.
 
 A snapshot taken inside a window holds the gradients accumulated so far (each rank's own,
 unreduced; FSDP2's unsharded ones), and a resume puts them back before its first step, so that
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -31,79 +31,55 @@ WINDOW_STATE_KEY = "accumulation"
 
 
 class Accumulation:
-    """The accumulation part of ``ppe.handler.Logic``'s step, mixed into it.
+    """The window state of ``ppe.handler.Logic``'s ``grad_accumulation_steps`` option, owned by
+    each Logic: where the epoch cuts the last window, and an unfinished window's gradients in
+    snapshots. The Logic keeps the option and passes it in (its step reads it every batch)."""
 
-    Attributes:
-        grad_accumulation_steps: The option: batches per optimizer step (1: no accumulation).
-    """
+    def __init__(self) -> None:
+        #: Batches in the current epoch (``None``: the loader has no ``len()``).
+        self.epoch_length: int | None = None
+        #: The trainer's models while a window is unfinished (its gradients are training
+        #: state), else None; set at each optimizer step, with the option only.
+        self.open_window: Mapping[str, torch.nn.Module] | None = None
+        #: A loaded unfinished window's gradients, put back at the next epoch start.
+        self.loaded_window: Mapping[str, Mapping[str, torch.Tensor]] | None = None
 
-    grad_accumulation_steps: int = 1
-    #: Batches in the current epoch (``None``: the loader has no ``len()``).
-    _epoch_length: int | None = None
-    #: The trainer's models while a window is unfinished (its gradients are training state),
-    #: else None; set at each optimizer step (``train_step_optimizers``) with the option only.
-    _open_window: Mapping[str, torch.nn.Module] | None = None
-    #: A loaded unfinished window's gradients, put back at the next epoch start.
-    _loaded_window: Mapping[str, Mapping[str, torch.Tensor]] | None = None
-
-    if TYPE_CHECKING:
-
-        def _forward_backward(self, model: torch.nn.Module, batch: Any, window: int) -> Any: ...
-
-        def _window_model_names(self) -> list[str]: ...
-
-    def _measure_epoch(self, loader: Iterable[Any]) -> None:
-        """At an epoch's start: its length, where the last window is cut."""
+    def begin_epoch(self, loader: Iterable[Any], models: Mapping[str, torch.nn.Module]) -> None:
+        """At an epoch's start: its length, where the last window is cut; and a loaded
+        window's gradients put back, once (per epoch, not per step)."""
         try:
-            self._epoch_length = len(loader)  # type: ignore[arg-type]
+            self.epoch_length = len(loader)  # type: ignore[arg-type]
         except TypeError:
-            self._epoch_length = None
-
-    def _window(self, batch_idx: int) -> tuple[int, bool]:
-        """(size of the accumulation window holding batch_idx, whether batch_idx ends it)."""
-        n = self.grad_accumulation_steps
-        start = batch_idx - batch_idx % n
-        end = start + n if self._epoch_length is None else min(start + n, self._epoch_length)
-        return end - start, batch_idx + 1 >= end
-
-    def _accumulate(
-        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch_idx: int, batch: Any
-    ) -> Any:
-        """One batch of a window: zero_grad at its first, the loss divided by its size, no
-        gradient reduction before its last (the optimizer steps there, in
-        ``train_step_optimizers``)."""
-        window, ends = self._window(batch_idx)
-        if batch_idx % self.grad_accumulation_steps == 0:
-            optimizer.zero_grad()
-        with contextlib.nullcontext() if ends else no_sync(model):
-            return self._forward_backward(model, batch, window)
-
-    # Snapshots inside a window ----------------------------------------------------------------
-    def _window_state(self) -> dict[str, Any]:
-        """``{WINDOW_STATE_KEY: {model name: {parameter name: gradient}}}`` while a window is
-        unfinished, else ``{}``: the gradients as they are (this rank's, unreduced; scaled by
-        the grad scaler, whose state is saved beside), not copied (a background snapshot
-        copies the state before training goes on)."""
-        models = self._open_window
-        if models is None:
-            return {}
-        names = [name for name in self._window_model_names() if name in models]
-        return {WINDOW_STATE_KEY: {name: window_gradients(models[name]) for name in names}}
-
-    def _load_window_state(self, state: Mapping[str, Any]) -> None:
-        """Keeps a loaded window's gradients for the next epoch start (none: nothing to put
-        back, the resume starts a window)."""
-        self._loaded_window = state.get(WINDOW_STATE_KEY)
-
-    def _restore_window(self, models: Mapping[str, torch.nn.Module]) -> None:
-        """At an epoch start: puts a loaded window's gradients back, once (per epoch, not
-        per step)."""
-        loaded, self._loaded_window = self._loaded_window, None
-        if loaded is None:
-            return
-        for name, grads in loaded.items():
+            self.epoch_length = None
+        loaded, self.loaded_window = self.loaded_window, None
+        for name, grads in (loaded or {}).items():
             if name in models:
                 restore_gradients(name, models[name], grads)
+
+    def window(self, batch_idx: int, steps: int) -> tuple[int, bool]:
+        """(size of the window of ``steps`` batches holding batch_idx, whether batch_idx ends
+        it)."""
+        start = batch_idx - batch_idx % steps
+        end = start + steps if self.epoch_length is None else min(start + steps, self.epoch_length)
+        return end - start, batch_idx + 1 >= end
+
+    # Snapshots inside a window ----------------------------------------------------------------
+    def state_dict(self, model_names: Iterable[str]) -> dict[str, Any]:
+        """``{WINDOW_STATE_KEY: {model name: {parameter name: gradient}}}`` for the
+        ``model_names`` the Logic trains while a window is unfinished, else ``{}``: the
+        gradients as they are (this rank's, unreduced; scaled by the grad scaler, whose state
+        is saved beside), not copied (a background snapshot copies the state before training
+        goes on)."""
+        models = self.open_window
+        if models is None:
+            return {}
+        names = [name for name in model_names if name in models]
+        return {WINDOW_STATE_KEY: {name: window_gradients(models[name]) for name in names}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Keeps a loaded window's gradients for the next epoch start (none: nothing to put
+        back, the resume starts a window)."""
+        self.loaded_window = state.get(WINDOW_STATE_KEY)
 
 
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:

@@ -15,7 +15,12 @@ from ppe_core.handler._diagnostics import (
     pop_async_option,
     pop_report_keys,
 )
-from ppe_core.handler._grad_scalers import HandlerScalerState, offer_runtime_scaler
+from ppe_core.handler._grad_scalers import (
+    load_scaler_states,
+    offer_runtime_scaler,
+    runtime_scaler,
+    scaler_states,
+)
 from ppe_core.handler._logic import BaseLogic, Logic, set_sampler_epoch, switch_mode
 from ppe_core.reporting import report
 from ppe_core.runtime import BaseRuntime, autocast_device_type_of, iter_runtime_modules
@@ -102,7 +107,7 @@ class BaseHandler:
         """Restore :meth:`state_dict`."""
 
 
-class Handler(HandlerScalerState, BaseHandler):
+class Handler(BaseHandler):
     """Drives the runtimes of every module tagged by ``ppe.to`` and the Logic.
 
     A subclass may override any callback; ``train_post_step`` / ``eval_post_step`` overrides
@@ -316,6 +321,29 @@ class Handler(HandlerScalerState, BaseHandler):
         for module, runtime in self._eval_post:
             runtime.eval_post_step(evaluator, module, batch_idx, batch, outputs)
         _report_outputs(outputs, "val/", self._eval_report_keys, self._logic)
+
+    # Snapshots ------------------------------------------------------------------------------
+    def _grad_scaler(self) -> torch.amp.GradScaler | None:
+        """The logic's grad scaler, else the one given in the runtime options."""
+        return self._logic.get_grad_scaler() or runtime_scaler(self._entry_runtime)
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"grad_scaler": scaler.state_dict()}`` when training with a grad scaler (from
+        the options or the runtime options), and ``"logic"``: the rest of the logic's
+        ``state_dict()`` (each optimizer's own grad scaler, ...) when it has more; saved in
+        trainer snapshots."""
+        state = scaler_states({"grad_scaler": self._grad_scaler()})
+        logic = {k: v for k, v in self._logic.state_dict().items() if k != "grad_scaler"}
+        if logic:
+            state["logic"] = logic
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the grad scaler's state (ignored without a grad scaler) and the logic's."""
+        load_scaler_states({"grad_scaler": self._grad_scaler()}, state)
+        logic = state.get("logic")
+        if isinstance(logic, Mapping) and logic:
+            self._logic.load_state_dict(logic)
 
 
 def step_function(

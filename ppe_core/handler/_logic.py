@@ -14,7 +14,8 @@ from ppe_core.errors import (
     ConfigurationError,
     ModelOutputError,
 )
-from ppe_core.handler._clipping import ClipOptions, build_clipper, pop_clip_options
+from ppe_core.handler._accumulation import Accumulation, no_sync
+from ppe_core.handler._clipping import ClipOptions, GradClipper, build_clipper, pop_clip_options
 from ppe_core.handler._diagnostics import (
     GradientWatch,
     check_autocast_device,
@@ -28,7 +29,14 @@ from ppe_core.handler._diagnostics import (
     warn_nothing_backpropagated,
     warn_skipped_backward,
 )
-from ppe_core.handler._grad_scalers import LogicScalerState
+from ppe_core.handler._grad_scalers import load_scaler_states, scaler_states
+from ppe_core.handler._optimizer_targets import (
+    OptimizerTarget,
+    Plan,
+    own_scalers,
+    parse_targets,
+    plan_stages,
+)
 from ppe_core.runtime import (
     autocast_device_type_of,
     device_type_of,
@@ -322,7 +330,7 @@ class ModelLogic(BaseLogic):
         return unknown_name_error(logic, self.model_name, kind, sorted(items))
 
 
-class Logic(LogicScalerState, ModelLogic):
+class Logic(ModelLogic):
     """The standard supervised step for one model: zero_grad, forward, backward, step.
 
     The batch is passed to ``forward`` as keyword arguments when it is a dict, as positional
@@ -367,8 +375,17 @@ class Logic(LogicScalerState, ModelLogic):
         options: The options above.
     """
 
-    # Defaults, until options or a step change them (the other options' are StagedSteps').
+    # Defaults, until options or a step change them.
+    backward_outputs: str | list[str] | tuple[str, ...] | None = None
+    _backward_fn: Callable[[torch.Tensor], Any] | None = None
     _autocast = _AutocastManager(False)  # off: never bound, so it can be shared
+    _grad_scaler: torch.amp.GradScaler | None = None
+    #: The ``grad_accumulation_steps`` option (1: no accumulation).
+    grad_accumulation_steps: int = 1
+    #: The ``optimizers`` option; None: one optimizer, keyed like the model.
+    _targets: dict[str, OptimizerTarget] | None = None
+    #: The stages planned from ``_targets`` (planned again when the options change).
+    _plan: Plan | None = None
     _warned_nothing = False
     #: True until the first training step has checked that the run can train at all.
     _first_step = True
@@ -376,6 +393,14 @@ class Logic(LogicScalerState, ModelLogic):
     _nograd_watch: GradientWatch | None = None
     #: The clipping options as given so far (the clipper is built from them and the targets).
     _clip_options = ClipOptions()
+    #: The clipping options' clipper (None: no clipping).
+    _clipper: GradClipper | None = None
+
+    def __init__(self, model_name: str = "main", options: Mapping[str, Any] | None = None) -> None:
+        #: The accumulation windows' state (the option is ``grad_accumulation_steps``, which
+        #: the step reads every batch).
+        self._accumulation = Accumulation()
+        super().__init__(model_name, options)
 
     def consume_options(self, options: dict[str, Any]) -> None:
         super().consume_options(options)
@@ -395,20 +420,24 @@ class Logic(LogicScalerState, ModelLogic):
         autocast = options.pop("autocast", None)
         self._autocast = self._autocast if autocast is None else _AutocastManager(autocast)
         self._grad_scaler = options.pop("grad_scaler", None) or self._grad_scaler
-        self._consume_staged_options(options)
+        steps = options.pop("grad_accumulation_steps", None)
+        self.grad_accumulation_steps = steps or self.grad_accumulation_steps
+        given = options.pop("optimizers", None)
+        self._targets = self._targets if given is None else parse_targets(given)
+        self._plan = None  # planned again at the next step: the options changed
         self._clip_options = pop_clip_options(options, self._clip_options)
         targets = None if self._targets is None else list(self._targets)
         self._clipper = build_clipper(self._clip_options, targets, self.model_name)
 
-    def _window_model_names(self) -> list[str]:
-        """The models whose gradients this logic accumulates: its model, or with the
-        ``optimizers`` option every model the targets name."""
+    def _model_names(self) -> list[str]:
+        """The models this logic trains: its model, or with the ``optimizers`` option every
+        model the targets name."""
         if self._targets is None:
             return [self.model_name]
-        models = (
+        names = (
             t.model if t.model is not None else self.model_name for t in self._targets.values()
         )
-        return list(dict.fromkeys(models))
+        return list(dict.fromkeys(names))
 
     def bind_device(self, device_type: str) -> None:
         """Autocast on ``device_type`` unless the ``autocast`` option names a device type."""
@@ -419,8 +448,8 @@ class Logic(LogicScalerState, ModelLogic):
         names."""
         if self._targets is None:
             super().set_mode(models, training)
-        else:
-            switch_mode(self._staged_models(models), training)
+        else:  # an unknown name is the plan's to explain
+            switch_mode([models[n] for n in self._model_names() if n in models], training)
 
     def _forward(self, model: torch.nn.Module, batch: Any) -> Any:
         try:
@@ -494,9 +523,7 @@ class Logic(LogicScalerState, ModelLogic):
         # As PPE's Logic does, so that code driving a Logic directly gets per-epoch shuffling;
         # the handler then leaves it to this method (see Handler.train_epoch_begin).
         set_sampler_epoch(loader, epoch)
-        self._measure_epoch(loader)
-        if self._loaded_window is not None:  # resumed inside an accumulation window
-            self._restore_window(models)
+        self._accumulation.begin_epoch(loader, models)
         if self._nograd_watch is not None:  # the first step trained nothing: did any since?
             watch, self._nograd_watch = self._nograd_watch, None
             watch.check()
@@ -517,7 +544,14 @@ class Logic(LogicScalerState, ModelLogic):
         if self.grad_accumulation_steps == 1:
             optimizer.zero_grad()
             return self._forward_backward(model, batch, 1)
-        return self._accumulate(model, optimizer, batch_idx, batch)
+        # A window's batch: zero_grad at its first, no gradient reduction before its last
+        # (the optimizer steps there, in train_step_optimizers).
+        n = self.grad_accumulation_steps
+        window, ends = self._accumulation.window(batch_idx, n)
+        if batch_idx % n == 0:
+            optimizer.zero_grad()
+        with contextlib.nullcontext() if ends else no_sync(model):
+            return self._forward_backward(model, batch, window)
 
     def _forward_backward(self, model: torch.nn.Module, batch: Any, window: int) -> Any:
         outputs = self._autocast_forward(model, batch)
@@ -545,12 +579,12 @@ class Logic(LogicScalerState, ModelLogic):
     ) -> None:
         if self.grad_accumulation_steps > 1:
             # Inside a window its gradients are training state, which a snapshot then saves.
-            if not self._window(batch_idx)[1]:
-                self._open_window = models
+            if not self._accumulation.window(batch_idx, self.grad_accumulation_steps)[1]:
+                self._accumulation.open_window = models
                 return
-            self._open_window = None
+            self._accumulation.open_window = None
         if self._targets is not None:
-            self._step_stage(self._planned(models, optimizers).stages[-1])
+            self._planned(models, optimizers).stages[-1].step(self._clipper)
             return
         try:
             optimizer = optimizers[self.model_name]
@@ -578,6 +612,106 @@ class Logic(LogicScalerState, ModelLogic):
             autocast.bind_to(model)
         with autocast.autocast():
             return self._forward(model, batch)
+
+    # The ``optimizers`` option ----------------------------------------------------------------
+    def _planned(
+        self, models: Mapping[str, torch.nn.Module], optimizers: Mapping[str, torch.optim.Optimizer]
+    ) -> Plan:
+        """The stages of the ``optimizers`` option for these trainer dicts, planned when they
+        or the options change (see :func:`plan_stages`)."""
+        plan = self._plan
+        if plan is None or plan.models is not models or plan.optimizers is not optimizers:
+            assert self._targets is not None
+            plan = self._plan = plan_stages(
+                self._targets,
+                models,
+                optimizers,
+                model_name=self.model_name,
+                backward_outputs=self.backward_outputs,
+                grad_scaler=self._grad_scaler,
+                backward_function=self._backward_fn,
+            )
+        return plan
+
+    def _train_stages(
+        self,
+        models: Mapping[str, torch.nn.Module],
+        optimizers: Mapping[str, torch.optim.Optimizer],
+        batch_idx: int,
+        batch: Any,
+    ) -> Any:
+        """The step with the ``optimizers`` option: each stage in turn zeroes its optimizers,
+        runs its model's forward and backpropagates each loss to its own optimizers'
+        parameters; the stages before the last step their optimizers here (the next forward
+        sees the update), the last in ``train_step_optimizers``."""
+        plan = self._planned(models, optimizers)
+        n = self.grad_accumulation_steps
+        window, ends = (1, True) if n == 1 else self._accumulation.window(batch_idx, n)
+        stages = plan.stages
+        merged: dict[str, Any] = {}
+        for stage in stages:
+            model, groups = stage.model, stage.groups
+            if batch_idx % n == 0:
+                for group in groups:
+                    for optimizer in group.optimizers:
+                        optimizer.zero_grad()
+            with contextlib.nullcontext() if ends else no_sync(model):
+                outputs = self._autocast_forward(model, batch)
+                named = self._keyed(outputs)
+                if not stage.checked:
+                    stage.check(named, self.backward_outputs)
+                for i, group in enumerate(groups):
+                    keys = group.loss
+                    tensors = self._to_backward(named) if keys is None else [named[k] for k in keys]
+                    if not tensors:
+                        continue
+                    if window != 1:
+                        tensors = [t / window for t in tensors]
+                    if group.scaler is not None:
+                        tensors = [group.scaler.scale(t) for t in tensors]
+                    if self._backward_fn is not None:  # one group: the plan refuses more
+                        for t in tensors:
+                            self._backward_fn(t)
+                    else:
+                        # Several groups: only this group's parameters (a generator's loss must
+                        # not leave gradients on the discriminator); later ones reuse the graph.
+                        inputs = group.parameters() if plan.restrict else None
+                        retain = i < len(groups) - 1
+                        torch.autograd.backward(tensors, inputs=inputs, retain_graph=retain)
+            if len(stages) == 1:
+                return outputs
+            merged.update(self.named_outputs(outputs))
+            if ends and stage is not stages[-1]:
+                stage.step(self._clipper)
+        return merged
+
+    # Grad scalers and snapshots ---------------------------------------------------------------
+    def offer_grad_scaler(self, scaler: torch.amp.GradScaler) -> None:
+        """Scale losses with the runtime's scaler unless a ``grad_scaler`` option was given."""
+        if self._grad_scaler is None:
+            self._grad_scaler = scaler
+            self._plan = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"grad_scaler": scaler.state_dict()}`` with a grad scaler, else ``{}``; with
+        the ``optimizers`` option, also ``"grad_scalers"``: the state of each optimizer's own
+        scaler, by optimizer name; inside a gradient-accumulation window, also
+        ``"accumulation"``: the window's gradients so far (see ``_accumulation``)."""
+        state = scaler_states({"grad_scaler": self._grad_scaler})
+        own = own_scalers(self._targets, self._grad_scaler)
+        if own:
+            state["grad_scalers"] = scaler_states(own)
+        state.update(self._accumulation.state_dict(self._model_names()))
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the grad scalers' states (each ignored when this logic has no such scaler),
+        and keep an unfinished window's gradients for the resumed epoch's start."""
+        load_scaler_states({"grad_scaler": self._grad_scaler}, state)
+        load_scaler_states(
+            own_scalers(self._targets, self._grad_scaler), state.get("grad_scalers", {})
+        )
+        self._accumulation.load_state_dict(state)
 
 
 @dataclasses.dataclass

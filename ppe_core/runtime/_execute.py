@@ -4,7 +4,8 @@ A :class:`CodeBlock` names a function, the optimizers that learn from it and whe
 backpropagate; the runtime that owns it runs it with ``runtime.execute(block, batch)``.
 :func:`run_code_block` is that execution for the generic runtimes: zero_grad, forward,
 backward, step. The block's builders (``ppe.handler.forward`` / ``update_parameters``) live in
-the handler package; the type lives here, beside the contract that consumes it.
+the handler package; the type lives here, beside the contract that consumes it. Outputs that
+give nothing to backpropagate raise an error saying why (PPE steps without gradients in silence).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ppe_core.errors import CodeBlockError
-from ppe_core.runtime._runtime_checks import backprop_error
 
 if TYPE_CHECKING:
     from ppe_core.runtime._runtime import BaseRuntime
@@ -132,3 +132,25 @@ def _to_backprop(out: Any, backprop_from: str | None) -> list[torch.Tensor]:
     if not tensors:
         raise backprop_error(out, None)
     return tensors
+
+
+def backprop_error(out: Any, backprop_from: str | None) -> CodeBlockError:
+    """Why a code block's outputs ``out`` give nothing to backpropagate: ``backprop_from`` is
+    missing or not a tensor computed with autograd, or (``None``) no output is a one-element
+    float tensor computed with autograd."""
+    got = sorted(out) if isinstance(out, Mapping) else type(out).__name__
+    if backprop_from is None:
+        return CodeBlockError(
+            f"update_parameters found nothing to backpropagate in the outputs {got}: no "
+            "one-element float tensor computed with autograd. Return the loss, e.g. "
+            "{'loss': loss}, or name it with backprop_from='loss'."
+        )
+    if not isinstance(out, Mapping) or backprop_from not in out:
+        return CodeBlockError(
+            f"update_parameters(backprop_from={backprop_from!r}) but the function returned "
+            f"{got}; return a dict holding {backprop_from!r}, or fix backprop_from"
+        )
+    return CodeBlockError(
+        f"the output {backprop_from!r} is not a tensor computed with autograd, so it "
+        "cannot be backpropagated; compute it from the parameters (not under no_grad)"
+    )

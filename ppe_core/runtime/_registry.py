@@ -3,6 +3,10 @@
 The registry that ``ppe.to`` and ``ppe.runtime.runtime_registry`` use is the active plugin
 host's; this package never imports the host: whoever composes the layers (``ppe_core``'s
 ``__init__``) hands it a source with :func:`set_registry_source`.
+
+Beyond PPE, a device that is neither a non-empty str nor a ``torch.device``, a type no runtime
+serves and PyTorch does not know, and a runtime registered as an instance or for a device raise
+errors naming the cause and the fix.
 """
 
 from __future__ import annotations
@@ -14,16 +18,12 @@ import torch
 
 from ppe_core._registry import Registry
 from ppe_core.errors import (
+    ArgumentTypeError,
     ConfigurationError,
     RuntimeNotFoundError,
     RuntimeReplacedWarning,
 )
 from ppe_core.runtime._runtime import BaseRuntime, DeviceLike, PyTorchRuntime
-from ppe_core.runtime._runtime_checks import (
-    check_runtime_registration,
-    device_error,
-    unknown_device_hint,
-)
 
 __all__ = [
     "RuntimeRegistry",
@@ -162,3 +162,43 @@ class _RuntimeRegistry(RuntimeRegistry):
     def _fallback(self, device_type: str) -> type[BaseRuntime]:
         """Every unregistered device type gets the fallback class, as in PPE."""
         return self._fallback_class
+
+
+def check_runtime_registration(name: str, obj: object, base: type) -> None:
+    """``obj`` must be a subclass of ``base`` (a runtime class), registered for a device type."""
+    if not (isinstance(obj, type) and issubclass(obj, base)):
+        what = "an instance" if isinstance(obj, base) else "not a runtime class"
+        raise ArgumentTypeError(
+            f"runtime for {name!r} must be a subclass of ppe_core.runtime.BaseRuntime, "
+            f"got {obj!r} ({what}); register the class itself, e.g. "
+            f"register({name!r}, MyRuntime) with class MyRuntime(PyTorchRuntime)"
+        )
+    if ":" in name:
+        raise ConfigurationError(
+            f"runtimes are registered for a device type, not a device: got {name!r}; "
+            f"register {name.split(':', 1)[0]!r} instead (the runtime receives the full "
+            "device spec when constructed)"
+        )
+
+
+def device_error(device: object) -> ConfigurationError:
+    """Why ``device`` names no device type: an empty string, or neither a str nor a
+    ``torch.device``."""
+    if isinstance(device, str):
+        return ConfigurationError(
+            "device is an empty string; pass a device such as 'cpu', 'cuda:0' or 'auto'"
+        )
+    return ArgumentTypeError(
+        f"device must be a str or a torch.device, got {type(device).__name__} {device!r}; pass "
+        "e.g. device='cpu', device='cuda:0' or torch.device('cuda', 0)"
+    )
+
+
+def unknown_device_hint(device_type: str) -> str:
+    """What to do about ``device_type`` when no runtime serves it and PyTorch does not know it."""
+    return (
+        f"{device_type!r} is not a PyTorch device type either. Install the plugin that "
+        "provides it (first-party plugins: pip install ppe-cpu / pip install ppe-cuda), "
+        "or register one with ppe_core.runtime.runtime_registry.register"
+        f"({device_type!r}, MyRuntime)."
+    )

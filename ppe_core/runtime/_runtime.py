@@ -1,4 +1,10 @@
-"""The runtime contract (``BaseRuntime``) and the generic ``PyTorchRuntime``."""
+"""The runtime contract (``BaseRuntime``) and the generic ``PyTorchRuntime``.
+
+Beyond PPE, which leaves the failure to Python or PyTorch, a device spec ``torch.device``
+refuses, an ``autocast`` or ``grad_scaler`` option of another type and ``ppe.map``'s
+``out_keys`` on an output that is not a dict raise errors naming the cause and the fix (the
+checks at the end).
+"""
 
 from __future__ import annotations
 
@@ -9,15 +15,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ppe_core.errors import RuntimeOptionError
+from ppe_core.errors import ConfigurationError, RuntimeOptionError
 from ppe_core.runtime._execute import run_code_block
 from ppe_core.runtime._option_specs import reject_undeclared
-from ppe_core.runtime._runtime_checks import (
-    check_autocast_option,
-    check_grad_scaler,
-    check_map_output,
-    device_spec_error,
-)
 
 _Tensor = torch.Tensor
 
@@ -420,3 +420,41 @@ _module_runtime_tag = get_runtime
 def _set_module_runtime_tag(module: torch.nn.Module, runtime: BaseRuntime) -> None:
     """Tag ``module`` alone (not its submodules) with ``runtime``, as PPE's helper does."""
     object.__setattr__(module, _RUNTIME_TAG_NAME, runtime)
+
+
+def device_spec_error(owner: str, device_spec: object, exc: Exception) -> ConfigurationError:
+    """Why ``torch.device`` refused ``device_spec`` (``exc``), for the runtime class ``owner``."""
+    return ConfigurationError(
+        f"{owner} cannot use the device {device_spec!r}: {exc}. Pass a device type with an "
+        "optional index, e.g. 'cpu', 'cuda' or 'cuda:1'."
+    )
+
+
+def check_autocast_option(option: object) -> None:
+    """The ``autocast`` runtime option must be a bool or a dict of ``torch.autocast``
+    arguments."""
+    if not isinstance(option, (bool, Mapping)):
+        raise RuntimeOptionError(
+            f"runtime option 'autocast' must be a bool or a dict of torch.autocast arguments, "
+            f"got {option!r}; e.g. options={{'autocast': True}} or "
+            "{'autocast': {'dtype': torch.bfloat16}}"
+        )
+
+
+def check_grad_scaler(scaler: object, device_type: str) -> None:
+    """The ``grad_scaler`` runtime option must be ``None`` or a ``torch.amp.GradScaler``."""
+    if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
+        raise RuntimeOptionError(
+            f"runtime option 'grad_scaler' must be a torch.amp.GradScaler, got "
+            f"{type(scaler).__name__}; e.g. options={{'grad_scaler': "
+            f"torch.amp.GradScaler({device_type!r})}}"
+        )
+
+
+def check_map_output(out: object, out_keys: set[str]) -> None:
+    """``ppe.map`` with ``out_keys`` needs functions that return a dict."""
+    if not isinstance(out, Mapping):
+        raise ConfigurationError(
+            f"ppe.map was given out_keys={sorted(out_keys)}, but the function "
+            f"returned {type(out).__name__}, not a dict; return a dict or omit out_keys"
+        )

@@ -6,7 +6,8 @@ and this package needs nothing above it: ``ppe.to`` passes the active registry
 ``ppe_core.plugins.resolve_runtime``). A
 module keeps the runtime it was moved with: asking again for its device without other options
 returns that instance, so ``ppe.to`` then ``create_trainer`` make one runtime per model and
-device, and options are given once.
+device, and options are given once. A ``runtime_class`` that is not a runtime class is
+refused with the fix (PPE calls it and leaves the failure to Python).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from ppe_core.errors import ArgumentTypeError, ConfigurationError
 from ppe_core.runtime._option_specs import RuntimeOptions
 from ppe_core.runtime._registry import RuntimeRegistry, active_registry
 from ppe_core.runtime._runtime import BaseRuntime, DeviceLike, iter_runtime_modules, tag_module
-from ppe_core.runtime._runtime_checks import check_runtime_class
 
 __all__ = ["runtime_for", "to"]
 
@@ -150,3 +150,16 @@ def to(
     moved = runtime.move_module(module_or_tensor)
     tag_module(moved, runtime)
     return cast(_MT, moved)
+
+
+def check_runtime_class(runtime_class: object, base: type) -> None:
+    """``runtime_class`` (of ``ppe.to`` / ``runtime_for``) must be ``None`` or a subclass of
+    ``base``."""
+    if runtime_class is not None and not (
+        isinstance(runtime_class, type) and issubclass(runtime_class, base)
+    ):
+        raise ArgumentTypeError(
+            f"runtime_class must be a subclass of ppe_core.runtime.BaseRuntime, got "
+            f"{runtime_class!r}; pass the class (not an instance), or omit it to use the runtime "
+            "registered for the device"
+        )

@@ -25,6 +25,11 @@ _EXPORTS: dict[str, str] = {
     "IterationDriver": "ppe_core.training._protocols",
     "ResumeStateHost": "ppe_core.training._resume",
     "StopReason": "ppe_core.training.manager",
+    # For extension packages: the models by name, and where a snapshot extension puts the
+    # engine's own resume data (ppe-extensions' snapshots use these).
+    "named_models": "ppe_core.training._manager",
+    "record_ranks": "ppe_core.training._resume",
+    "PPE_CORE_STATE_KEY": "ppe_core.training._state",
 }
 _SUBMODULES = frozenset({"extension", "extensions", "manager", "metrics", "trigger", "triggers"})
 

@@ -1,27 +1,26 @@
 """Epochs whose length is known only when the loader runs out (an ``IterableDataset``, a
-generator, a stream): the manager counts with a provisional length until then, and the Trainer
-reads the first epoch one batch ahead. Every epoch's end is checked against the length (PPE
-ends a short epoch in silence), and so is a loaded state's (a changed length warns). A pass's
-length itself comes from :func:`optional_length` (PPE takes ``len(loader)`` unchecked)."""
+generator, a stream): the manager counts with a provisional length until then
+(``ExtensionsManager.set_epoch_length``, which refuses triggers that cannot wait for it:
+:func:`check_triggers`), and the Trainer reads the first epoch one batch ahead. Every epoch's
+end is checked against the length (PPE ends a short epoch in silence); a loaded state's is
+checked by ``_resume.EpochLength``. A pass's length itself comes from :func:`optional_length`
+(PPE takes ``len(loader)`` unchecked)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ppe_core.errors import ConfigurationError
-from ppe_core.training._resume import EpochLength, ResumeStates
 from ppe_core.training.triggers import NEVER, Trigger, next_due
 from ppe_core.training.triggers._due import DueCheck
 
 if TYPE_CHECKING:
-    from ppe_core.training._extension import ExtensionEntry
     from ppe_core.training._manager import ExtensionsManager
     from ppe_core.training._resume import TrainerState
 
 __all__ = [
     "PROVISIONAL_EPOCH_LENGTH",
-    "EpochLengthState",
     "check_epoch_end",
     "check_given_length",
     "check_triggers",
@@ -118,81 +117,6 @@ def check_triggers(named: Iterable[tuple[str, Any, object]], iteration: int) -> 
                     "'iteration'), a whole number of epochs, or pass "
                     "trainer.run(..., train_len=<batches per epoch>)"
                 )
-
-
-class EpochLengthState:
-    """The manager's epoch length, known or learnt, and a loaded state's compared with it.
-
-    The ExtensionsManager's base class. The length is given, or (a Trainer over a loader
-    without ``len()``) unknown until the first epoch's loader runs out:
-    :meth:`set_epoch_length`. It is saved as resume data, so that a state loaded into a run
-    with another length warns.
-    """
-
-    _iteration: int
-    _iters_per_epoch: int
-    _resume_states: ResumeStates
-    _stop_trigger: Trigger
-    _slots: list[ExtensionEntry]
-    _invalidate_schedule: Callable[[], None]
-    # False while the epoch length is a placeholder: IgniteExtensionsManager before start,
-    # a Trainer's first epoch over a loader without len() (set_epoch_length).
-    _epoch_length_known = True
-    _learns_epoch_length = False  # set_epoch_length(None): learnt when the loader ends
-
-    def __init__(self) -> None:
-        # Saved with the state so that a resume with another epoch length warns.
-        self._epoch_length = EpochLength(
-            lambda: self._iters_per_epoch if self._epoch_length_known else None
-        )
-        self._resume_states.add("manager", self._epoch_length)
-
-    @property
-    def epoch_length_known(self) -> bool:
-        """False while the first epoch over a loader without ``len()`` has not run out."""
-        return self._epoch_length_known
-
-    def set_epoch_length(self, iters_per_epoch: int | None) -> None:
-        """Sets the epoch length; None: unknown until the loader runs out (no ``len()``).
-
-        While unknown the manager counts with a provisional length beyond any run, so no
-        epoch-based trigger is due; the trainer sets the real length when the first epoch's
-        loader runs out, before that epoch's last iteration ends, so the end-of-epoch
-        extensions and ``max_epochs`` fire in that iteration as they would with a known length.
-
-        Raises:
-            ConfigurationError: A registered trigger needs the length inside the first epoch
-                (``(0.5, 'epoch')``), which an unknown length cannot give.
-        """
-        if iters_per_epoch is None:
-            entries: list[tuple[str, Any, object]] = [
-                (e.name, e.extension, e.trigger) for e in self._slots
-            ]
-            entries.append(("the stop trigger", None, self._stop_trigger))
-            check_triggers(entries, self._iteration)
-            self._iters_per_epoch = PROVISIONAL_EPOCH_LENGTH
-            self._epoch_length_known = False
-            self._learns_epoch_length = True
-        else:
-            self._iters_per_epoch = iters_per_epoch
-            self._epoch_length_known = True
-            # Extensions that schedule an inner trigger (LogReport's) computed its next due
-            # iteration with the provisional length.
-            for due in due_checks(e.extension for e in self._slots):
-                due.reset()
-        self._invalidate_schedule()
-
-    def _load_epoch_length(self, to_load: Mapping[str, Any], *, stacklevel: int) -> None:
-        """After a state was loaded: warns if it had another epoch length (a known one), or
-        takes its length when this run learns it and the saved run had learnt it already."""
-        if self._epoch_length.loaded is None:
-            # A state without ppe-core's entry: PPE's IgniteExtensionsManager saves the length.
-            self._epoch_length.load_state_dict({"iters_per_epoch": to_load.get("_epoch_length")})
-        if self._epoch_length_known:
-            self._epoch_length.check(self._iteration, stacklevel=stacklevel + 1)
-        elif self._learns_epoch_length and self._epoch_length.loaded is not None:
-            saved, self._epoch_length.loaded = self._epoch_length.loaded, None
-            self.set_epoch_length(saved)
 
 
 def check_epoch_end(

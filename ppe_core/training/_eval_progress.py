@@ -12,7 +12,7 @@ __all__ = ["make_bar"]
 
 def make_bar(total: int | None) -> Any:
     """A tqdm bar on a terminal or in Jupyter; one plain summary line anywhere else."""
-    from ppe_core.training.extensions._console import in_notebook, is_terminal
+    from ppe_core._console import in_notebook, is_terminal
 
     out = sys.stdout
     if is_terminal(out) or in_notebook():

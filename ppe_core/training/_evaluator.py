@@ -10,18 +10,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ppe_core._active_host import active_host
 from ppe_core.distributed import is_distributed, run_collective, timeouts_explained
-from ppe_core.errors import DistributedNotInitializedError, ManagerStateError
+from ppe_core.errors import ArgumentTypeError, DistributedNotInitializedError, ManagerStateError
 from ppe_core.handler._handler import step_function
 from ppe_core.handler._logic import keep_modes
 from ppe_core.reporting import DictSummary, Reporter, report
 from ppe_core.training._epoch_length import optional_length
 from ppe_core.training._eval_progress import make_bar
 from ppe_core.training._manager import default_transform_model, named_models
-from ppe_core.training._metric_checks import check_metrics, metric_result_error
 from ppe_core.training._ranks import check_same_keys
 from ppe_core.training._sample_means import add_per_sample
+from ppe_core.training.metrics import MetricFn, check_metrics
 
 if TYPE_CHECKING:
     from ppe_core.handler import BaseHandler
@@ -241,7 +240,9 @@ class Evaluator:
         """
         length = self._eval_len = optional_length(loader, eval_len, "eval_len")
         handler: Any = self.handler
-        host = active_host()
+        from ppe_core._plugins import get_plugin_host  # on first use: no pluggy at import
+
+        host = get_plugin_host()
         restore_modes = keep_modes(self.models.values())
         self.setup(loader)
         host.evaluator_setup(self)
@@ -341,6 +342,15 @@ class DistributedEvaluator(Evaluator):
                 for i, k in enumerate(keys)
             }
         )
+
+
+def metric_result_error(metric: MetricFn, values: object) -> ArgumentTypeError:
+    """The error for an engine Evaluator's metric that returned ``values``, not a dict."""
+    name = getattr(metric, "__qualname__", None) or type(metric).__name__
+    return ArgumentTypeError(
+        f"metric {name} returned {type(values).__name__} {values!r}, but a metric must return a "
+        "dict of names to values (reported as val/<name>); return e.g. {'accuracy': acc}"
+    )
 
 
 # For PPE code that imports the old private name.

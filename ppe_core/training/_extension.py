@@ -113,6 +113,19 @@ class Extension:
             tb: Its traceback.
         """
 
+    def on_interrupt(self, manager: ManagerView) -> str | None:
+        """Saves what a rerun resumes from when a SIGTERM/SIGINT stops training.
+
+        Called on every rank at the iteration the ranks agreed to stop at, before
+        :meth:`finalize`. The trainer's autoloading snapshot writes itself (unless this
+        iteration's is already written) and returns its file name, which the exit line names;
+        other extensions return ``None`` (the default).
+
+        Args:
+            manager: The manager that owns the extension.
+        """
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         """Returns the state to store in a snapshot; nothing by default."""
         return {}

@@ -11,17 +11,14 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ppe_core.training._extension import Extension, ExtensionEntry, ExtensionLike
 from ppe_core.training._manager import ExtensionsManager, TransformModel
 from ppe_core.training._manager_checks import check_engine
-from ppe_core.training._protocols import StateObjectProtocol
-
-if TYPE_CHECKING:
-    from ppe_core.training._manager import _Writer
+from ppe_core.training._protocols import StateObjectProtocol, WriterProtocol
 
 __all__ = ["IgniteExtensionsManager"]
 
@@ -62,7 +59,7 @@ class IgniteExtensionsManager(ExtensionsManager):
         *,
         extensions: Sequence[ExtensionLike | Extension | ExtensionEntry] | None = None,
         out_dir: str | os.PathLike[str] = "result",
-        writer: _Writer | None = None,
+        writer: WriterProtocol | None = None,
         enable_profile: bool = False,
         enable_trace: bool = False,
         state_objects: Mapping[str, StateObjectProtocol] | None = None,
@@ -82,7 +79,7 @@ class IgniteExtensionsManager(ExtensionsManager):
             state_objects=state_objects,
         )
         self.engine = engine
-        self._epoch_length_known = False  # len(dataloader) is known when the engine starts
+        self._epoch_length.known = False  # len(dataloader) is known when the engine starts
         self._start_epoch = 0
         self.set_ignite_handlers()
 
@@ -99,7 +96,7 @@ class IgniteExtensionsManager(ExtensionsManager):
 
         iters_per_epoch = len(engine.state.dataloader)
         self._prepare_for_training(0, 0, iters_per_epoch)
-        self._epoch_length_known = True
+        self._epoch_length.known = True
         self._take_run_lock()  # also when the engine runs again after completing
         self.start_extensions()  # an autoloading snapshot sets _start_iteration here
         start = self._start_iteration

@@ -26,11 +26,9 @@ from typing import Any
 
 import torch
 
-from ppe_core.distributed import group_world, run_collective
+from ppe_core.distributed import device_of, group_world, run_collective
 from ppe_core.errors import ConfigurationError
 from ppe_core.training._extension import PRIORITY_WRITER, Extension
-from ppe_core.training._ranks import device_of
-from ppe_core.training.extensions._snapshot_manifest import manifest_path
 
 __all__ = ["DEFAULT_CHECK_EVERY", "ENV_CHECK_EVERY", "Interrupt", "InterruptAgreement"]
 
@@ -171,22 +169,13 @@ class InterruptAgreement(Extension):
 
 
 def save_interrupted(manager: Any) -> str | None:
-    """Writes the trainer's autoloading snapshot at the current iteration (every rank calls
-    it: the snapshot gathers the ranks' resume data); returns its file name, or None when
-    there is no ``snapshot(autoload=True)`` of the trainer."""
+    """Lets each extension save what a rerun resumes from (:meth:`Extension.on_interrupt`;
+    every rank calls it: a snapshot gathers the ranks' resume data); returns the file name
+    the first one wrote, or None when none did (no ``snapshot(autoload=True)``)."""
     for _, entry in manager.extensions:
-        extension = entry.extension
-        if getattr(extension, "autoload", False) is not True:
-            continue
-        if getattr(extension, "_target", None) is not None:
-            continue  # a snapshot_object: it does not resume the trainer
-        filename = extension.filename
-        name = str(filename(manager)) if callable(filename) else filename.format(manager)
-        written = extension.output_files(manager)
-        if written and all(os.path.exists(p) for p in (*written, manifest_path(written[0]))):
-            return name  # the periodic snapshot of this iteration: already written
-        extension(manager)
-        return name
+        saved = entry.extension.on_interrupt(manager)
+        if saved is not None:
+            return str(saved)
     return None
 
 

@@ -10,12 +10,13 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ppe_core._record import record
-from ppe_core._version import __version__, release
+from ppe_core._version import __version__
+from ppe_core.distributed import device_of
 from ppe_core.errors import (
     ExtensionErrorHandlerWarning,
     IgniteNotInstalledError,
@@ -23,23 +24,22 @@ from ppe_core.errors import (
     ManagerStateError,
     MissingExtensionStateWarning,
     ModelStateUnavailableError,
-    NotProvidedError,
     StateDictKeyError,
     StateDictMismatchError,
     StateVersionWarning,
 )
 from ppe_core.reporting import Observation, Reporter
-from ppe_core.training._epoch_length import EpochLengthState
+from ppe_core.training._epoch_length import PROVISIONAL_EPOCH_LENGTH, check_triggers, due_checks
 from ppe_core.training._extension import Extension, ExtensionEntry, ExtensionLike
 from ppe_core.training._handler_failures import call_each
 from ppe_core.training._manager_checks import (
     check_iters_per_epoch,
-    check_max_epochs,
     check_priority,
     check_state_object,
     check_step_optimizers,
     check_writer,
     finalized_error,
+    missing_attribute_error,
     model_unavailable_error,
     not_a_model_error,
     unknown_extension_error,
@@ -47,12 +47,13 @@ from ppe_core.training._manager_checks import (
     warn_missing_extension_states,
     warn_missing_stop_trigger_state,
 )
-from ppe_core.training._protocols import StateObjectProtocol
-from ppe_core.training._ranks import agree_on_collectives, device_of
+from ppe_core.training._protocols import StateObjectProtocol, WriterProtocol
+from ppe_core.training._ranks import agree_on_collectives
 from ppe_core.training._resume import (
     ELAPSED_TIME_KEY,
     STOP_TRIGGER_KEY,
     VERSION_KEY,
+    EpochLength,
     ResumeStates,
 )
 from ppe_core.training._run_lock import ManagerRunLock
@@ -61,8 +62,9 @@ from ppe_core.training._state_mismatch import (
     check_loadable,
     load_model_state,
     load_optimizer_state,
+    warn_other_version,
 )
-from ppe_core.training._stop_reason import StopKind, StopReason, reached_length
+from ppe_core.training._stop_reason import StopCondition, StopReason, max_epochs_trigger
 from ppe_core.training.triggers import NEVER, Trigger, TriggerLike, get_trigger, next_due
 from ppe_core.writing._extension_files import check_output_files
 
@@ -96,48 +98,6 @@ TransformModel = Callable[[str, torch.nn.Module], torch.nn.Module]
 #: warns on load unless that field equals its own version, so ppe-core's version goes under
 #: ``state['_ppe_core']['version']`` (``_resume.VERSION_KEY``) instead.
 PPE_FORMAT_VERSION = "0.9.0"
-# PPE releases whose states load without a StateVersionWarning (the format is the same).
-_COMPATIBLE_PPE_VERSIONS = ("0.9.",)
-
-
-def _version_problem(to_load: Mapping[str, Any]) -> str | None:
-    """Why a state's versions may not load as saved, or None: PPE's format field is another
-    release's than 0.9, or ppe-core's own version (``'_ppe_core'``) is newer than this one."""
-    saved = to_load.get("ppe_version")
-    if saved != __version__ and not (
-        isinstance(saved, str) and saved.startswith(_COMPATIBLE_PPE_VERSIONS)
-    ):
-        written = "an unknown version" if saved is None else f"version {saved}"
-        return (
-            f"the loaded state was written by {written} (ppe-core is {__version__}, "
-            "compatible with PPE 0.9); it loads, but states from other versions may differ"
-        )
-    internal = to_load.get(PPE_CORE_STATE_KEY)
-    core = internal.get(VERSION_KEY) if isinstance(internal, Mapping) else None
-    if core is None or core == __version__:
-        return None  # PPE's state (no ppe-core version), or this version's
-    saved_release, own = release(core), release(__version__)
-    if saved_release is not None and own is not None and saved_release <= own:
-        return None  # an older ppe-core's: this one reads what it wrote
-    if saved_release is None:
-        return (
-            f"the loaded state was written by ppe-core {core!r}, which this ppe-core "
-            f"({__version__}) cannot compare with its own version: it loads, but states from "
-            "other versions may differ"
-        )
-    return (
-        f"the loaded state was written by ppe-core {core}, newer than this ppe-core "
-        f"({__version__}): it loads, but what that version added to the state is ignored and "
-        f"what it changed may load differently; upgrade ppe-core to {core} to resume it exactly"
-    )
-
-
-class _Writer(Protocol):
-    """What the manager needs of a writer (``ppe_core.writing.Writer`` satisfies it)."""
-
-    def initialize(self, out_dir: str) -> None: ...
-
-    def finalize(self) -> None: ...
 
 
 def named_models(
@@ -177,65 +137,6 @@ def default_transform_model(name: str, model: torch.nn.Module) -> torch.nn.Modul
     """
     parallel = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
     return model.module if isinstance(model, parallel) else model
-
-
-class _NoEpochs(Trigger):
-    """The stop trigger of ``max_epochs=0``: training is over before it starts.
-
-    PPE accepts 0 (a manager built only to load a state into); an interval of 0 epochs has no
-    period to divide by, so zero gets this trigger, which fires at once.
-    """
-
-    def __call__(self, manager: ManagerView) -> bool:
-        return True
-
-    def get_training_length(self) -> tuple[int, str]:
-        return (0, "epoch")
-
-    def __repr__(self) -> str:
-        return "(0, 'epoch')"
-
-
-def max_epochs_trigger(max_epochs: int) -> Trigger:
-    """The manager's default stop trigger, ``(max_epochs, 'epoch')``; 0 stops at once.
-
-    Raises:
-        ConfigurationError: ``max_epochs`` is negative (or not a number).
-    """
-    check_max_epochs(max_epochs)
-    if max_epochs == 0 and isinstance(max_epochs, int) and not isinstance(max_epochs, bool):
-        return _NoEpochs()
-    return get_trigger((max_epochs, "epoch"))
-
-
-class _StopTriggerState:
-    """The stop trigger's resume state, ``state['_ppe_core']['stop_trigger']``.
-
-    The trigger's own state (an ``EarlyStoppingTrigger``'s best value and count of checks) and
-    the manager's answer at the iteration it last consulted it: a snapshot taken after that
-    call resumes without calling it again for that iteration (PPE saves neither). A stateless
-    trigger (``max_epochs``') saves nothing.
-    """
-
-    def __init__(self, manager: ExtensionsManager) -> None:
-        self._manager = manager
-        #: Whether the last loaded state had an entry (the manager warns when it had none).
-        self.loaded = False
-
-    def state_dict(self) -> dict[str, Any]:
-        manager = self._manager
-        trigger = manager._stop_trigger.state_dict()
-        if not trigger:
-            return {}
-        checked_at, value = manager._stop_checked_at, manager._stop_value
-        return {"trigger": trigger, "checked_at": checked_at, "value": value}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        manager = self._manager
-        manager._stop_trigger.load_state_dict(state["trigger"])
-        manager._stop_checked_at = int(state["checked_at"])
-        manager._stop_value = bool(state["value"])
-        self.loaded = True
 
 
 class _ElapsedTimeState:
@@ -286,20 +187,7 @@ class _IterationContext:
             self._manager.abort_iteration(exc)
 
 
-#: PPE 0.9's protected ExtensionsManager members that ppe-core keeps no equivalent of ->
-#: the public way to do what a subclass used them for (docs/migration.md lists them).
-_PPE_PROTECTED = {
-    "_extensions": "`manager.extensions` ((name, entry) pairs) or `manager.get_extension(name)`",
-    "_state_objects": "the `state_objects` argument of the manager (and `state_dict()`)",
-    "_internal_stop_trigger": "`manager.stop_trigger` (and the `stop_trigger` argument)",
-    "_start_extensions_called": "`manager.start_extensions()`, which runs once by itself",
-    "_run_on_error": "an extension's `on_error(manager, exc, tb)`",
-    "_finalize_extensions": "`manager.finalize()`",
-    "_check_model_available": "`manager.models` (it raises when the models are not available)",
-}
-
-
-class ExtensionsManager(EpochLengthState):
+class ExtensionsManager:
     """Keeps the training state and runs extensions when their triggers fire.
 
     Use it around your own loop; each ``with manager.run_iteration():`` block is one iteration.
@@ -318,10 +206,10 @@ class ExtensionsManager(EpochLengthState):
     ``next_check``) the next iteration at which it could fire, and the manager only consults
     triggers at those iterations.
 
-    The manager keeps the schedule of due extensions and the one stop condition (whose answer
-    says why training ended: :attr:`stop_reason`) itself; its base classes keep the epoch
-    length, known or learnt from a loader without ``len()`` (``_epoch_length.EpochLengthState``),
-    and it saves and loads the state dictionary in PPE's layout. Trainers drive it through
+    The manager keeps the schedule of due extensions and the epoch length, given or learnt
+    from a loader without ``len()`` (:meth:`set_epoch_length`); it owns the one stop condition
+    (``_stop_reason.StopCondition``, which also says why training ended: :attr:`stop_reason`),
+    and saves and loads the state dictionary in PPE's layout. Trainers drive it through
     :meth:`begin_iteration`, :meth:`end_iteration` and :meth:`handle_training_error` (the
     :class:`~ppe_core.training._protocols.IterationDriver` protocol).
 
@@ -364,7 +252,7 @@ class ExtensionsManager(EpochLengthState):
         extensions: Sequence[ExtensionLike | Extension | ExtensionEntry] | None = None,
         out_dir: str | os.PathLike[str] = "result",
         stop_trigger: TriggerLike = None,
-        writer: _Writer | None = None,
+        writer: WriterProtocol | None = None,
         transform_model: TransformModel | None = identity_transform_model,
         enable_profile: bool = False,
         enable_trace: bool = False,
@@ -387,7 +275,9 @@ class ExtensionsManager(EpochLengthState):
         self._resume_states = ResumeStates()
         for name, obj in (state_objects or {}).items():
             self.add_state_object(name, obj)
-        super().__init__()
+        # Saved with the state so that a resume with another epoch length warns.
+        self._epoch_length = EpochLength(lambda: self._iters_per_epoch)
+        self._resume_states.add("manager", self._epoch_length)
 
         self.observation: Observation = {}
         self.reporter = Reporter()
@@ -397,23 +287,13 @@ class ExtensionsManager(EpochLengthState):
         for name, optimizer in self._optimizers.items():
             self.reporter.add_observer(name, optimizer)
 
-        # The stop condition, consulted at most once per iteration: at the iterations its
-        # next_check announces (_stop_due), by whichever asks first, the manager after an
-        # iteration's extensions ran or a read of stop_trigger. Both get the same answer for
-        # the same iteration (stateful triggers need that); the first True one is the reason.
-        self._stop_trigger: Trigger = (
-            max_epochs_trigger(max_epochs) if stop_trigger is None else get_trigger(stop_trigger)
+        # The stop condition, consulted at most once per iteration, saved with its state.
+        self._stop = StopCondition(
+            max_epochs_trigger(max_epochs) if stop_trigger is None else get_trigger(stop_trigger),
+            "max_epochs" if stop_trigger is None else "stop_trigger",
         )
-        self._stop_kind: StopKind = "max_epochs" if stop_trigger is None else "stop_trigger"
-        # _stop_due: the first iteration at which it may fire (-1 until the schedule is built);
-        # _stop_checked_at: the iteration of the last answer, _stop_value (saved with the
-        # trigger's state, so a resumed run repeats it rather than consulting it again).
-        self._stop_checked_at, self._stop_value = -1, False
-        self._stop_state = _StopTriggerState(self)
-        self._resume_states.add(STOP_TRIGGER_KEY, self._stop_state, builtin=True)
+        self._resume_states.add(STOP_TRIGGER_KEY, self._stop, builtin=True)
         self._resume_states.add(ELAPSED_TIME_KEY, _ElapsedTimeState(self), builtin=True)
-        self._stopped = False  # the manager saw the condition fire after an iteration
-        self._stop_reason: StopReason | None = None
 
         # The schedule: each entry keeps the first iteration at which its trigger may fire
         # (ExtensionEntry._due), so a step consults triggers only at those iterations.
@@ -431,8 +311,8 @@ class ExtensionsManager(EpochLengthState):
         self._model_available = True
         # _next_due: the first iteration at which the schedule or the stop trigger is due;
         # _state_due: the first at which an extension declaring needs_model_state is due. -1
-        # (as the stop trigger's): the schedule must be rebuilt, which the next step's slow
-        # path does.
+        # (as the stop condition's due): the schedule must be rebuilt, which the next step's
+        # slow path does.
         self._invalidate_schedule()
 
         self._iteration = 0
@@ -467,7 +347,7 @@ class ExtensionsManager(EpochLengthState):
             writer = SimpleWriter(out_dir=out_dir)
         else:
             check_writer(writer)
-        self.writer: _Writer | None = writer
+        self.writer: WriterProtocol | None = writer
         writer.initialize(self.out)
 
         for extension in extensions or ():
@@ -489,7 +369,7 @@ class ExtensionsManager(EpochLengthState):
     @iteration.setter
     def iteration(self, value: int) -> None:
         self._iteration = value
-        self._stop_checked_at = -1  # the counter moved: earlier answers no longer apply
+        self._stop.checked_at = -1  # the counter moved: earlier answers no longer apply
         self._invalidate_schedule()
 
     @property
@@ -506,6 +386,41 @@ class ExtensionsManager(EpochLengthState):
     def iters_per_epoch(self) -> int:
         """Iterations in one epoch (a provisional, huge count while unknown)."""
         return self._iters_per_epoch
+
+    @property
+    def epoch_length_known(self) -> bool:
+        """False while the first epoch over a loader without ``len()`` has not run out."""
+        return self._epoch_length.known
+
+    def set_epoch_length(self, iters_per_epoch: int | None) -> None:
+        """Sets the epoch length; None: unknown until the loader runs out (no ``len()``).
+
+        While unknown the manager counts with a provisional length beyond any run, so no
+        epoch-based trigger is due; the trainer sets the real length when the first epoch's
+        loader runs out, before that epoch's last iteration ends, so the end-of-epoch
+        extensions and ``max_epochs`` fire in that iteration as they would with a known length.
+
+        Raises:
+            ConfigurationError: A registered trigger needs the length inside the first epoch
+                (``(0.5, 'epoch')``), which an unknown length cannot give.
+        """
+        if iters_per_epoch is None:
+            named: list[tuple[str, Any, object]] = [
+                (e.name, e.extension, e.trigger) for e in self._slots
+            ]
+            named.append(("the stop trigger", None, self._stop.trigger))
+            check_triggers(named, self._iteration)
+            self._iters_per_epoch = PROVISIONAL_EPOCH_LENGTH
+            self._epoch_length.known = False
+            self._epoch_length.learns = True
+        else:
+            self._iters_per_epoch = iters_per_epoch
+            self._epoch_length.known = True
+            # Extensions that schedule an inner trigger (LogReport's) computed its next due
+            # iteration with the provisional length.
+            for due in due_checks(e.extension for e in self._slots):
+                due.reset()
+        self._invalidate_schedule()
 
     @property
     def is_before_training(self) -> bool:
@@ -569,16 +484,26 @@ class ExtensionsManager(EpochLengthState):
         ``next_check`` announces.
         """
         iteration = self.iteration  # starts the extensions first, as PPE's stop_trigger does
-        if self._stopped:
+        stop = self._stop
+        if stop.stopped:
             return True
-        if iteration < self._stop_due and iteration != self._stop_checked_at:
+        if iteration < stop.due and iteration != stop.checked_at:
             return False
-        return self._consult_stop(iteration)
+        return stop.consult(self, iteration, self._iters_per_epoch)
 
     @property
     def stop_reason(self) -> StopReason | None:
         """Why training ended (which stop trigger fired, or the error); None while it goes on."""
-        return self._stop_reason
+        return self._stop.reason
+
+    @property
+    def _stop_trigger(self) -> Trigger:
+        """The stop trigger (PPE's protected attribute; ``stop_trigger`` asks it)."""
+        return self._stop.trigger
+
+    @_stop_trigger.setter
+    def _stop_trigger(self, trigger: Trigger) -> None:
+        self._stop.trigger = trigger
 
     @property
     def training_length(self) -> tuple[float, str] | None:
@@ -587,7 +512,7 @@ class ExtensionsManager(EpochLengthState):
         ProgressBar reads it for its total; triggers that cannot tell (early stopping, a
         function) give None.
         """
-        get_length = getattr(self._stop_trigger, "get_training_length", None)
+        get_length = getattr(self._stop.trigger, "get_training_length", None)
         length: tuple[float, str] | None = None if get_length is None else get_length()
         return length
 
@@ -663,13 +588,7 @@ class ExtensionsManager(EpochLengthState):
 
         def __getattr__(self, name: str) -> Any:
             # Only reached for attributes the manager lacks: no cost on the ones it has.
-            replacement = _PPE_PROTECTED.get(name)
-            if replacement is None:
-                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-            raise NotProvidedError(
-                f"ExtensionsManager.{name} (a protected member of PPE 0.9's manager) is not "
-                f"provided by ppe-core; use {replacement} instead"
-            )
+            raise missing_attribute_error(type(self).__name__, name)
 
     @property
     def extensions(self) -> list[tuple[str, ExtensionEntry]]:
@@ -838,7 +757,7 @@ class ExtensionsManager(EpochLengthState):
         finally:
             self._close_scope()
             if not isinstance(exc, Exception):
-                self._record_stop("error", self._iteration, error=exc)
+                self._stop.record("error", self._iteration, self._iters_per_epoch, error=exc)
                 self._finalize(exc)
 
     def handle_training_error(self, exc: BaseException) -> None:
@@ -851,7 +770,7 @@ class ExtensionsManager(EpochLengthState):
         try:
             self.abort_iteration(exc)
         finally:
-            self._record_stop("error", self._iteration, error=exc)
+            self._stop.record("error", self._iteration, self._iters_per_epoch, error=exc)
             self._finalize(exc)
 
     def _close_scope(self) -> None:
@@ -938,7 +857,7 @@ class ExtensionsManager(EpochLengthState):
         The stop trigger's answer for the iteration it last consulted stays: asked again at
         that iteration, the manager repeats it rather than calling the trigger twice.
         """
-        self._next_due = self._state_due = self._stop_due = -1
+        self._next_due = self._state_due = self._stop.due = -1
 
     def _call(self, entry: ExtensionEntry) -> None:
         """Runs one extension; with ``enable_profile``/``enable_trace`` as PPE's section
@@ -973,7 +892,7 @@ class ExtensionsManager(EpochLengthState):
         Returns:
             Whether the stop condition fired (training is over).
         """
-        iters_per_epoch = self._iters_per_epoch
+        iters_per_epoch, stop = self._iters_per_epoch, self._stop
         if self._next_due == -1:
             self._rebuild(iteration - 1)
             if iteration < self._next_due:
@@ -999,23 +918,23 @@ class ExtensionsManager(EpochLengthState):
                     earliest = due
                 if due < state_due and entry.needs_model_state:
                     state_due = due
-            if deferred and self._stop_due <= iteration:
+            if deferred and stop.due <= iteration:
                 # The stop trigger too is consulted first: a snapshot saves its state with it.
-                self._consult_stop(iteration)
+                stop.consult(self, iteration, self._iters_per_epoch)
             for entry in deferred:
                 self._call(entry)
         finally:
             self._model_available = True
-        # An extension may have read stop_trigger at this iteration already, moving _stop_due
-        # past it: its answer (repeated by _consult_stop) still counts.
-        if self._stop_due <= iteration or iteration == self._stop_checked_at:
-            self._stopped = self._consult_stop(iteration) or self._stopped
+        # An extension may have read stop_trigger at this iteration already, moving stop.due
+        # past it: its answer (repeated by consult) still counts.
+        if stop.due <= iteration or iteration == stop.checked_at:
+            stop.stopped = stop.consult(self, iteration, self._iters_per_epoch) or stop.stopped
         # An extension that changed the registrations or the state invalidated the schedule:
         # the next step rebuilds it.
         if self._next_due != -1:
             self._state_due = state_due
-            self._next_due = min(earliest, self._stop_due)
-        return self._stopped
+            self._next_due = min(earliest, stop.due)
+        return stop.stopped
 
     def _rebuild(self, iteration: int) -> None:
         """Recomputes every due iteration after ``iteration``, and :attr:`_every`."""
@@ -1030,41 +949,8 @@ class ExtensionsManager(EpochLengthState):
         timed = [entry for entry in self._slots if not entry._every]
         earliest = min((entry._due for entry in timed), default=NEVER)
         self._state_due = min((e._due for e in timed if e.needs_model_state), default=NEVER)
-        self._stop_due = next_due(self._stop_trigger, iteration, iters_per_epoch)
-        self._next_due = min(earliest, self._stop_due)
-
-    def _consult_stop(self, iteration: int) -> bool:
-        """Calls the stop trigger once for ``iteration``; later calls for it repeat the answer."""
-        if iteration == self._stop_checked_at:
-            if self._stop_value:  # also when restored with the state (the first reason counts)
-                self._record_stop(self._stop_kind, iteration, self._stop_trigger)
-            return self._stop_value
-        value = bool(self._stop_trigger(self))
-        self._stop_due = next_due(self._stop_trigger, iteration, self._iters_per_epoch)
-        self._stop_checked_at, self._stop_value = iteration, value
-        if value:
-            self._record_stop(self._stop_kind, iteration, self._stop_trigger)
-        return value
-
-    def _record_stop(
-        self,
-        kind: StopKind,
-        iteration: int,
-        trigger: Trigger | None = None,
-        error: BaseException | None = None,
-    ) -> None:
-        """Records why training ended at ``iteration`` (:attr:`stop_reason`): the stop trigger
-        that fired or the ``error``; only the first reason counts."""
-        if self._stop_reason is None:
-            epoch_detail = iteration / self._iters_per_epoch
-            # A full run (max_epochs, an EarlyStoppingTrigger at its max_trigger) says so
-            # rather than "fired".
-            length = (
-                None
-                if error is not None
-                else reached_length(trigger, iteration, self._iters_per_epoch)
-            )
-            self._stop_reason = StopReason(kind, iteration, epoch_detail, trigger, error, length)
+        self._stop.due = next_due(self._stop.trigger, iteration, iters_per_epoch)
+        self._next_due = min(earliest, self._stop.due)
 
     def needs_model_state(self, iteration: int | None = None) -> bool:
         """Whether an extension declaring ``needs_model_state`` may run at ``iteration``.
@@ -1188,9 +1074,7 @@ class ExtensionsManager(EpochLengthState):
         """
         transform = self._transform_model if transform_models is None else transform_models
         check_loadable(to_load, self._models, self._optimizers, self._objects, self._optional)
-        problem = _version_problem(to_load)
-        if problem is not None:
-            warnings.warn(StateVersionWarning(problem), stacklevel=2)
+        warn_other_version(to_load)
         for name, model in self._models.items():
             load_model_state(name, transform(name, model), to_load["models"][name])
         for name, optimizer in self._optimizers.items():
@@ -1204,7 +1088,7 @@ class ExtensionsManager(EpochLengthState):
             if name in extension_states:
                 entry.load_state_dict(extension_states[name])
         # ppe-core's own, under PPE_CORE_STATE_KEY; the stop trigger's answer is the state's.
-        self._stop_checked_at, self._stop_state.loaded = -1, False
+        self._stop.checked_at, self._stop.loaded = -1, False
         self._resume_states.load_from(to_load)
         iteration = self._start_iteration = self._iteration = int(to_load["_start_iteration"])
         self.execution = int(to_load.get("_start_execution", iteration))
@@ -1216,9 +1100,11 @@ class ExtensionsManager(EpochLengthState):
             if type(entry.extension).state_dict is not Extension.state_dict
         ]
         warn_missing_extension_states(stateful, extension_states)
-        if not self._stop_state.loaded and self._stop_trigger.state_dict():
-            warn_missing_stop_trigger_state(self._stop_trigger)
-        self._load_epoch_length(to_load, stacklevel=3)
+        if not self._stop.loaded and self._stop.trigger.state_dict():
+            warn_missing_stop_trigger_state(self._stop.trigger)
+        learnt = self._epoch_length.after_load(to_load, self._iteration, stacklevel=3)
+        if learnt is not None:  # the saved run had learnt the length this run learns
+            self.set_epoch_length(learnt)
 
 
 if TYPE_CHECKING:

@@ -8,7 +8,8 @@ arguments in silence, and names neither the registered extensions nor a close ma
 unknown extension name. ppe-core raises at once, saying what to pass instead; the manager
 calls these where the check belongs. Some errors here are PPE's own with more said (an
 ``iters_per_epoch`` below 1, a finalized manager, models read outside
-``needs_model_state``): kept with the rest so the messages live in one place. A Trainer's manager
+``needs_model_state``, a protected member of PPE's manager that ppe-core lacks): kept with the
+rest so the messages live in one place. A Trainer's manager
 arguments are checked when the Trainer is made (PPE: a ``TypeError`` when ``run()`` builds
 the manager), and so are ``make_extension``'s keyword arguments (PPE has none).
 """
@@ -30,6 +31,7 @@ from ppe_core.errors import (
     ManagerStateError,
     MissingExtensionStateWarning,
     ModelStateUnavailableError,
+    NotProvidedError,
     UnknownOptimizerError,
 )
 
@@ -47,6 +49,7 @@ __all__ = [
     "finalized_error",
     "import_ignite",
     "integer_iters_per_epoch",
+    "missing_attribute_error",
     "missing_max_epochs_error",
     "model_unavailable_error",
     "not_a_model_error",
@@ -302,6 +305,32 @@ def finalized_error() -> ManagerStateError:
     return ManagerStateError(
         "cannot run a finalized manager: the manager is finalized when training ends "
         "(or a trainer fails); create a new manager (and load_state_dict) to train further"
+    )
+
+
+#: PPE 0.9's protected ExtensionsManager members that ppe-core keeps no equivalent of ->
+#: the public way to do what a subclass used them for (docs/migration.md lists them).
+_PPE_PROTECTED = {
+    "_extensions": "`manager.extensions` ((name, entry) pairs) or `manager.get_extension(name)`",
+    "_state_objects": "the `state_objects` argument of the manager (and `state_dict()`)",
+    "_internal_stop_trigger": "`manager.stop_trigger` (and the `stop_trigger` argument)",
+    "_start_extensions_called": "`manager.start_extensions()`, which runs once by itself",
+    "_run_on_error": "an extension's `on_error(manager, exc, tb)`",
+    "_finalize_extensions": "`manager.finalize()`",
+    "_check_model_available": "`manager.models` (it raises when the models are not available)",
+}
+
+
+def missing_attribute_error(cls: str, name: str) -> AttributeError:
+    """What reading the attribute ``name`` that a manager (of class ``cls``) lacks raises: a
+    :class:`NotProvidedError` saying what to use for one of PPE's protected members (both
+    are ``AttributeError``, so ``hasattr`` stays False)."""
+    replacement = _PPE_PROTECTED.get(name)
+    if replacement is None:
+        return AttributeError(f"{cls!r} object has no attribute {name!r}")
+    return NotProvidedError(
+        f"ExtensionsManager.{name} (a protected member of PPE 0.9's manager) is not "
+        f"provided by ppe-core; use {replacement} instead"
     )
 
 

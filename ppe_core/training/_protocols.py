@@ -1,4 +1,5 @@
-"""Structural types: what triggers, extensions and trainers may use of a manager."""
+"""Structural types: what triggers, extensions and trainers may use of a manager, and what
+the manager needs of the objects it is given."""
 
 from __future__ import annotations
 
@@ -76,6 +77,14 @@ class StateObjectProtocol(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+class WriterProtocol(Protocol):
+    """What the manager needs of a writer (``ppe_core.writing.Writer`` satisfies it)."""
+
+    def initialize(self, out_dir: str) -> None: ...
+
+    def finalize(self) -> None: ...
 
 
 class IterationDriver(Protocol):

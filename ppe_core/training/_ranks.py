@@ -18,43 +18,20 @@ it issues and when (e.g. ``"snapshot(mode=DEFAULT, autoload=True)"``); None or a
 
 from __future__ import annotations
 
-import contextlib
 import re
 import zlib
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 
-from ppe_core.distributed import group_world, run_collective
+from ppe_core.distributed import group_world, object_device, run_collective
 from ppe_core.distributed._env import require_object_collectives
 from ppe_core.errors import ConfigurationError
 
-__all__ = ["agree_on_collectives", "check_same_keys", "device_of", "object_device"]
+__all__ = ["agree_on_collectives", "check_same_keys"]
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
-
-
-def device_of(models: Iterable[torch.nn.Module]) -> torch.device | None:
-    """The device of the first parameter of ``models``: where this rank trains."""
-    for model in models:
-        for parameter in model.parameters():
-            return parameter.device
-    return None
-
-
-def object_device(device: torch.device | None) -> AbstractContextManager[Any]:
-    """Makes ``device`` its type's current device while object collectives run.
-
-    ``all_gather_object`` and ``gather_object`` place their payload on the backend's current
-    device of its type (for NCCL, the current accelerator): without this every rank that did
-    not select its own device would use device 0. CPU devices need nothing.
-    """
-    if device is None or device.type == "cpu" or device.index is None:
-        return contextlib.nullcontext()
-    scope = getattr(torch.get_device_module(device.type), "device", None)
-    return scope(device.index) if callable(scope) else contextlib.nullcontext()
 
 
 def _describe(trigger: Any) -> str:

@@ -160,23 +160,30 @@ def rank_resume_states(saved: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 class EpochLength:
-    """The manager's iterations per epoch as resume data: ``state['_ppe_core']['manager']``.
+    """The manager's iterations per epoch as resume data, ``state['_ppe_core']['manager']``,
+    and whether they are known yet.
 
-    Saved so that a resume can tell whether the epoch length changed; loading only keeps the
-    saved value (:attr:`loaded`) for the manager, which compares it once it knows its own.
+    Saved so that a resume can tell whether the epoch length changed (None while unknown, so
+    that a resume learns it again). Loading keeps the saved value (:attr:`loaded`) until the
+    manager knows its own length and compares the two (:meth:`check`), or takes it
+    (:meth:`after_load`).
 
     Args:
-        current: Returns the manager's iterations per epoch now (None: not known yet, saved
-            as None so that a resume learns it again).
+        current: Returns the manager's iterations per epoch now.
     """
 
-    def __init__(self, current: Callable[[], int | None]) -> None:
+    def __init__(self, current: Callable[[], int]) -> None:
         self._current = current
+        #: False while the length is a placeholder: an IgniteExtensionsManager's before its
+        #: engine starts, a Trainer's in the first epoch over a loader without ``len()``.
+        self.known = True
+        #: Whether the length is learnt when the first epoch's loader runs out.
+        self.learns = False
         #: The loaded state's iterations per epoch; None until one is loaded (or after use).
         self.loaded: int | None = None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"iters_per_epoch": self._current()}
+        return {"iters_per_epoch": self._current() if self.known else None}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         saved = state.get("iters_per_epoch")
@@ -185,7 +192,7 @@ class EpochLength:
     def check(self, iteration: int, *, stacklevel: int) -> None:
         """Warns when the loaded epoch length differs from the current one, then forgets it."""
         saved, self.loaded = self.loaded, None
-        current = self._current()
+        current = self._current() if self.known else None
         if saved is None or current is None or saved < 1 or saved == current:
             return
         warnings.warn(
@@ -201,6 +208,24 @@ class EpochLength:
             ),
             stacklevel=stacklevel + 1,
         )
+
+    def after_load(
+        self, to_load: Mapping[str, Any], iteration: int, *, stacklevel: int
+    ) -> int | None:
+        """After the manager state ``to_load`` was loaded at ``iteration``: warns if it had
+        another length than a known one (:meth:`check`). Returns the saved length for the
+        manager to take when it learns its own and the saved run had learnt it already, else
+        None (an unknown length that is not learnt, IgniteExtensionsManager's, is checked when
+        the engine starts)."""
+        if self.loaded is None:
+            # A state without ppe-core's entry: PPE's IgniteExtensionsManager saves the length.
+            self.load_state_dict({"iters_per_epoch": to_load.get("_epoch_length")})
+        if self.known:
+            self.check(iteration, stacklevel=stacklevel + 1)
+        elif self.learns:
+            saved, self.loaded = self.loaded, None
+            return saved
+        return None
 
 
 class ResumeStateHost(Protocol):

@@ -5,19 +5,24 @@ each part to ``load_state_dict`` and lets torch's error speak. ppe-core checks e
 entry before loading anything and says which is missing; for a part that does not fit it
 names the model or optimizer, lists the missing and unexpected keys, recognises a
 data-parallel ``module.`` prefix, torch.compile's ``_orig_mod.`` prefix and a state saved from
-another optimizer type, and says how to fix it. The manager's state (``_state.py``) loads
-through these functions.
+another optimizer type, and says how to fix it. A state another PPE format version or a newer
+ppe-core wrote loads with a warning saying so (PPE's own check compares the version strings
+only). The manager's state loads through these functions.
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from ppe_core.errors import StateDictKeyError, StateDictMismatchError
+from ppe_core._version import __version__, release
+from ppe_core.errors import StateDictKeyError, StateDictMismatchError, StateVersionWarning
+from ppe_core.training._resume import VERSION_KEY
+from ppe_core.training._state import PPE_CORE_STATE_KEY
 
 __all__ = [
     "check_loadable",
@@ -27,6 +32,7 @@ __all__ = [
     "optimizer_mismatch_explained",
     "require_iteration",
     "require_states",
+    "warn_other_version",
 ]
 
 _MAX_KEYS = 8  # keys listed in a mismatch message; the rest are counted
@@ -85,6 +91,50 @@ def check_loadable(
     require_iteration(to_load)
     if "state_objects" in to_load and objects:
         require_states(to_load, "state_objects", [n for n in objects if n not in optional])
+
+
+# PPE releases whose states load without a StateVersionWarning (the format is the same).
+_COMPATIBLE_PPE_VERSIONS = ("0.9.",)
+
+
+def _version_problem(to_load: Mapping[str, Any]) -> str | None:
+    """Why a state's versions may not load as saved, or None: PPE's format field is another
+    release's than 0.9, or ppe-core's own version (``'_ppe_core'``) is newer than this one."""
+    saved = to_load.get("ppe_version")
+    if saved != __version__ and not (
+        isinstance(saved, str) and saved.startswith(_COMPATIBLE_PPE_VERSIONS)
+    ):
+        written = "an unknown version" if saved is None else f"version {saved}"
+        return (
+            f"the loaded state was written by {written} (ppe-core is {__version__}, "
+            "compatible with PPE 0.9); it loads, but states from other versions may differ"
+        )
+    internal = to_load.get(PPE_CORE_STATE_KEY)
+    core = internal.get(VERSION_KEY) if isinstance(internal, Mapping) else None
+    if core is None or core == __version__:
+        return None  # PPE's state (no ppe-core version), or this version's
+    saved_release, own = release(core), release(__version__)
+    if saved_release is not None and own is not None and saved_release <= own:
+        return None  # an older ppe-core's: this one reads what it wrote
+    if saved_release is None:
+        return (
+            f"the loaded state was written by ppe-core {core!r}, which this ppe-core "
+            f"({__version__}) cannot compare with its own version: it loads, but states from "
+            "other versions may differ"
+        )
+    return (
+        f"the loaded state was written by ppe-core {core}, newer than this ppe-core "
+        f"({__version__}): it loads, but what that version added to the state is ignored and "
+        f"what it changed may load differently; upgrade ppe-core to {core} to resume it exactly"
+    )
+
+
+def warn_other_version(to_load: Mapping[str, Any]) -> None:
+    """Warns, before a manager state loads, when another version wrote it
+    (:func:`_version_problem`): it loads, but may differ from what was saved."""
+    problem = _version_problem(to_load)
+    if problem is not None:
+        warnings.warn(StateVersionWarning(problem), stacklevel=3)
 
 
 def _key_list(keys: Sequence[str]) -> str:

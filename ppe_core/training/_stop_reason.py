@@ -1,18 +1,26 @@
-"""Why training ended: ``manager.stop_reason`` and ``trainer.stop_reason``.
+"""The manager's stop condition (:class:`StopCondition`), and why training ended:
+``manager.stop_reason`` and ``trainer.stop_reason``.
 
-PPE's manager only answers whether to stop. ppe-core keeps which condition ended training (the
-default ``max_epochs``, the user's stop trigger, or an error) and when, for logs and for code
-that must tell a finished run from a failed or early-stopped one.
+PPE's manager only answers whether to stop, and calls a stateful stop trigger again whenever
+asked. ppe-core consults it once per iteration, saves its state and last answer with a snapshot,
+and keeps which condition ended training (the default ``max_epochs``, the user's stop trigger,
+or an error) and when, for logs and for code that must tell a finished run from a failed or
+early-stopped one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from ppe_core.training.triggers import Trigger
+from ppe_core.training._manager_checks import check_max_epochs
+from ppe_core.training.triggers import Trigger, get_trigger, next_due
 
-__all__ = ["StopKind", "StopReason", "reached_length"]
+if TYPE_CHECKING:
+    from ppe_core.training._protocols import ManagerView
+
+__all__ = ["StopCondition", "StopKind", "StopReason", "max_epochs_trigger", "reached_length"]
 
 StopKind = Literal["max_epochs", "stop_trigger", "error"]
 
@@ -88,3 +96,113 @@ class StopReason:
                 f"{when}"
             )
         return f"{self.kind} {self.trigger!r} fired {when}"
+
+
+class _NoEpochs(Trigger):
+    """The stop trigger of ``max_epochs=0``: training is over before it starts.
+
+    PPE accepts 0 (a manager built only to load a state into); an interval of 0 epochs has no
+    period to divide by, so zero gets this trigger, which fires at once.
+    """
+
+    def __call__(self, manager: ManagerView) -> bool:
+        return True
+
+    def get_training_length(self) -> tuple[int, str]:
+        return (0, "epoch")
+
+    def __repr__(self) -> str:
+        return "(0, 'epoch')"
+
+
+def max_epochs_trigger(max_epochs: int) -> Trigger:
+    """The manager's default stop trigger, ``(max_epochs, 'epoch')``; 0 stops at once.
+
+    Raises:
+        ConfigurationError: ``max_epochs`` is negative (or not a number).
+    """
+    check_max_epochs(max_epochs)
+    if max_epochs == 0 and isinstance(max_epochs, int) and not isinstance(max_epochs, bool):
+        return _NoEpochs()
+    return get_trigger((max_epochs, "epoch"))
+
+
+class StopCondition:
+    """The manager's stop trigger, consulted at most once per iteration, and why training ended.
+
+    The manager consults it at the iterations the trigger's ``next_check`` announces
+    (:attr:`due`), by whichever asks first: the manager after an iteration's extensions ran, or
+    a read of ``manager.stop_trigger``. Both get the same answer for the same iteration
+    (stateful triggers need that); the first True one, or an error, is the :attr:`reason`.
+
+    It is also the stop trigger's resume state, ``state['_ppe_core']['stop_trigger']``: the
+    trigger's own state (an ``EarlyStoppingTrigger``'s best value and count of checks) and the
+    answer at the iteration it last consulted it, so that a snapshot taken after that call
+    resumes without calling it again for that iteration (PPE saves neither). A stateless
+    trigger (``max_epochs``') saves nothing.
+
+    Args:
+        trigger: The stop trigger.
+        kind: ``"max_epochs"`` for the default ``(max_epochs, 'epoch')``, else
+            ``"stop_trigger"``.
+    """
+
+    def __init__(self, trigger: Trigger, kind: StopKind) -> None:
+        self.trigger = trigger
+        self.kind = kind
+        #: The first iteration at which the trigger may fire; -1 until the manager's schedule
+        #: is built.
+        self.due = -1
+        #: The iteration of the last answer (-1: none), and that answer.
+        self.checked_at, self.value = -1, False
+        #: Whether the manager saw the condition fire after an iteration.
+        self.stopped = False
+        #: Why training ended; None while it goes on.
+        self.reason: StopReason | None = None
+        #: Whether the last loaded state had an entry (the manager warns when it had none).
+        self.loaded = False
+
+    def consult(self, manager: ManagerView, iteration: int, iters_per_epoch: int) -> bool:
+        """Calls the trigger once for ``iteration``; later calls for it repeat the answer."""
+        if iteration == self.checked_at:
+            if self.value:  # also when restored with the state (the first reason counts)
+                self.record(self.kind, iteration, iters_per_epoch, self.trigger)
+            return self.value
+        value = bool(self.trigger(manager))
+        self.due = next_due(self.trigger, iteration, iters_per_epoch)
+        self.checked_at, self.value = iteration, value
+        if value:
+            self.record(self.kind, iteration, iters_per_epoch, self.trigger)
+        return value
+
+    def record(
+        self,
+        kind: StopKind,
+        iteration: int,
+        iters_per_epoch: int,
+        trigger: Trigger | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        """Records why training ended at ``iteration``: the stop ``trigger`` that fired or the
+        ``error``; only the first reason counts."""
+        if self.reason is None:
+            # A full run (max_epochs, an EarlyStoppingTrigger at its max_trigger) says so
+            # rather than "fired".
+            length = (
+                None if error is not None else reached_length(trigger, iteration, iters_per_epoch)
+            )
+            self.reason = StopReason(
+                kind, iteration, iteration / iters_per_epoch, trigger, error, length
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        trigger = self.trigger.state_dict()
+        if not trigger:
+            return {}
+        return {"trigger": trigger, "checked_at": self.checked_at, "value": self.value}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.trigger.load_state_dict(state["trigger"])
+        self.checked_at = int(state["checked_at"])
+        self.value = bool(state["value"])
+        self.loaded = True

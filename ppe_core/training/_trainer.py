@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ppe_core._active_host import active_host
 from ppe_core._record import record
 from ppe_core.distributed import timeout_error
 from ppe_core.errors import (
     AmbiguousEvaluatorError,
+    ArgumentTypeError,
     ConfigurationError,
     ManagerStateError,
     NotProvidedError,
@@ -51,7 +51,6 @@ from ppe_core.training._manager_checks import (
     missing_max_epochs_error,
     unknown_optimizer_error,
 )
-from ppe_core.training._metric_checks import not_an_evaluator_error
 from ppe_core.training._resume import TrainerState, attach_resume_state
 from ppe_core.training.triggers import get_trigger
 
@@ -452,7 +451,9 @@ class Trainer:
         self._train_len = iters_per_epoch
         manager = self._manager or self._setup_manager(iters_per_epoch)
         handler: Any = self.handler
-        host = active_host()
+        from ppe_core._plugins import get_plugin_host  # on first use: no pluggy at import
+
+        host = get_plugin_host()
 
         handler.train_setup(self, train_loader)
         if ignored_val_loader:  # after train_setup, as PPE: a setup error comes first
@@ -600,6 +601,14 @@ class _StepScopes(contextlib.ExitStack):
             return stop
 
         return begin_section, end_section, step_section
+
+
+def not_an_evaluator_error(name: str, evaluator: object) -> ArgumentTypeError:
+    """What a Trainer given ``evaluator`` (not an engine Evaluator) under ``name`` raises."""
+    return ArgumentTypeError(
+        f"evaluator {name!r} must be created with ppe.engine.create_evaluator, "
+        f"got {type(evaluator).__name__}"
+    )
 
 
 # For PPE code that imports the old private name.

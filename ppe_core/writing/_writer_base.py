@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import errno
 import hashlib
-import multiprocessing
-import multiprocessing.util  # its exit handler must be registered before ours
 import os
 import re
 import secrets
 import socket
-import sys
-import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +23,7 @@ from ppe_core.errors import (
 )
 
 __all__ = [
+    "HOST_TAG",
     "DiskFullError",
     "FileSystem",
     "SaveFun",
@@ -35,6 +31,9 @@ __all__ = [
     "Writer",
     "WriterError",
     "WriterFinalizedError",
+    "disk_full_error",
+    "process_is_dead",
+    "run_job",
 ]
 
 #: ``savefun(target, file_object, **kwargs)`` serializes ``target`` into an open binary file,
@@ -260,7 +259,7 @@ if hasattr(os, "register_at_fork"):  # POSIX; elsewhere there is no fork
 
 #: This host's tag in temporary names: a kill leaves a temporary file behind, and only a
 #: process on the host that wrote it can tell whether its writer (the pid beside the tag) died.
-_HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 
 #: ``.<name>.<host tag>-<pid>-<random>.tmp``, the temporary files :func:`_temporary_path` makes.
 _TEMPORARY_NAME = re.compile(r"\..+\.(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]+)-[0-9a-f]{8}\.tmp")
@@ -272,11 +271,11 @@ def _temporary_path(dest: str) -> str:
     # Same directory as the destination, so the final rename never crosses file systems.
     # The random part keeps concurrent writers (threads, processes, ranks) apart; host and
     # pid tell a later run whether the writer of a leftover is dead (see _remove_dead_temps).
-    name = f".{base}.{_HOST_TAG}-{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    name = f".{base}.{HOST_TAG}-{os.getpid()}-{secrets.token_hex(4)}.tmp"
     return os.path.join(parent, name)
 
 
-def _process_is_dead(pid: int) -> bool:
+def process_is_dead(pid: int) -> bool:
     """Whether no process ``pid`` exists on this host (a zombie still counts as existing)."""
     try:
         os.kill(pid, 0)
@@ -314,9 +313,9 @@ def _remove_dead_temps(directory: str) -> list[str]:
             subdirs.clear()  # deeper than any file a writer puts there (see _TEMP_DEPTH)
         for name in names:
             match = _TEMPORARY_NAME.fullmatch(name)
-            if match is None or match["host"] != _HOST_TAG:
+            if match is None or match["host"] != HOST_TAG:
                 continue
-            if _process_is_dead(int(match["pid"])):
+            if process_is_dead(int(match["pid"])):
                 path = os.path.join(parent, name)
                 try:
                     os.remove(path)
@@ -331,7 +330,7 @@ def _remove_dead_temps(directory: str) -> list[str]:
 _FULL_DISK_BYTES = 1 << 20
 
 
-def _disk_full_error(exc: BaseException, path: str) -> DiskFullError | None:
+def disk_full_error(exc: BaseException, path: str) -> DiskFullError | None:
     """A :class:`DiskFullError` naming ``path`` if ``exc`` was caused by a full file system.
 
     ``ENOSPC``/``EDQUOT`` say so directly; torch's serializer reports a failed write as a
@@ -359,25 +358,7 @@ def _disk_full_error(exc: BaseException, path: str) -> DiskFullError | None:
     )
 
 
-def _exit_with_parent() -> None:
-    """In a writer's worker process: exit as soon as the process that started it dies.
-
-    A worker of a SIGKILLed trainer would otherwise live on (holding its memory) until its
-    queue is closed, which never happens. A daemon thread waits on multiprocessing's
-    parent sentinel, which becomes ready when the parent exits, however it ends.
-    """
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-
-    def watch() -> None:
-        parent.join()
-        os._exit(1)  # nothing left to report to; a save in progress leaves its temp file
-
-    threading.Thread(target=watch, name="ppe_core writer parent watch", daemon=True).start()
-
-
-def _run_job(job: Callable[[], _T], future: Future[_T]) -> None:
+def run_job(job: Callable[[], _T], future: Future[_T]) -> None:
     """Runs ``job`` and puts its result or failure into ``future``, whose owner collects it."""
     if not future.set_running_or_notify_cancel():
         return
@@ -387,21 +368,6 @@ def _run_job(job: Callable[[], _T], future: Future[_T]) -> None:
         future.set_exception(exc)
     else:
         future.set_result(result)
-
-
-def _start_job(job: Callable[[], _T], name: str) -> tuple[threading.Thread, Future[_T]]:
-    """A started (non-daemon) thread running ``job``, and the future of its outcome."""
-    future: Future[_T] = Future()
-    thread = threading.Thread(target=_run_job, args=(job, future), name=name)
-    thread.start()
-    return thread, future
-
-
-def _run_in_worker(target: Callable[..., object], *args: Any, **kwargs: Any) -> None:
-    """The entry point of writer worker processes: ``target(*args, **kwargs)``, tied to the
-    life of the parent (see :func:`_exit_with_parent`)."""
-    _exit_with_parent()
-    target(*args, **kwargs)
 
 
 class Writer:
@@ -531,7 +497,7 @@ class Writer:
         Raises:
             WriterError: A background save failed.
         """
-        self._sync_appends()
+        self.sync_appends()
 
     def submit(self, job: Callable[[], _T]) -> Future[_T]:
         """Runs ``job`` where this writer does its background work, after the saves before it.
@@ -553,7 +519,7 @@ class Writer:
             WriterError: An earlier background save failed (background writers).
         """
         future: Future[_T] = Future()
-        _run_job(job, future)
+        run_job(job, future)
         return future
 
     def save(
@@ -716,7 +682,7 @@ class Writer:
         append reopens and re-checks the file), and raises: :class:`DiskFullError` naming
         ``dest`` when the disk is full, ``exc`` itself otherwise."""
         self._append_files.close(dest)
-        full = _disk_full_error(exc, dest)
+        full = disk_full_error(exc, dest)
         if full is not None:
             raise full from exc
         raise exc
@@ -732,8 +698,9 @@ class Writer:
         if created:
             self._sync_dir(os.path.dirname(dest))
 
-    def _sync_appends(self) -> None:
-        """``fsync`` the local files appended to since their last sync."""
+    def sync_appends(self) -> None:
+        """``fsync`` the local files appended to since their last sync (:meth:`finalize` does;
+        a background writer calls it after its worker's appends)."""
         # Saves of one writer run one at a time, and finalize() waits for them first.
         pending, self._unsynced = self._unsynced, set()
         now = time.monotonic()
@@ -774,7 +741,7 @@ class Writer:
     def _fail(self, exc: BaseException, tmp: str, dest: str) -> NoReturn:
         """Removes the temporary file of a failed save and raises: :class:`DiskFullError`
         naming ``dest`` when the disk is full, ``exc`` itself otherwise."""
-        full = _disk_full_error(exc, dest) if self.writes_local_files else None
+        full = disk_full_error(exc, dest) if self.writes_local_files else None
         self._discard(tmp)
         if full is not None:
             raise full from exc
@@ -925,29 +892,3 @@ class Appender:
         self._kept = kept
         self._fd = kept.file.fileno()
         self._deadline = synced_at + writer.append_sync_interval
-
-
-# Background writers finalized at interpreter exit, so pending saves complete even when the
-# user never called finalize(). atexit runs before multiprocessing reaps its children.
-_LIVE_WRITERS: weakref.WeakSet[Writer] = weakref.WeakSet()
-_LIVE_LOCK = threading.Lock()
-
-
-def _register_for_exit(writer: Writer) -> None:
-    with _LIVE_LOCK:
-        _LIVE_WRITERS.add(writer)
-
-
-def _finalize_live_writers() -> None:
-    with _LIVE_LOCK:
-        writers = list(_LIVE_WRITERS)
-    for writer in writers:
-        try:
-            writer.finalize()
-        except Exception as exc:  # at exit there is nobody left to raise to
-            print(f"ppe_core: {type(writer).__name__} failed at exit: {exc}", file=sys.stderr)
-
-
-# Registered after multiprocessing's own handler, so (handlers run last-in first-out) queue
-# consumers are told to stop before multiprocessing joins its child processes.
-atexit.register(_finalize_live_writers)

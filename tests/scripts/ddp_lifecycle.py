@@ -11,7 +11,8 @@ teardown of their own. MODE:
   its last all-reduce), so rank 0 always reaches the end first, as in the runs that aborted.
 - ``stall-train``: rank 1 freezes for ``DDP_TEST_STALL`` seconds (default 40) in its second
   training step; ``stall-eval``: in its first evaluation batch. Rank 0 prints ``waited N s``
-  when the error reaches it and ``resumed`` is printed by rank 1 only if it wakes up.
+  when the error reaches it and ``resumed`` is printed by rank 1 only if it wakes up. The
+  frozen rank dies of torchrun's SIGTERM (sent once rank 0 failed), so the run ends then.
 
 A check registered before ``init_from_env`` (so Python runs it after ppe-core's exit handler)
 exits with status 3 if the process group is still alive then: it would be left to interpreter
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -56,6 +58,11 @@ class Net(torch.nn.Module):
         self.calls[phase] += 1
         frozen = phase == self.stall_in and self.calls[phase] == (2 if phase == "train" else 1)
         if frozen and ppe.distributed.get_rank() == 1:
+            # The launcher's closing signal ends the frozen rank at once. ppe-core's handler
+            # would only note it (a SIGTERM stops training after the iteration), and torchrun
+            # would then wait 30 s before its SIGKILL: time spent on torchrun, not on the
+            # behaviour under test (the other rank's timeout), which ends before the signal.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             time.sleep(self.stall_seconds)
             print("rank 1 resumed", flush=True)
         return {"loss": torch.nn.functional.cross_entropy(self.body(x), t)}

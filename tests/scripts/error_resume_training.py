@@ -6,7 +6,8 @@ The dataset draws random augmentation from the global torch RNG, the loader shuf
 model uses dropout: any RNG state advanced by the failed loader call shows in the final
 weights. With ``--fail-at N`` the N-th sample fetch of this process raises, unless the file
 ``--marker`` exists (it is created then), so only the first run fails. Snapshots every 7
-iterations of 10-iteration epochs; writes ``final.pt`` with the weights at the end.
+iterations of 10-iteration epochs; writes ``final.pt`` with the weights at the end. The model
+and points are small_mlp's.
 """
 
 from __future__ import annotations
@@ -17,15 +18,14 @@ import sys
 from pathlib import Path
 
 import torch
+from small_mlp import Net, labelled_points
 
 import ppe_core as ppe
 
 
 class FlakyNoisy(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
     def __init__(self, fail_at: int, marker: Path | None) -> None:
-        g = torch.Generator().manual_seed(0)
-        self.x = torch.randn(50, 6, generator=g)
-        self.t = (self.x.sum(1) > 0).long()
+        self.x, self.t = labelled_points(50)
         self.fail_at, self.marker, self.calls = fail_at, marker, 0
 
     def __len__(self) -> int:
@@ -38,17 +38,6 @@ class FlakyNoisy(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
             self.marker.touch()
             raise OSError(f"simulated read error at sample fetch {self.calls}")
         return {"x": self.x[i] + noise, "t": self.t[i]}
-
-
-class Net(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = torch.nn.Sequential(
-            torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(16, 2)
-        )
-
-    def forward(self, x: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"loss": torch.nn.functional.cross_entropy(self.body(x), t)}
 
 
 def main() -> None:

@@ -262,7 +262,7 @@ def kill_during_save(kill_at: int) -> Any:
     """An extension SIGKILLing this process at ``kill_at``, while the DCP save of the last
     snapshot before is still in progress (its manifest, written before the rename, is held
     back), as a crash would."""
-    from ppe_core.training.extensions import _snapshot_dcp_mode
+    from ppe_extensions import _snapshot_dcp_mode
 
     write_manifest = _snapshot_dcp_mode.write_manifest
 

@@ -8,7 +8,8 @@ epochs, a periodic ``snapshot(autoload=True)`` every 7 iterations. With ``--at``
 iteration given (one per rank, else the same for all) an extension has ``kill`` send the signal to
 its process group, which holds the DataLoader workers too, as a scheduler's kill does
 (``--twice``: a second one after the first was handled); ``--die-at``: rank 1 SIGKILLs
-itself after that iteration. Writes ``OUT/final{rank}.pt`` with the weights at the end.
+itself after that iteration. Writes ``OUT/final{rank}.pt`` with the weights at the end. The model
+and points are small_mlp's.
 """
 
 from __future__ import annotations
@@ -20,21 +21,11 @@ import subprocess
 from typing import Any
 
 import torch
+from small_mlp import Net, labelled_points
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import ppe_core as ppe
-
-
-class Net(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = torch.nn.Sequential(
-            torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(16, 2)
-        )
-
-    def forward(self, x: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"loss": torch.nn.functional.cross_entropy(self.body(x), t)}
 
 
 def main() -> None:
@@ -48,9 +39,7 @@ def main() -> None:
     args = parser.parse_args()
     world = ppe.distributed.init_from_env("cpu")
     distributed = ppe.distributed.is_distributed()
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(50 * world.world_size, 6, generator=g)
-    dataset = TensorDataset(x, (x.sum(1) > 0).long())
+    dataset = TensorDataset(*labelled_points(50 * world.world_size))
     torch.manual_seed(0)
     model = ppe.to(Net(), "cpu")
     wrapped: torch.nn.Module = DistributedDataParallel(model) if distributed else model

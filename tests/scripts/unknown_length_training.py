@@ -19,11 +19,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from small_mlp import Net, labelled_points
 
 import ppe_core as ppe
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from error_resume_training import Net
 
 SAMPLES = 43  # 9 batches of 5 (the last one of 3)
 
@@ -32,10 +30,7 @@ class Stream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
     """Samples in an order drawn at each iter() from the global RNG, each with fresh noise."""
 
     def __init__(self, seed: int) -> None:
-        g = torch.Generator().manual_seed(seed)
-        self.x = torch.randn(SAMPLES, 6, generator=g)
-        self.t = (self.x.sum(1) > 0).long()
-
+        self.x, self.t = labelled_points(SAMPLES, seed)
         self._order: list[int] = []
         self._position = 0
         self._resume: dict[str, Any] | None = None

@@ -8,8 +8,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ppe_extensions.tracking import BaseTracker, TrackerEntry
+
 from ppe_core.errors import OptionalDependencyError
-from ppe_core.tracking import BaseTracker, TrackerEntry
 
 __all__ = ["MLflowLogger"]
 
@@ -18,7 +19,7 @@ _METRICS_PER_REQUEST = 1000
 _PARAMS_PER_REQUEST = 100
 _PARAM_VALUE_LENGTH = 6000
 
-#: The tag holding the tracker's run key (:attr:`~ppe_core.tracking.BaseTracker.run_key`).
+#: The tag holding the tracker's run key (:attr:`~ppe_extensions.tracking.BaseTracker.run_key`).
 RUN_KEY_TAG = "ppe.run_key"
 
 
@@ -27,11 +28,11 @@ class MLflowLogger(BaseTracker):
 
     Also logs the run's params once (optimizer class and hyperparameters, ``max_epochs``,
     ``iters_per_epoch``, each model's runtime and device, versions; see
-    :meth:`~ppe_core.tracking.BaseTracker.run_params`) and, with ``snapshots=True``, the
+    :meth:`~ppe_extensions.tracking.BaseTracker.run_params`) and, with ``snapshots=True``, the
     snapshot files as artifacts. Every MLflow call runs in the tracker's sender process
     (``sender="process"``, the default: MLflow's HTTP and JSON work never holds the training
     process's GIL) or on its worker thread (``sender="thread"``); see
-    :class:`~ppe_core.tracking.BaseTracker` for the queue, retries, drops and final flush.
+    :class:`~ppe_extensions.tracking.BaseTracker` for the queue, retries, drops and final flush.
     The run id is saved in snapshots, so a resumed training continues the same run.
 
     MLflow's own HTTP retries would hold a batch for minutes against a dead server, so unless
@@ -50,7 +51,7 @@ class MLflowLogger(BaseTracker):
             artifacts (each once, when it appears; a ``SnapshotMode.DCP`` directory once
             complete, whole); a string is another glob pattern. Under torch.distributed a
             DCP snapshot needs an output directory rank 0 shares with every rank (checked at
-            start: see :class:`~ppe_core.tracking.BaseTracker`'s ``artifacts``).
+            start: see :class:`~ppe_extensions.tracking.BaseTracker`'s ``artifacts``).
         request_timeout: Seconds one HTTP request may take.
         sender: ``"process"`` (default) or ``"thread"``: where the MLflow client runs.
         **tracker_options: ``BaseTracker`` options (``params``, ``artifacts``,

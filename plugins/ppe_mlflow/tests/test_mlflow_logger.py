@@ -26,12 +26,12 @@ pytest.importorskip(
 
 import ppe_mlflow.plugin
 from mlflow.tracking import MlflowClient
+from ppe_extensions.tracking import TrackerEntry
 from ppe_mlflow import MLflowLogger
 
 import ppe_core as ppe
 import ppe_core.testing
 from ppe_core.errors import TrackerWarning
-from ppe_core.tracking import TrackerEntry
 from ppe_core.training import extensions
 from ppe_core.training.extension import ExtensionEntry
 

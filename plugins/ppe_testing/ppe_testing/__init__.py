@@ -4,8 +4,10 @@ The conformance kit (:class:`RuntimeConformance`, :func:`run_checks` and the ``c
 functions) checks a runtime against ppe-core's runtime contract; it never needs pytest except
 to run as a test class. :func:`enable_emulated_device` (opt-in, once per process) creates the
 emulated device ``ppe_emu``, a non-CPU device type backed by host memory, so the kit can check
-a runtime off the CPU. Both load on first use: ``import ppe_testing`` (which entry-point
-discovery runs, through ``ppe_testing.plugin``) stays cheap.
+a runtime off the CPU. :func:`check_installs_alone` installs a package alone beside ppe-core in
+a new venv and runs its tests there (for any plugin's own tests). They load on first use:
+``import ppe_testing`` (which entry-point discovery runs, through ``ppe_testing.plugin``) stays
+cheap.
 
 Written on ppe-core's public names only, as a third party's kit would be. The errors are
 ppe-core's (:class:`~ppe_core.errors.ConformanceError`,
@@ -47,6 +49,7 @@ if TYPE_CHECKING:  # for type checkers only: at run time the names load on first
         emulated_device_type,
         enable_emulated_device,
     )
+    from ppe_testing._installs_alone import check_installs_alone
 
 __all__ = [
     "CHECKS",
@@ -63,6 +66,7 @@ __all__ = [
     "check_convert_batch",
     "check_eval_no_grad",
     "check_grad_scaler_state",
+    "check_installs_alone",
     "check_module_move",
     "check_options_validation",
     "check_snapshot_resume",
@@ -86,13 +90,23 @@ _EMULATED = frozenset(
         "enable_emulated_device",
     }
 )
+#: The install check's names: loaded from ``_installs_alone`` on first access.
+_INSTALLS_ALONE = frozenset({"check_installs_alone"})
 #: The kit's names: loaded from ``_conformance`` on first access.
-_CONFORMANCE = frozenset(__all__) - {"ConformanceError", "EmulatedDeviceError"} - _EMULATED
+_CONFORMANCE = (
+    frozenset(__all__) - {"ConformanceError", "EmulatedDeviceError"} - _EMULATED - _INSTALLS_ALONE
+)
+#: The private module each lazily loaded name comes from.
+_WHERE = {
+    **dict.fromkeys(_CONFORMANCE, "_conformance"),
+    **dict.fromkeys(_EMULATED, "_emulated"),
+    **dict.fromkeys(_INSTALLS_ALONE, "_installs_alone"),
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _CONFORMANCE or name in _EMULATED:
-        where = "_conformance" if name in _CONFORMANCE else "_emulated"
+    where = _WHERE.get(name)
+    if where is not None:
         value = getattr(importlib.import_module(f"ppe_testing.{where}"), name)
         globals()[name] = value
         return value

@@ -6,12 +6,10 @@ plugin (ppe-cpu) or something only another package brings would pass there and f
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from ppe_testing import check_installs_alone
 
 ROOT = Path(__file__).resolve().parents[3]
 PLUGIN = ROOT / "plugins" / "ppe_testing"
@@ -19,48 +17,38 @@ PLUGIN = ROOT / "plugins" / "ppe_testing"
 
 @pytest.mark.slow
 def test_the_package_installs_alone_beside_the_core_and_its_tests_pass(tmp_path: Path) -> None:
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    python = str(venv / "bin" / "python")
-    install = [python, "-m", "pip", "install", "-q", "-c", str(ROOT / "constraints.txt")]
-    installed = subprocess.run(
-        [*install, "-e", str(ROOT), "-e", str(PLUGIN), "pytest"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
+    check_installs_alone(
+        PLUGIN,
+        ["tests/test_ppe_testing_kit.py"],
+        core=ROOT,
+        workdir=tmp_path,
+        constraints=ROOT / "constraints.txt",
+        absent=["ppe_cpu", "mlflow"],
     )
-    assert installed.returncode == 0, installed.stderr[-2000:]
-    absent = subprocess.run(
-        [
-            python,
-            "-c",
-            "import importlib.util as u; print(u.find_spec('ppe_cpu'), u.find_spec('mlflow'))",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-        cwd=tmp_path,  # not the repository root, whose plugin folders are not installed
+
+
+@pytest.mark.slow
+def test_a_package_importing_what_it_does_not_declare_fails_the_check(tmp_path: Path) -> None:
+    # It imports ppe_cpu (here in the development environment, not among its dependencies):
+    # its tests pass here and fail installed alone, and the check says so with pytest's output.
+    project = tmp_path / "ppe_forgetful"
+    (project / "ppe_forgetful").mkdir(parents=True)
+    (project / "ppe_forgetful" / "__init__.py").write_text("import ppe_cpu  # undeclared\n")
+    (project / "tests").mkdir()
+    (project / "tests" / "test_it.py").write_text("def test_it():\n    import ppe_forgetful\n")
+    (project / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "ppe-forgetful"\nversion = "0.1.0"\ndependencies = ["ppe-core"]\n'
+        '[tool.setuptools]\npackages = ["ppe_forgetful"]\n'
     )
-    assert absent.stdout.split() == ["None", "None"]
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")}
-    tests = subprocess.run(
-        [
-            python,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            str(PLUGIN / "tests" / "test_ppe_testing_kit.py"),
-        ],
-        cwd=PLUGIN,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
-    assert " passed" in tests.stdout and "failed" not in tests.stdout
+    with pytest.raises(AssertionError) as info:
+        check_installs_alone(
+            project,
+            ["tests/test_it.py"],
+            core=ROOT,
+            workdir=tmp_path / "work",
+            constraints=ROOT / "constraints.txt",
+        )
+    message = str(info.value)
+    assert "ppe_forgetful's tests failed installed alone" in message
+    assert "No module named 'ppe_cpu'" in message

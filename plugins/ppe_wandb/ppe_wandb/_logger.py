@@ -7,8 +7,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ppe_extensions.tracking import BaseTracker, TrackerEntry
+
 from ppe_core.errors import OptionalDependencyError
-from ppe_core.tracking import BaseTracker, TrackerEntry
 
 __all__ = ["WandbLogger"]
 
@@ -17,10 +18,10 @@ class WandbLogger(BaseTracker):
     """Logs every LogReport entry to a W&B run, at its iteration as the step.
 
     The run's params (optimizer, trainer options, runtime; see
-    :meth:`~ppe_core.tracking.BaseTracker.run_params`) go to the run's config. Every W&B call
+    :meth:`~ppe_extensions.tracking.BaseTracker.run_params`) go to the run's config. Every W&B call
     runs in the tracker's sender process (``sender="process"``, the default: W&B's protobuf
     work never holds the training process's GIL) or on its worker thread
-    (``sender="thread"``); see :class:`~ppe_core.tracking.BaseTracker` for the queue,
+    (``sender="thread"``); see :class:`~ppe_extensions.tracking.BaseTracker` for the queue,
     retries, drops and final flush. The run id is saved in snapshots, so a resumed
     training continues the same run (``resume="allow"``) from the resumed iteration.
 
@@ -41,7 +42,7 @@ class WandbLogger(BaseTracker):
             once complete, file by file under its name); a string is another glob pattern.
             Under torch.distributed a DCP snapshot needs an output directory rank 0 shares
             with every rank (checked at start: see
-            :class:`~ppe_core.tracking.BaseTracker`'s ``artifacts``).
+            :class:`~ppe_extensions.tracking.BaseTracker`'s ``artifacts``).
         sender: ``"process"`` (default) or ``"thread"``: where the W&B client runs.
         **tracker_options: ``BaseTracker`` options (``params``, ``artifacts``, ``queue_size``,
             ``batch_size``, ``max_retries``, ``retry_backoff``, ``flush_timeout``,

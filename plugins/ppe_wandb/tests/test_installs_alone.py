@@ -1,18 +1,16 @@
 """ppe-wandb installed alone beside the core, in a new venv: no other tracker, no numpy.
 
-Its dependencies are the core's and wandb's only; the README's environment has every package
-at once, so a dependency on something only another package brings (numpy, which mlflow pulls
-in and whose absence makes torch warn at import) would pass there and fail here.
+Its dependencies are the core's, ppe-extensions' and wandb's only; the README's environment has
+every package at once, so a dependency on something only another package brings (numpy, which
+mlflow pulls in and whose absence makes torch warn at import) would pass there and fail here.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from ppe_testing import check_installs_alone
 
 ROOT = Path(__file__).resolve().parents[3]
 PLUGIN = ROOT / "plugins" / "ppe_wandb"
@@ -20,47 +18,12 @@ PLUGIN = ROOT / "plugins" / "ppe_wandb"
 
 @pytest.mark.slow
 def test_the_package_installs_alone_beside_the_core_and_its_tests_pass(tmp_path: Path) -> None:
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    python = str(venv / "bin" / "python")
-    install = [python, "-m", "pip", "install", "-q", "-c", str(ROOT / "constraints.txt")]
-    installed = subprocess.run(
-        [*install, "-e", str(ROOT), "-e", str(PLUGIN), "pytest"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
+    check_installs_alone(
+        PLUGIN,
+        ["tests/test_wandb_logger.py"],
+        core=ROOT,
+        workdir=tmp_path,
+        constraints=ROOT / "constraints.txt",
+        absent=["mlflow", "numpy"],
+        dependencies=[ROOT / "plugins" / "ppe_extensions"],  # no index has it
     )
-    assert installed.returncode == 0, installed.stderr[-2000:]
-    absent = subprocess.run(
-        [
-            python,
-            "-c",
-            "import importlib.util as u; print(u.find_spec('mlflow'), u.find_spec('numpy'))",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    assert absent.stdout.split() == ["None", "None"]
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")}
-    tests = subprocess.run(
-        [
-            python,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            str(PLUGIN / "tests" / "test_wandb_logger.py"),
-        ],
-        cwd=PLUGIN,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
-    assert " passed" in tests.stdout and "failed" not in tests.stdout

@@ -16,12 +16,12 @@ import torch
 pytest.importorskip("wandb", reason="needs wandb: pip install -e plugins/ppe_wandb")
 
 import ppe_wandb.plugin
+from ppe_extensions.tracking import TrackerEntry
 from ppe_wandb import WandbLogger
 from wandb.proto import wandb_internal_pb2
 
 import ppe_core as ppe
 import ppe_core.testing
-from ppe_core.tracking import TrackerEntry
 from ppe_core.training import extensions
 from ppe_core.training.extension import ExtensionEntry
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ppe_core._not_provided import module_getattr
-from ppe_core.training.extensions._log_buffer import _LogBuffer, _LogLooker
-from ppe_core.training.extensions._log_report import LogReport
-
 __all__ = ["LogReport", "_LogBuffer", "_LogLooker"]
 
+if TYPE_CHECKING:  # for type checkers only: at run time ppe-extensions provides these
+    from ppe_extensions._log_buffer import _LogBuffer, _LogLooker
+    from ppe_extensions._log_report import LogReport
+else:
+    from ppe_core._faces import forward
 
-if not TYPE_CHECKING:  # PPE's names left out here say what to use (docs/migration.md)
-    __getattr__ = module_getattr(__name__)
+    __getattr__, __dir__ = forward(__name__, __all__, not_provided=True)

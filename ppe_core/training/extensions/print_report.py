@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ppe_core._not_provided import module_getattr
-from ppe_core.training.extensions._print_report import PrintReport
-
 __all__ = ["PrintReport"]
 
+if TYPE_CHECKING:  # for type checkers only: at run time ppe-extensions provides these
+    from ppe_extensions._print_report import PrintReport
+else:
+    from ppe_core._faces import forward
 
-if not TYPE_CHECKING:  # PPE's names left out here say what to use (docs/migration.md)
-    __getattr__ = module_getattr(__name__)
+    __getattr__, __dir__ = forward(__name__, __all__, not_provided=True)

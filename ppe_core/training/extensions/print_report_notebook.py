@@ -6,7 +6,16 @@
 
 from __future__ import annotations
 
-from ppe_core.training.extensions._print_report import PrintReport
-from ppe_core.training.extensions._print_report import PrintReport as PrintReportNotebook
+from typing import TYPE_CHECKING
 
 __all__ = ["PrintReport", "PrintReportNotebook"]
+
+if TYPE_CHECKING:  # for type checkers only: at run time ppe-extensions provides these
+    from ppe_extensions._print_report import PrintReport
+    from ppe_extensions._print_report import PrintReport as PrintReportNotebook
+else:
+    from ppe_core._faces import forward
+
+    __getattr__, __dir__ = forward(
+        __name__, __all__, aliases={"PrintReportNotebook": "PrintReport"}
+    )

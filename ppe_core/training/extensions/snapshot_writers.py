@@ -7,19 +7,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ppe_core.writing import (
-    ProcessQueueWriter,
-    ProcessWriter,
-    QueueWriter,
-    SimpleWriter,
-    StandardWriter,
-    ThreadQueueWriter,
-    ThreadWriter,
-    Writer,
-)
+from ppe_core.writing import SimpleWriter, Writer
 
-if TYPE_CHECKING:
-    from ppe_core.writing import TensorBoardWriter
+if TYPE_CHECKING:  # for type checkers only: ppe_core.writing forwards these to ppe-extensions
+    from ppe_core.writing import (
+        ProcessQueueWriter,
+        ProcessWriter,
+        QueueWriter,
+        StandardWriter,
+        TensorBoardWriter,
+        ThreadQueueWriter,
+        ThreadWriter,
+    )
 
 __all__ = [
     "ProcessQueueWriter",
@@ -35,9 +34,13 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # TensorBoardWriter loads its optional dependency's module on first access, as in writing.
-    if name == "TensorBoardWriter":
+    # The background writers are ppe_core.writing's names, which ppe-extensions provides.
+    if name in __all__:
         import ppe_core.writing
 
-        return ppe_core.writing.TensorBoardWriter
+        return getattr(ppe_core.writing, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

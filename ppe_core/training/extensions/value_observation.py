@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from ppe_core.training.extensions._value_observation import (
-    observe_lr,
-    observe_value,
-)
+from typing import TYPE_CHECKING
 
 __all__ = ["observe_lr", "observe_value"]
+
+if TYPE_CHECKING:  # for type checkers only: at run time ppe-extensions provides these
+    from ppe_extensions._value_observation import observe_lr, observe_value
+else:
+    from ppe_core._faces import forward
+
+    __getattr__, __dir__ = forward(__name__, __all__)

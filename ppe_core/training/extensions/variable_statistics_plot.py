@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ppe_core._not_provided import module_getattr
-from ppe_core.training.extensions._variable_statistics_plot import (
-    Reservoir,
-    Statistician,
-    VariableStatisticsPlot,
-)
-
 __all__ = ["Reservoir", "Statistician", "VariableStatisticsPlot"]
 
+if TYPE_CHECKING:  # for type checkers only: at run time ppe-extensions provides these
+    from ppe_extensions._variable_statistics_plot import (
+        Reservoir,
+        Statistician,
+        VariableStatisticsPlot,
+    )
+else:
+    from ppe_core._faces import forward
 
-if not TYPE_CHECKING:  # PPE's names left out here say what to use (docs/migration.md)
-    __getattr__ = module_getattr(__name__)
+    __getattr__, __dir__ = forward(__name__, __all__, not_provided=True)

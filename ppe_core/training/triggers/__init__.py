@@ -22,6 +22,7 @@ from ppe_core.training.triggers import (
     time_trigger,
 )
 from ppe_core.training.triggers._base import NEVER, Trigger, TriggerFunc, TriggerLike, next_due
+from ppe_core.training.triggers._due import DueCheck, EveryIteration
 from ppe_core.training.triggers._factory import get_trigger
 from ppe_core.training.triggers._function import FunctionTrigger
 from ppe_core.training.triggers._interval import IntervalTrigger, ManualScheduleTrigger
@@ -37,7 +38,9 @@ from ppe_core.training.triggers._value import (
 __all__ = [
     "NEVER",
     "BestValueTrigger",
+    "DueCheck",
     "EarlyStoppingTrigger",
+    "EveryIteration",
     "FunctionTrigger",
     "IntervalTrigger",
     "ManualScheduleTrigger",

@@ -1,10 +1,15 @@
-"""The ``Trigger`` base class and the ``next_check`` contract."""
+"""The ``Trigger`` base class, the ``next_check`` contract, and argument checks several
+triggers share."""
 
 from __future__ import annotations
 
+import math
+import numbers
 import sys
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+
+from ppe_core.errors import ConfigurationError, TriggerTypeError
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
@@ -13,6 +18,8 @@ NEVER: int = sys.maxsize
 """What :meth:`Trigger.next_check` returns for "this trigger will never fire again"."""
 
 UNITS = ("epoch", "iteration")
+
+_F = TypeVar("_F")
 
 
 def next_due(trigger: object, iteration: int, iters_per_epoch: int) -> int:
@@ -118,3 +125,25 @@ class _CallableTrigger(Trigger):
 
     def __repr__(self) -> str:
         return f"get_trigger({self.func!r})"
+
+
+# Argument checks shared by the trigger modules (time and interval; function and value).
+
+
+def _positive_number(value: object, wrong_type: str, not_positive: str) -> float:
+    """``value`` as a float; raises ``TriggerTypeError(wrong_type)`` unless it is a real
+    number, ``ConfigurationError(not_positive)`` unless it is finite and > 0."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TriggerTypeError(wrong_type)
+    number = float(value)
+    if not math.isfinite(number) or number <= 0:
+        raise ConfigurationError(not_positive)
+    return number
+
+
+def check_callable(function: _F, must: str, example: str = "") -> _F:
+    """A function argument (a value trigger's ``compare``, ``FunctionTrigger``'s ``fn``);
+    raises ``TriggerTypeError`` saying what it ``must`` be unless it is callable."""
+    if not callable(function):
+        raise TriggerTypeError(f"{must}, got {type(function).__name__} {function!r}{example}")
+    return function

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from ppe_core.errors import TriggerTypeError
 from ppe_core.training.triggers._base import Trigger, TriggerLike, _CallableTrigger
-from ppe_core.training.triggers._checks import not_a_trigger_error
 from ppe_core.training.triggers._interval import IntervalTrigger, ManualScheduleTrigger
 
 
@@ -29,3 +29,12 @@ def get_trigger(trigger: TriggerLike) -> Trigger:
         period, unit = trigger
         return IntervalTrigger(period, unit)
     raise not_a_trigger_error(trigger)
+
+
+def not_a_trigger_error(trigger: object) -> TriggerTypeError:
+    """The error for what ``get_trigger`` cannot make a trigger from, with what it accepts."""
+    return TriggerTypeError(
+        f"cannot make a trigger from {type(trigger).__name__} {trigger!r}; pass a (period, unit) "
+        "pair such as (1, 'epoch') or (100, 'iteration'), a Trigger instance, a callable "
+        "taking the manager and returning a bool, or None for a trigger that never fires"
+    )

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ppe_core.training.triggers._base import Trigger, TriggerLike
-from ppe_core.training.triggers._checks import check_callable
+from ppe_core.training.triggers._base import Trigger, TriggerLike, check_callable
 from ppe_core.training.triggers._factory import get_trigger
 
 if TYPE_CHECKING:

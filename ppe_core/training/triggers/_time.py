@@ -6,8 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ppe_core.training.triggers._base import Trigger
-from ppe_core.training.triggers._checks import check_seconds
+from ppe_core.training.triggers._base import Trigger, _positive_number
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
@@ -51,3 +50,13 @@ class TimeTrigger(Trigger):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.period!r})"
+
+
+def check_seconds(period: object) -> float:
+    """``TimeTrigger``'s ``period`` as a float; raises unless a finite number of seconds > 0."""
+    return _positive_number(
+        period,
+        f"TimeTrigger period must be a number of seconds, got {type(period).__name__} "
+        f"{period!r}; e.g. TimeTrigger(600) for every 10 minutes",
+        f"TimeTrigger period must be a finite number of seconds > 0, got {period!r}",
+    )

@@ -1,25 +1,26 @@
-"""Triggers driven by a reported value: best/min/max value and early stopping."""
+"""Triggers driven by a reported value: best/min/max value and early stopping.
+
+A check that finds no mean of its key says why (PPE: ``KeyError`` from the min/max triggers, a
+bare warning from early stopping); the arguments are checked with messages naming the fix.
+"""
 
 from __future__ import annotations
 
 import operator
+import warnings
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ppe_core._reporting import DictSummary
-from ppe_core.training.triggers._base import Trigger, TriggerLike
-from ppe_core.training.triggers._checks import (
-    check_compare,
-    check_early_stopping,
-    check_key,
-    check_training_length,
-    explain_unread_value,
-)
+from ppe_core.errors import ConfigurationError, MissingObservationWarning, TriggerTypeError
+from ppe_core.training.triggers._base import Trigger, TriggerLike, check_callable
 from ppe_core.training.triggers._early_stopping_state import EarlyStoppingState
 from ppe_core.training.triggers._factory import get_trigger
 
 if TYPE_CHECKING:
     from ppe_core.training._protocols import ManagerView
+
+_F = TypeVar("_F")
 
 
 class _MonitorTrigger(Trigger):
@@ -251,3 +252,71 @@ class EarlyStoppingTrigger(EarlyStoppingState, _MonitorTrigger):
             f"monitor={self.monitor!r}, patience={self.patience}, mode={self.mode!r}, "
             f"max_trigger={self._max_trigger!r})"
         )
+
+
+def check_key(key: object, owner: str, what: str = "key") -> str:
+    """Validates an observation key such as ``'val/loss'``."""
+    if not isinstance(key, str):
+        raise TriggerTypeError(
+            f"{owner} {what} must be the str name of a reported value such as 'val/loss', "
+            f"got {type(key).__name__} {key!r}"
+        )
+    return key
+
+
+def check_compare(compare: _F, owner: str) -> _F:
+    """A value trigger's ``compare``; raises unless it is callable."""
+    must = f"{owner} compare must be a callable compare(best, new) -> bool"
+    return check_callable(compare, must, "; e.g. lambda best, new: new < best")
+
+
+def check_early_stopping(patience: object, mode: object) -> None:
+    """Raises unless ``patience`` is an int >= 0 and ``mode`` is 'auto', 'min' or 'max'."""
+    owner = "EarlyStoppingTrigger"
+    if isinstance(patience, bool) or not isinstance(patience, int):
+        raise TriggerTypeError(
+            f"{owner} patience must be an int number of checks, got "
+            f"{type(patience).__name__} {patience!r}"
+        )
+    if patience < 0:
+        raise ConfigurationError(f"{owner} patience must be >= 0, got {patience}")
+    if mode not in ("auto", "min", "max"):
+        raise ConfigurationError(
+            f"{owner} mode must be 'auto', 'min' or 'max', got {mode!r}; 'min' suits "
+            "losses and 'max' accuracies"
+        )
+
+
+def check_training_length(max_trigger: object) -> Any:
+    """Returns ``EarlyStoppingTrigger``'s ``max_trigger``; raises unless it defines a training
+    length (PPE's is always an interval trigger; ours may be any trigger)."""
+    if getattr(max_trigger, "get_training_length", None) is None:
+        raise ConfigurationError(
+            f"EarlyStoppingTrigger max_trigger {max_trigger!r} has no training "
+            "length; pass a (period, unit) pair such as (100, 'epoch')"
+        )
+    return max_trigger
+
+
+def explain_unread_value(owner: str, key: str, manager: ManagerView, present: bool) -> None:
+    """At a value trigger's check that found no mean of ``key``: warns with
+    :class:`MissingObservationWarning` that it was not reported.
+
+    Raises:
+        ConfigurationError: ``key`` was reported this iteration (``present``), but never as a
+            scalar.
+    """
+    if present and key in manager.observation:
+        raise ConfigurationError(
+            f"{owner} monitors {key!r}, but its reported value "
+            f"{manager.observation[key]!r} is not a scalar "
+            "number; report a float or a zero-dimensional tensor under that key"
+        )
+    warnings.warn(
+        MissingObservationWarning(
+            f"{owner} monitors {key!r}, which is not in the observation at iteration "
+            f"{manager.iteration} (keys: {sorted(manager.observation)}); check the key "
+            "or the check trigger"
+        ),
+        stacklevel=4,
+    )

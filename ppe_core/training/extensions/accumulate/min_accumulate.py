@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
-from ppe_core.training.extensions._accumulate import MinAccumulate
+from typing import TYPE_CHECKING
 
 __all__ = ["MinAccumulate"]
+
+if TYPE_CHECKING:  # for type checkers only: at run time ppe-extensions provides these
+    from ppe_extensions._accumulate import MinAccumulate
+else:
+    from ppe_core._faces import forward
+
+    __getattr__, __dir__ = forward(__name__, __all__)
