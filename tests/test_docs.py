@@ -207,9 +207,12 @@ def test_the_readme_set_up_commands_are_what_ci_runs() -> None:
     commands = [line[4:] for line in section.splitlines() if line.startswith("    ")]
     ci_lines = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert len(commands) == 2, commands
-    assert commands[1].endswith("&& .venv/bin/python -m pytest"), commands[1]
+    assert commands[1].endswith('&& .venv/bin/python -m pytest -m "not slow"'), commands[1]
     for command in commands:
         assert command in ci_lines, f"README command not run by .ci/run: {command}"
+    # The slow scenarios the README names run in CI too: together, the whole suite.
+    assert "`.venv/bin/python -m pytest -m slow`" in section
+    assert ".venv/bin/python -m pytest -m slow" in ci_lines
 
 
 # A test file of the core (tests/...) or of a package in the repository (plugins/<name>/tests/...).
