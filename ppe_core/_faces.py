@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import Any
 
 from ppe_core._not_provided import module_getattr
+from ppe_core._plugins import get_plugin_host
 from ppe_core.errors import OptionalDependencyError
 
 __all__ = ["forward", "missing_provider_error", "provider_modules", "replace_with_provider"]
@@ -41,8 +42,6 @@ def missing_provider_error(path: str, name: str | None = None) -> OptionalDepend
 
 def provider_modules(path: str, name: str | None = None) -> list[ModuleType]:
     """The modules registered for face ``path``, imported, in their registered order."""
-    from ppe_core._plugins import get_plugin_host  # on first use: no pluggy at import
-
     modules = get_plugin_host().modules
     if path not in modules:
         raise missing_provider_error(path, name)

@@ -78,9 +78,9 @@ ENV_ALLOW_OVERRIDE = "PPE_ALLOW_OVERRIDE"
 
 _CORE = "ppe-core"
 # A Requires-Dist line of an extra pinning one version: 'ppe-cpu==0.1.0; extra == "cpu"'.
-_PINNED_IN_EXTRA = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)\s*===?\s*[^,;*]+;\s*extra\s*==")
-
-_STANDARD_EXTRA = re.compile(r"extra\s*==\s*['\"]standard['\"]")
+_PINNED_IN_EXTRA = re.compile(
+    r"([A-Za-z0-9][A-Za-z0-9._-]*)\s*===?\s*[^,;*]+;\s*extra\s*==\s*['\"](?P<extra>[^'\"]+)['\"]"
+)
 
 #: The core's own plugins, registered exactly like external ones: (name, module).
 BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (("ppe_core.logics", "ppe_core._builtin.logics"),)
@@ -106,6 +106,22 @@ def _distribution_key(name: str | None) -> str | None:
     return None if name is None else re.sub(r"[-_.]+", "-", name).lower()
 
 
+def _pinned_in_extras() -> dict[str, frozenset[str]]:
+    """Extra -> the distributions ppe-core's installed metadata pins in it at one exact
+    version (PEP 503 names); empty without installed ppe-core metadata (a source checkout)."""
+    try:
+        requires = distribution(_CORE).requires or []
+    except PackageNotFoundError:
+        requires = []
+    pinned: dict[str, set[str]] = {}
+    for req in requires:
+        match = _PINNED_IN_EXTRA.match(req)
+        if match:
+            name = _distribution_key(match.group(1)) or ""
+            pinned.setdefault(match.group("extra"), set()).add(name)
+    return {extra: frozenset(names) for extra, names in pinned.items()}
+
+
 def first_party_distributions() -> frozenset[str]:
     """The distributions whose plugins are first-party (PEP 503 names), read from metadata.
 
@@ -114,24 +130,13 @@ def first_party_distributions() -> frozenset[str]:
     ppe-core's release writes that; nothing a plugin declares about itself adds to it. Without
     installed ppe-core metadata (a source checkout) only the built-ins are first-party.
     """
-    try:
-        requires = distribution(_CORE).requires or []
-    except PackageNotFoundError:
-        requires = []
-    pinned = (_PINNED_IN_EXTRA.match(req) for req in requires)
-    return frozenset({_CORE, *(_distribution_key(m.group(1)) or "" for m in pinned if m)})
+    return frozenset({_CORE}.union(*_pinned_in_extras().values()))
 
 
 def standard_distributions() -> frozenset[str]:
     """The distributions of ppe-core's ``standard`` extra (ppe-extensions: the standard
-    extensions), read from ppe-core's installed metadata like :func:`first_party_distributions`.
-    """
-    try:
-        requires = distribution(_CORE).requires or []
-    except PackageNotFoundError:
-        requires = []
-    pinned = (_PINNED_IN_EXTRA.match(req) for req in requires if _STANDARD_EXTRA.search(req))
-    return frozenset(_distribution_key(m.group(1)) or "" for m in pinned if m)
+    extensions), read from the same metadata as :func:`first_party_distributions`."""
+    return _pinned_in_extras().get("standard", frozenset())
 
 
 def __getattr__(name: str) -> Any:
@@ -291,13 +296,14 @@ class PluginHost:
                 record = PluginRecord(name, module, "builtin", "loaded", _CORE, __version__)
                 record.first_party = True
                 self._load(record, functools.partial(_import, module))
-        self._first_party = first_party_distributions()
+        pinned = _pinned_in_extras()  # one metadata read for both uses
+        self._first_party = frozenset({_CORE}.union(*pinned.values()))
         eps = self._discover()
         if self.settings.autoload:
             for ep in eps.values():
                 self._load_entry_point(ep, "entry point")
         elif standard:
-            wanted = standard_distributions()
+            wanted = pinned.get("standard", frozenset())
             for ep in eps.values():
                 if _distribution_key(_entry_point_distribution(ep)[0]) in wanted:
                     self._load_entry_point(ep, "entry point")

@@ -115,3 +115,14 @@ def test_without_the_package_the_core_trains_and_ppe_paths_name_it(tmp_path: Pat
     )
     assert cli.returncode == 1
     assert "ppe-extensions" in cli.stderr and "ppe-core[standard]" in cli.stderr, cli.stderr
+
+
+def test_the_package_provides_exactly_the_core_s_faces() -> None:
+    # ppe_core names its faces (ppe_core._compat.FACES) and the package names what it provides
+    # (ppe_register_modules); a face nobody provides, or a provided path with no face, is a bug.
+    from ppe_extensions.plugin import MODULES
+
+    from ppe_core import _compat
+
+    namespaces = {"ppe_core.training.extensions", "ppe_core.writing"}  # packages, not faces
+    assert set(MODULES) == set(_compat.FACES) | namespaces

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ppe_core._plugins import get_plugin_host
 from ppe_core.distributed import is_distributed, run_collective, timeouts_explained
 from ppe_core.errors import ArgumentTypeError, DistributedNotInitializedError, ManagerStateError
 from ppe_core.handler._handler import step_function
@@ -240,8 +241,6 @@ class Evaluator:
         """
         length = self._eval_len = optional_length(loader, eval_len, "eval_len")
         handler: Any = self.handler
-        from ppe_core._plugins import get_plugin_host  # on first use: no pluggy at import
-
         host = get_plugin_host()
         restore_modes = keep_modes(self.models.values())
         self.setup(loader)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ppe_core._plugins import get_plugin_host
 from ppe_core._record import record
 from ppe_core.distributed import timeout_error
 from ppe_core.errors import (
@@ -451,8 +452,6 @@ class Trainer:
         self._train_len = iters_per_epoch
         manager = self._manager or self._setup_manager(iters_per_epoch)
         handler: Any = self.handler
-        from ppe_core._plugins import get_plugin_host  # on first use: no pluggy at import
-
         host = get_plugin_host()
 
         handler.train_setup(self, train_loader)

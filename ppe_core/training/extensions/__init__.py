@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ppe_core._plugins import get_plugin_host
 from ppe_core.errors import RegistryLookupError
 
 if TYPE_CHECKING:
@@ -145,8 +146,6 @@ def __getattr__(name: str) -> Any:
             if hasattr(module, name):
                 return getattr(module, name)
     try:
-        from ppe_core._plugins import get_plugin_host  # on first use: no pluggy at import
-
         return get_plugin_host().extensions.get(name)
     except RegistryLookupError as exc:
         if name in __all__:
@@ -169,8 +168,6 @@ def _tracker_hint(name: str) -> str:
 
 
 def __dir__() -> list[str]:
-    from ppe_core._plugins import get_plugin_host  # on first use: no pluggy at import
-
     names = (
         set(globals()) | _SUBMODULES | set(_ATTRIBUTES) | set(get_plugin_host().extensions.names())
     )
