@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,24 @@ def test_second_signal_exits_at_once_without_snapshot(tmp_path: Path) -> None:
     assert result.returncode == -signal.SIGTERM  # the default disposition: killed by it
     assert "interrupted at" not in result.stderr
     assert _snapshots(tmp_path) == ["snapshot_iter_7"]
+    # Its DataLoader workers (which ignore the signals) followed it: none outlives it long.
+    deadline = time.monotonic() + 15
+    while _processes_of(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _processes_of(tmp_path), "DataLoader workers outlived the killed trainer"
+
+
+def _processes_of(out: Path) -> list[int]:
+    """Pids of processes whose command line names ``out`` (the script and its workers)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            continue
+        if entry.name.isdigit() and str(out) in line:
+            found.append(int(entry.name))
+    return found
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """Preemption and Ctrl-C: SIGTERM/SIGINT stop a Trainer after the current iteration.
 
 While ``Trainer.run`` runs in the main thread, :class:`Interrupt` replaces the SIGTERM and
-SIGINT handlers with one that only sets a flag (the first signal); a second signal restores
-the default disposition and re-sends itself, so the process ends at once. The trainer reads
+SIGINT handlers with one that only sets a flag (the first signal) and gives both signals back
+to the default disposition, so a second one ends the process at once. The trainer reads
 one attribute (:attr:`Interrupt.stop`) per iteration. Alone, the flag stops training at the
 end of the iteration in progress. Under a process group of several ranks the ranks may be
 signalled at different iterations, so the flag is agreed on every :data:`ENV_CHECK_EVERY`
@@ -93,8 +93,14 @@ class Interrupt:
         if not self.signum:  # also in a forked child, where the parent's copy stops
             self.signum = signum
             self.stop = self.stop or not self.distributed
+            # A second signal takes the default action in the kernel, at once: were it to
+            # run Python here, a DataLoader worker killed by the same group signal could
+            # raise through torch's SIGCHLD handler first (a "training failed" exit 143
+            # instead of death by the signal).
+            for other in _SIGNALS:
+                signal.signal(other, signal.SIG_DFL)
             return
-        # A second signal: stop now, as the default disposition does.
+        # A second signal that reached this handler anyway (it was set again): the default.
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
